@@ -1,0 +1,12 @@
+# Image for the api, worker and beat services of docker-compose.yml.
+FROM python:3.11-slim
+WORKDIR /app
+ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+COPY pyproject.toml README.md alembic.ini ./
+COPY services services
+COPY workers workers
+COPY shared shared
+COPY migrations migrations
+RUN pip install .
+EXPOSE 8000
+CMD ["uvicorn", "services.api.app:create_app", "--factory", "--host", "0.0.0.0", "--port", "8000"]

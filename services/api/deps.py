@@ -1,0 +1,41 @@
+"""Request dependencies as ``Annotated`` aliases; routers show only domain parameters."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Header
+
+from shared.auth import Principal, authenticate
+from shared.db import unit_of_work
+from shared.settings import Settings, get_settings
+
+
+def _bearer(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+def current_principal(
+    authorization: Annotated[str | None, Header()] = None,
+    x_api_key: Annotated[str | None, Header()] = None,
+) -> Principal:
+    with unit_of_work() as uow:
+        return authenticate(uow.session, _bearer(authorization) or x_api_key)
+
+
+def reader(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
+    principal.require("read")
+    return principal
+
+
+def writer(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
+    principal.require("write")
+    return principal
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+Reader = Annotated[Principal, Depends(reader)]
+Writer = Annotated[Principal, Depends(writer)]

@@ -1,0 +1,191 @@
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field, ValidationError
+from starlette.datastructures import UploadFile
+
+from services.api.deps import Reader, SettingsDep, Writer
+from shared.db import unit_of_work
+from shared.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from shared.ingest import repository as repo
+from shared.ingest.parsing import resolve_content_type
+from shared.ingest.service import Upload, accept_upload, delete_document, get_document
+from shared.settings import Settings
+from shared.stores.elastic import get_es
+
+router = APIRouter(prefix="/v1/documents", tags=["documents"])
+
+MULTIPART_OVERHEAD = 64 * 1024
+
+
+class TextDocument(BaseModel):
+    """The JSON form of an upload; files go as multipart/form-data instead."""
+
+    external_id: str = Field(min_length=1, max_length=512)
+    text: str = Field(min_length=1)
+    title: str = Field(default="", max_length=1000)
+    content_type: str = "text/plain"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+async def _read_body_limited(request: Request, limit: int) -> bytes:
+    """Stream the body and stop as soon as it passes the limit (chunked uploads included)."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"upload is {declared} bytes; the limit is {limit}")
+    received = bytearray()
+    async for piece in request.stream():
+        received += piece
+        if len(received) > limit:
+            raise PayloadTooLarge(f"upload exceeds the limit of {limit} bytes")
+    return bytes(received)
+
+
+async def _upload_from_request(request: Request, tenant_id: str, settings: Settings) -> Upload:
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    limit = settings.max_upload_bytes
+    if media_type == "application/json":
+        body = await _read_body_limited(request, limit + MULTIPART_OVERHEAD)
+        if not body.strip():
+            raise BadRequest("empty request body")
+        try:
+            doc = TextDocument.model_validate_json(body)
+        except ValidationError as e:
+            raise BadRequest(
+                "; ".join(
+                    f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
+                )
+            ) from e
+        raw = doc.text.encode()
+        if len(raw) > limit:
+            raise PayloadTooLarge(f"text is {len(raw)} bytes; the limit is {limit}")
+        return Upload(
+            tenant_id=tenant_id,
+            external_id=doc.external_id,
+            raw=raw,
+            content_type=resolve_content_type(doc.content_type, None, raw),
+            title=doc.title,
+            metadata=doc.metadata,
+        )
+    if media_type == "multipart/form-data":
+        request._body = await _read_body_limited(request, limit + MULTIPART_OVERHEAD)
+        form = await request.form()
+        file = form.get("file")
+        if not isinstance(file, UploadFile):
+            raise BadRequest("multipart upload needs a 'file' part")
+        raw = await file.read()
+        if len(raw) > limit:
+            raise PayloadTooLarge(f"file is {len(raw)} bytes; the limit is {limit}")
+        if not raw:
+            raise BadRequest("the uploaded file is empty")
+        filename = file.filename or None
+        external_id = str(form.get("external_id") or filename or "")
+        if not external_id:
+            raise BadRequest("external_id is required when the file has no name")
+        metadata = _metadata_field(form.get("metadata"))
+        return Upload(
+            tenant_id=tenant_id,
+            external_id=external_id,
+            raw=raw,
+            content_type=resolve_content_type(file.content_type, filename, raw),
+            title=str(form.get("title") or ""),
+            filename=filename,
+            metadata=metadata,
+        )
+    raise UnsupportedMediaType(
+        f"send application/json or multipart/form-data, not {media_type or 'nothing'!r}"
+    )
+
+
+def _metadata_field(value: object) -> dict[str, Any]:
+    if value in (None, ""):
+        return {}
+    try:
+        parsed = json.loads(str(value))
+    except json.JSONDecodeError as e:
+        raise BadRequest(f"metadata must be a JSON object: {e.msg}") from e
+    if not isinstance(parsed, dict):
+        raise BadRequest("metadata must be a JSON object")
+    return parsed
+
+
+@router.post("", status_code=202)
+async def upload_document(
+    request: Request, principal: Writer, settings: SettingsDep
+) -> JSONResponse:
+    upload = await _upload_from_request(request, principal.tenant_id, settings)
+    with unit_of_work() as uow:
+        result = accept_upload(uow, settings, upload)
+    body = {
+        "document_id": str(result.document_id),
+        "version": result.version,
+        "job_id": str(result.job_id) if result.job_id else None,
+        "status": result.status,
+    }
+    return JSONResponse(body, status_code=202 if result.status == "accepted" else 200)
+
+
+@router.get("/{document_id}")
+def read_document(
+    document_id: uuid.UUID, principal: Reader, settings: SettingsDep
+) -> dict[str, Any]:
+    with unit_of_work() as uow:
+        doc = get_document(uow.session, principal.tenant_id, document_id)
+        versions = repo.list_versions(uow.session, doc.id)
+        chunk_count = repo.count_chunks(uow.session, doc.id)
+    return {
+        "id": str(doc.id),
+        "external_id": doc.external_id,
+        "title": doc.title,
+        "metadata": doc.metadata_,
+        "version": doc.version,
+        "deleted": doc.deleted,
+        "chunk_count": chunk_count,
+        "versions": [
+            {"version": v.version, "tombstone": v.tombstone, "created_at": v.created_at.isoformat()}
+            for v in versions
+        ],
+        "elasticsearch": _es_state(settings, doc.id, doc.version, chunk_count),
+    }
+
+
+def _es_state(
+    settings: Settings, document_id: uuid.UUID, version: int, chunk_count: int
+) -> dict[str, Any]:
+    """Whether Elasticsearch holds exactly the live version's chunks."""
+    try:
+        es = get_es()
+        total = es.count(
+            index=settings.es_chunks_alias(), query={"term": {"document_id": str(document_id)}}
+        )["count"]
+        current = es.count(
+            index=settings.es_chunks_alias(),
+            query={
+                "bool": {
+                    "filter": [
+                        {"term": {"document_id": str(document_id)}},
+                        {"term": {"version": version}},
+                    ]
+                }
+            },
+        )["count"]
+    except Exception as e:  # the document view must still answer when ES is down
+        return {"reachable": False, "error": type(e).__name__}
+    return {
+        "reachable": True,
+        "chunks": total,
+        "live_version_chunks": current,
+        "in_sync": total == current == chunk_count,
+    }
+
+
+@router.delete("/{document_id}")
+def remove_document(document_id: uuid.UUID, principal: Writer) -> dict[str, Any]:
+    with unit_of_work() as uow:
+        version = delete_document(uow, principal.tenant_id, document_id)
+    return {"document_id": str(document_id), "version": version, "deleted": True}

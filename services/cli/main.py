@@ -1,0 +1,190 @@
+"""The `concord` command line: stack, migrations, keys, ingest and search."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress
+
+from services.cli import stack_commands
+from shared.settings import get_settings
+
+app = typer.Typer(
+    help="Concord: hybrid retrieval over Postgres/pgvector and Elasticsearch.", no_args_is_help=True
+)
+app.add_typer(stack_commands.app, name="stack")
+keys_app = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+console = Console()
+
+
+@app.command()
+def migrate() -> None:
+    """Apply database migrations and the Elasticsearch index setup (idempotent)."""
+    from services.cli.stack import migrate_and_prepare_indices
+
+    migrate_and_prepare_indices(get_settings())
+    console.print("[green]ok[/] schema at head, Elasticsearch index ready")
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: str = typer.Option(..., help="Tenant the key belongs to (created if new)."),
+    scopes: str = typer.Option("read,write", help="Comma-separated: read, write, admin."),
+    name: str = typer.Option("cli", help="A label for the key."),
+) -> None:
+    """Create an API key; the secret is printed once and never stored."""
+    from shared.auth import create_key
+    from shared.db import unit_of_work
+
+    with unit_of_work() as uow:
+        key, secret = create_key(uow.session, tenant, name, [s.strip() for s in scopes.split(",")])
+        key_id = key.id
+    typer.echo(f"# key id {key_id}, tenant {tenant}", err=True)
+    typer.echo(secret)
+
+
+@keys_app.command("list")
+def keys_list() -> None:
+    """List keys (never their secrets)."""
+    from shared.auth import list_keys
+    from shared.db import unit_of_work
+
+    with unit_of_work() as uow:
+        typer.echo(json.dumps(list_keys(uow.session), indent=2))
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: str) -> None:
+    """Revoke a key by id."""
+    import uuid
+
+    from shared.auth import revoke_key
+    from shared.db import unit_of_work
+
+    with unit_of_work() as uow:
+        found = revoke_key(uow.session, uuid.UUID(key_id))
+    if not found:
+        console.print(f"[red]no key {key_id}[/]")
+        raise typer.Exit(1)
+    console.print(f"revoked {key_id}")
+
+
+@app.command()
+def ingest(
+    paths: list[Path] = typer.Argument(..., help="Files or directories to publish."),
+    tenant: str = typer.Option(..., help="Tenant the documents belong to."),
+    wait: bool = typer.Option(False, "--wait", help="Wait until every document is indexed."),
+    timeout: float = typer.Option(600, help="Seconds to wait with --wait."),
+) -> None:
+    """Publish files (directories recursively) as upload events on the ingest queue."""
+    from shared.ingest.upload_event import build_upload_event
+    from shared.queue import publish_upload_event
+
+    files: list[Path] = sorted(
+        {p for path in paths for p in (path.rglob("*") if path.is_dir() else [path]) if p.is_file()}
+    )
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        console.print(f"[red]not found:[/] {', '.join(missing)}")
+        raise typer.Exit(2)
+    published = failed = 0
+    with Progress(console=console) as progress:
+        task = progress.add_task("publishing", total=len(files))
+        for file in files:
+            try:
+                event = build_upload_event(
+                    tenant_id=tenant,
+                    external_id=str(file.as_posix()),
+                    raw=file.read_bytes(),
+                    filename=file.name,
+                    title=file.stem,
+                )
+                publish_upload_event(event)
+                published += 1
+            except OSError as e:
+                failed += 1
+                console.print(f"[red]skipped[/] {file}: {e}")
+            progress.advance(task)
+    console.print(f"published {published} upload event(s), {failed} failed, tenant {tenant}")
+    if wait and published:
+        failed += _wait_indexed(tenant, [f.as_posix() for f in files], timeout)
+    if failed:
+        raise typer.Exit(1)
+
+
+def _wait_indexed(tenant: str, external_ids: list[str], timeout: float) -> int:
+    """Show indexing progress; returns how many documents failed or did not finish."""
+    import time
+
+    from shared.db import unit_of_work
+    from shared.ingest.repository import live_job_states
+
+    final = {"indexed", "failed", "dead_lettered"}
+    deadline = time.monotonic() + timeout
+    states: dict[str, str] = {}
+    with Progress(console=console) as progress:
+        task = progress.add_task("indexing", total=len(external_ids))
+        while time.monotonic() < deadline:
+            with unit_of_work() as uow:
+                states = live_job_states(uow.session, tenant, external_ids)
+            progress.update(task, completed=sum(1 for s in states.values() if s in final))
+            if len(states) == len(external_ids) and set(states.values()) <= final:
+                break
+            time.sleep(0.5)
+    indexed = sum(1 for s in states.values() if s == "indexed")
+    for external_id in external_ids:
+        state = states.get(external_id, "not yet accepted")
+        if state != "indexed":
+            console.print(f"[red]{state}[/] {external_id}")
+    console.print(f"indexed {indexed} of {len(external_ids)}")
+    return len(external_ids) - indexed
+
+
+@app.command()
+def search(
+    query: str,
+    top_k: int = typer.Option(5, "--top-k", "-k"),
+    mode: str = typer.Option("hybrid", help="dense, lexical or hybrid"),
+    api_key: str = typer.Option(
+        os.environ.get("CONCORD_API_KEY", ""), "--api-key", help="Defaults to $CONCORD_API_KEY."
+    ),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Search through the API and print the results."""
+    if not api_key:
+        console.print("[red]an API key is needed:[/] pass --api-key or set CONCORD_API_KEY")
+        raise typer.Exit(2)
+    settings = get_settings()
+    response = httpx.post(
+        f"{settings.api_url()}/v1/search",
+        timeout=60,
+        headers={"Authorization": f"Bearer {api_key}"},
+        json={"query": query, "top_k": top_k, "mode": mode},
+    )
+    if response.status_code != 200:
+        console.print(f"[red]{response.status_code}[/] {response.text}")
+        raise typer.Exit(1)
+    body = response.json()
+    if as_json:
+        typer.echo(json.dumps(body, indent=2))
+        return
+    degraded = f", degraded: {', '.join(body['degraded'])}" if body["degraded"] else ""
+    console.print(f"[bold]{query}[/]  ({mode}{degraded})")
+    for i, hit in enumerate(body["results"], start=1):
+        snippet = " ".join(hit["text"].split())[:160]
+        arms = escape(f"[{'+'.join(hit['found_by'])}]")
+        console.print(
+            f" {i}. [cyan]{hit['score']:.4f}[/] {arms} "
+            f"{escape(hit['title'] or hit['external_id'])}: {escape(snippet)}"
+        )
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,69 @@
+"""`concord stack up | down | status`."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from services.cli import stack
+from shared.settings import get_settings
+
+app = typer.Typer(
+    help="Bring the local stack up or down, or report its status.", no_args_is_help=True
+)
+console = Console()
+
+
+@app.command()
+def up(
+    infra_only: bool = typer.Option(
+        False, "--infra-only", help="Start Postgres, Redis and Elasticsearch only."
+    ),
+) -> None:
+    """Start every service (idempotent), migrate the schema and set up the ES index."""
+    settings = get_settings()
+    try:
+        stack.prepare_state_dir(settings)
+        for svc in stack.services(settings, with_app=False):
+            started = time.monotonic()
+            svc.up()
+            console.print(
+                f"[green]up[/] {svc.name:<14} {svc.where()}  ({time.monotonic() - started:.1f}s)"
+            )
+        stack.migrate_and_prepare_indices(settings)
+        console.print("[green]ok[/] schema migrated, Elasticsearch index ready")
+        if not infra_only:
+            for proc in stack.app_processes(settings):
+                proc.up()
+                console.print(f"[green]up[/] {proc.name:<14} {proc.where()}")
+    except stack.StackError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(1) from e
+    console.print(f"state directory: {settings.state_path()}")
+
+
+@app.command()
+def down() -> None:
+    """Stop exactly the processes this stack started (by their recorded PIDs)."""
+    settings = get_settings()
+    for svc in reversed(stack.services(settings, with_app=True)):
+        svc.down()
+        console.print(f"[yellow]down[/] {svc.name}")
+
+
+@app.command()
+def status() -> None:
+    """Report each service up or down; exit 1 when any infrastructure service is down."""
+    settings = get_settings()
+    table = Table("service", "state", "pid", "where")
+    rows = stack.status(settings)
+    for row in rows:
+        table.add_row(
+            row.name, "[green]up[/]" if row.up else "[red]down[/]", str(row.pid or "-"), row.where
+        )
+    console.print(table)
+    if not all(r.up for r in rows if r.name in stack.INFRA):
+        raise typer.Exit(1)

@@ -1,0 +1,96 @@
+"""API keys: stored only as SHA-256 hashes, one tenant each, with scopes."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from shared.errors import BadRequest, Forbidden, Unauthorized
+from shared.ingest import repository as ingest_repo
+from shared.models import ApiKey
+
+SCOPES = ("read", "write", "admin")
+KEY_PREFIX = "ck_"
+_TENANT_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class Principal:
+    key_id: uuid.UUID
+    tenant_id: str
+    scopes: frozenset[str]
+
+    def require(self, scope: str) -> None:
+        if scope not in self.scopes and "admin" not in self.scopes:
+            raise Forbidden(f"this API key lacks the {scope!r} scope")
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def create_key(
+    session: Session, tenant_id: str, name: str, scopes: list[str]
+) -> tuple[ApiKey, str]:
+    """Returns the key row and the secret, which is shown once and never stored."""
+    if not _TENANT_ID.match(tenant_id):
+        raise BadRequest("tenant id must be 1-64 chars of a-z, 0-9, '_' or '-'")
+    unknown = set(scopes) - set(SCOPES)
+    if unknown or not scopes:
+        raise BadRequest(f"scopes must be a non-empty subset of {list(SCOPES)}")
+    ingest_repo.ensure_tenant(session, tenant_id)
+    secret = KEY_PREFIX + secrets.token_urlsafe(32)
+    key = ApiKey(
+        id=uuid.uuid4(),
+        tenant_id=tenant_id,
+        name=name,
+        key_prefix=secret[:10],
+        key_hash=_hash(secret),
+        scopes=sorted(set(scopes)),
+    )
+    session.add(key)
+    session.flush()
+    return key, secret
+
+
+def authenticate(session: Session, secret: str | None) -> Principal:
+    if not secret:
+        raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+    digest = _hash(secret)
+    key = session.scalar(select(ApiKey).where(ApiKey.key_hash == digest))
+    # The lookup is by hash; the constant-time compare guards the final equality anyway.
+    if key is None or key.revoked_at is not None or not hmac.compare_digest(key.key_hash, digest):
+        raise Unauthorized("invalid or revoked API key")
+    return Principal(key.id, key.tenant_id, frozenset(key.scopes))
+
+
+def list_keys(session: Session) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": str(k.id),
+            "tenant_id": k.tenant_id,
+            "name": k.name,
+            "prefix": k.key_prefix,
+            "scopes": k.scopes,
+            "created_at": k.created_at.isoformat(),
+            "revoked": k.revoked_at is not None,
+        }
+        for k in session.scalars(select(ApiKey).order_by(ApiKey.created_at))
+    ]
+
+
+def revoke_key(session: Session, key_id: uuid.UUID) -> bool:
+    key = session.get(ApiKey, key_id)
+    if key is None:
+        return False
+    if key.revoked_at is None:
+        key.revoked_at = ingest_repo.now(session)
+    return True

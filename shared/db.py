@@ -1,0 +1,68 @@
+"""Engine and unit of work. Only the boundary (a request or a task) commits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from shared.settings import get_settings
+
+
+@lru_cache
+def get_engine() -> Engine:
+    """Created on first use in each process, never at import (Celery prefork safe)."""
+    settings = get_settings()
+    return create_engine(
+        settings.postgres_dsn(),
+        pool_pre_ping=True,
+        pool_size=5,
+        max_overflow=10,
+        connect_args={"connect_timeout": 5},
+    )
+
+
+@lru_cache
+def _session_factory() -> sessionmaker[Session]:
+    return sessionmaker(bind=get_engine(), expire_on_commit=False)
+
+
+class UnitOfWork:
+    """A session plus work to run only once its transaction has committed (enqueueing tasks:
+    a worker must never see pre-commit state) and dropped on rollback."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._after_commit: list[Callable[[], object]] = []
+
+    def after_commit(self, action: Callable[[], object]) -> None:
+        self._after_commit.append(action)
+
+    def run_after_commit(self) -> None:
+        actions, self._after_commit = self._after_commit, []
+        for action in actions:
+            action()
+
+
+@contextmanager
+def unit_of_work() -> Iterator[UnitOfWork]:
+    session = _session_factory()()
+    uow = UnitOfWork(session)
+    try:
+        yield uow
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+    uow.run_after_commit()
+
+
+def dispose_engine_after_fork() -> None:
+    """Drop pooled connections inherited across fork (they belong to the parent)."""
+    if get_engine.cache_info().currsize:
+        get_engine().dispose(close=False)

@@ -1,0 +1,57 @@
+"""One error hierarchy that carries its HTTP status; the API renders every one the same way:
+``{"error": {"code": ..., "message": ...}}``."""
+
+from __future__ import annotations
+
+
+class ConcordError(Exception):
+    status_code = 500
+    code = "internal_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(ConcordError):
+    status_code = 400
+    code = "bad_request"
+
+
+class Unauthorized(ConcordError):
+    status_code = 401
+    code = "unauthorized"
+
+
+class Forbidden(ConcordError):
+    status_code = 403
+    code = "forbidden"
+
+
+class NotFound(ConcordError):
+    status_code = 404
+    code = "not_found"
+
+
+class PayloadTooLarge(ConcordError):
+    status_code = 413
+    code = "payload_too_large"
+
+
+class UnsupportedMediaType(ConcordError):
+    status_code = 415
+    code = "unsupported_media_type"
+
+
+class StoreUnavailable(ConcordError):
+    """A store (Postgres, Elasticsearch, Redis) could not be reached; retriable."""
+
+    status_code = 503
+    code = "store_unavailable"
+
+
+class ParseError(ConcordError):
+    """The document cannot be turned into text; retrying will not help."""
+
+    status_code = 422
+    code = "unparseable_document"

@@ -1,0 +1,136 @@
+"""Sentence-aware chunking bounded by the embedder's own tokenizer.
+
+Chunks never straddle a section (heading) boundary, keep their character offsets into the
+parsed text, and overlap by whole sentences up to ``overlap_tokens``. A sentence longer than
+the budget is cut at token boundaries.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from shared.ingest.parsing import ParsedDocument
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])|\n\s*\n")
+
+# Returns the character (start, end) offsets of every token of the text.
+TokenOffsets = Callable[[str], Sequence[tuple[int, int]]]
+
+
+@dataclass(frozen=True)
+class TextChunk:
+    ordinal: int
+    text: str
+    char_start: int
+    char_end: int
+    section: str
+    token_count: int
+
+
+def _sentence_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    spans: list[tuple[int, int]] = []
+    cursor = start
+    for match in _SENTENCE_END.finditer(text, start, end):
+        if match.start() > cursor:
+            spans.append((cursor, match.start()))
+        cursor = match.end()
+    if cursor < end:
+        spans.append((cursor, end))
+    return [(s, e) for s, e in (_strip(text, s, e) for s, e in spans) if e > s]
+
+
+def _strip(text: str, start: int, end: int) -> tuple[int, int]:
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end
+
+
+class Chunker:
+    def __init__(self, token_offsets: TokenOffsets, max_tokens: int, overlap_tokens: int) -> None:
+        if max_tokens < 8:
+            raise ValueError("max_tokens must be at least 8")
+        if not 0 <= overlap_tokens < max_tokens // 2:
+            raise ValueError("overlap_tokens must be >= 0 and below half of max_tokens")
+        self.token_offsets = token_offsets
+        self.max_tokens = max_tokens
+        self.overlap_tokens = overlap_tokens
+
+    def chunk(self, doc: ParsedDocument) -> list[TextChunk]:
+        text = doc.text
+        token_starts = [s for s, _ in self.token_offsets(text)]
+
+        def tokens_in(start: int, end: int) -> int:
+            return bisect.bisect_left(token_starts, end) - bisect.bisect_left(token_starts, start)
+
+        boundaries = sorted({0, *(s.start for s in doc.sections), len(text)})
+        chunks: list[TextChunk] = []
+        for region_start, region_end in itertools.pairwise(boundaries):
+            sentences = self._fit_sentences(
+                text, _sentence_spans(text, region_start, region_end), token_starts, tokens_in
+            )
+            for start, end in self._pack(sentences, tokens_in):
+                chunks.append(
+                    TextChunk(
+                        ordinal=len(chunks),
+                        text=text[start:end],
+                        char_start=start,
+                        char_end=end,
+                        section=doc.section_at(start),
+                        token_count=tokens_in(start, end),
+                    )
+                )
+        return chunks
+
+    def _fit_sentences(
+        self,
+        text: str,
+        spans: list[tuple[int, int]],
+        token_starts: list[int],
+        tokens_in: Callable[[int, int], int],
+    ) -> list[tuple[int, int]]:
+        """Cut any sentence longer than the budget at token boundaries."""
+        fitted: list[tuple[int, int]] = []
+        for start, end in spans:
+            if tokens_in(start, end) <= self.max_tokens:
+                fitted.append((start, end))
+                continue
+            first = bisect.bisect_left(token_starts, start)
+            last = bisect.bisect_left(token_starts, end)
+            for i in range(first, last, self.max_tokens):
+                piece_start = max(start, token_starts[i])
+                j = i + self.max_tokens
+                piece_end = token_starts[j] if j < last else end
+                piece_start, piece_end = _strip(text, piece_start, piece_end)
+                if piece_end > piece_start:
+                    fitted.append((piece_start, piece_end))
+        return fitted
+
+    def _pack(
+        self, sentences: list[tuple[int, int]], tokens_in: Callable[[int, int], int]
+    ) -> list[tuple[int, int]]:
+        packed: list[tuple[int, int]] = []
+        i = 0
+        while i < len(sentences):
+            start = sentences[i][0]
+            j = i
+            while (
+                j + 1 < len(sentences) and tokens_in(start, sentences[j + 1][1]) <= self.max_tokens
+            ):
+                j += 1
+            packed.append((start, sentences[j][1]))
+            if j + 1 >= len(sentences):
+                break
+            # Step back over whole sentences that fit in the overlap, but always move forward.
+            k = j + 1
+            while (
+                k - 1 > i and tokens_in(sentences[k - 1][0], sentences[j][1]) <= self.overlap_tokens
+            ):
+                k -= 1
+            i = k
+        return packed

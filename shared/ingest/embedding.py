@@ -1,0 +1,72 @@
+"""Sentence-transformers embedder, loaded once per process on first use (never at import)."""
+
+from __future__ import annotations
+
+import threading
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from shared.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+
+class Embedder:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.model_path = settings.embedding_model_path()
+        self._model: SentenceTransformer | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def model_id(self) -> str:
+        """Cache key for embeddings: the configured model (name or path) plus prompt."""
+        return (
+            f"{self.settings.embedding_model or 'all-MiniLM-L6-v2'}|{self.settings.passage_prompt}"
+        )
+
+    def model(self) -> SentenceTransformer:
+        with self._lock:
+            if self._model is None:
+                import os
+
+                os.environ.setdefault("HF_HUB_OFFLINE", "1")
+                os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+                from sentence_transformers import SentenceTransformer
+
+                model = SentenceTransformer(self.model_path, device=self.settings.embedding_device)
+                dim = model.get_embedding_dimension()
+                if dim != self.settings.embedding_dim:
+                    raise RuntimeError(
+                        f"embedding model {self.model_path} produces {dim}-dimensional vectors "
+                        f"but the schema stores {self.settings.embedding_dim}"
+                    )
+                self._model = model
+            return self._model
+
+    def embed_passages(self, texts: list[str]) -> np.ndarray:
+        return self._encode([self.settings.passage_prompt + t for t in texts])
+
+    def embed_query(self, text: str) -> np.ndarray:
+        vectors: np.ndarray = self._encode([self.settings.query_prompt + text])
+        return np.asarray(vectors[0])
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.settings.embedding_dim), dtype=np.float32)
+        vectors = self.model().encode(
+            texts,
+            batch_size=self.settings.embedding_batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return np.asarray(vectors, dtype=np.float32).reshape(len(texts), -1)
+
+
+@lru_cache
+def get_embedder() -> Embedder:
+    return Embedder(get_settings())

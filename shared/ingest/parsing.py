@@ -1,0 +1,239 @@
+"""Turn an upload's bytes into text plus the section (heading path) of every span of it.
+
+A parse failure raises ``ParseError`` with a reason a person can act on; retrying won't help.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from dataclasses import dataclass, field
+
+from shared.errors import ParseError, UnsupportedMediaType
+
+SUPPORTED_TYPES = {
+    "text/plain": "text",
+    "text/markdown": "markdown",
+    "text/html": "html",
+    "application/pdf": "pdf",
+    "application/json": "json",
+    "application/x-ndjson": "jsonl",
+    "application/jsonl": "jsonl",
+}
+EXTENSIONS = {
+    ".txt": "text/plain",
+    ".text": "text/plain",
+    ".md": "text/markdown",
+    ".markdown": "text/markdown",
+    ".html": "text/html",
+    ".htm": "text/html",
+    ".pdf": "application/pdf",
+    ".json": "application/json",
+    ".jsonl": "application/x-ndjson",
+    ".ndjson": "application/x-ndjson",
+}
+
+
+@dataclass
+class Section:
+    start: int
+    path: str
+
+
+@dataclass
+class ParsedDocument:
+    text: str
+    # Sorted by start; each applies from its start until the next one.
+    sections: list[Section] = field(default_factory=list)
+
+    def section_at(self, offset: int) -> str:
+        current = ""
+        for section in self.sections:
+            if section.start > offset:
+                break
+            current = section.path
+        return current
+
+
+def resolve_content_type(declared: str | None, filename: str | None, raw: bytes) -> str:
+    """The content type we will parse as: magic bytes first, then a specific declared type,
+    then the file extension."""
+    if raw.startswith(b"%PDF-"):
+        return "application/pdf"
+    base = (declared or "").split(";")[0].strip().lower()
+    if base in SUPPORTED_TYPES:
+        return base
+    if filename:
+        ext = "." + filename.rsplit(".", 1)[-1].lower() if "." in filename else ""
+        if ext in EXTENSIONS:
+            return EXTENSIONS[ext]
+    if base in ("", "application/octet-stream"):
+        return "text/plain"
+    raise UnsupportedMediaType(
+        f"content type {base!r} is not supported; send one of {sorted(SUPPORTED_TYPES)}"
+    )
+
+
+def parse(
+    raw: bytes,
+    content_type: str,
+    json_text_fields: tuple[str, ...] = ("text", "body", "content", "abstract"),
+) -> ParsedDocument:
+    if not raw.strip():
+        raise ParseError("the document is empty (0 bytes or only whitespace)")
+    kind = SUPPORTED_TYPES.get(content_type)
+    if kind is None:
+        raise ParseError(f"content type {content_type!r} is not supported")
+    parsed = {
+        "text": lambda: ParsedDocument(_decode(raw)),
+        "markdown": lambda: _parse_markdown(_decode(raw)),
+        "html": lambda: _parse_html(_decode(raw)),
+        "pdf": lambda: _parse_pdf(raw),
+        "json": lambda: _parse_json_records([_load_json(raw)], json_text_fields),
+        "jsonl": lambda: _parse_json_records(_load_jsonl(raw), json_text_fields),
+    }[kind]()
+    if not parsed.text.strip():
+        raise ParseError(f"no text could be extracted from this {kind} document")
+    return parsed
+
+
+def _decode(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ParseError(
+            f"the document is not valid UTF-8 (byte {e.start}: {raw[e.start : e.start + 1]!r}); "
+            "re-encode it as UTF-8"
+        ) from e
+
+
+_HEADING = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$", re.MULTILINE)
+
+
+def _parse_markdown(text: str) -> ParsedDocument:
+    sections: list[Section] = []
+    path: list[str] = []
+    for match in _HEADING.finditer(text):
+        level = len(match.group(1))
+        path = [*path[: level - 1], match.group(2).strip()]
+        sections.append(Section(match.start(), " > ".join(path)))
+    return ParsedDocument(text, sections)
+
+
+_BOILERPLATE_TAGS = (
+    "script",
+    "style",
+    "noscript",
+    "nav",
+    "header",
+    "footer",
+    "aside",
+    "form",
+    "template",
+    "svg",
+    "iframe",
+)
+_BLOCK_TAGS = ("p", "li", "pre", "blockquote", "td", "th", "dd", "dt", "figcaption", "div")
+
+
+def _parse_html(html: str) -> ParsedDocument:
+    from bs4 import BeautifulSoup, Tag
+
+    soup = BeautifulSoup(html, "html.parser")
+    for tag in soup(list(_BOILERPLATE_TAGS)):
+        tag.decompose()
+    body = soup.find("main") or soup.find("article") or soup.body or soup
+    parts: list[str] = []
+    sections: list[Section] = []
+    path: list[str] = []
+    offset = 0
+    for element in body.find_all(["h1", "h2", "h3", "h4", "h5", "h6", *_BLOCK_TAGS]):
+        if not isinstance(element, Tag):
+            continue
+        if element.name.startswith("h") and element.name[1:].isdigit():
+            level = int(element.name[1])
+            heading = element.get_text(" ", strip=True)
+            if heading:
+                path = [*path[: level - 1], heading]
+                sections.append(Section(offset, " > ".join(path)))
+            text = heading
+        else:
+            # Only leaf-ish blocks: a div that holds other blocks is visited through them.
+            if element.find(list(_BLOCK_TAGS)):
+                continue
+            text = element.get_text(" ", strip=True)
+        if text:
+            parts.append(text)
+            offset += len(text) + 2
+    if not parts:
+        loose = body.get_text(" ", strip=True)
+        return ParsedDocument(loose, sections)
+    return ParsedDocument("\n\n".join(parts), sections)
+
+
+def _parse_pdf(raw: bytes) -> ParsedDocument:
+    from pypdf import PdfReader
+    from pypdf.errors import PdfReadError
+
+    try:
+        reader = PdfReader(io.BytesIO(raw))
+        pages = [page.extract_text() or "" for page in reader.pages]
+    except (PdfReadError, ValueError, KeyError, TypeError, OSError) as e:
+        raise ParseError(f"the PDF could not be read ({type(e).__name__}: {e})") from e
+    parts: list[str] = []
+    sections: list[Section] = []
+    offset = 0
+    for number, page_text in enumerate(pages, start=1):
+        page_text = page_text.strip()
+        if not page_text:
+            continue
+        sections.append(Section(offset, f"page {number}"))
+        parts.append(page_text)
+        offset += len(page_text) + 2
+    if not parts:
+        raise ParseError("the PDF has no text layer (scanned images are not OCRed)")
+    return ParsedDocument("\n\n".join(parts), sections)
+
+
+def _load_json(raw: bytes) -> object:
+    try:
+        return json.loads(_decode(raw))
+    except json.JSONDecodeError as e:
+        raise ParseError(f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from e
+
+
+def _load_jsonl(raw: bytes) -> list[object]:
+    records = []
+    for number, line in enumerate(_decode(raw).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ParseError(f"invalid JSON on line {number}: {e.msg}") from e
+    return records
+
+
+def _parse_json_records(records: list[object], text_fields: tuple[str, ...]) -> ParsedDocument:
+    if len(records) == 1 and isinstance(records[0], list):
+        records = list(records[0])
+    parts: list[str] = []
+    sections: list[Section] = []
+    offset = 0
+    for number, record in enumerate(records, start=1):
+        if isinstance(record, str):
+            text = record
+        elif isinstance(record, dict):
+            text = "\n".join(str(record[f]) for f in text_fields if record.get(f))
+        else:
+            text = ""
+        if not text.strip():
+            continue
+        label = record.get("title") if isinstance(record, dict) else None
+        sections.append(Section(offset, str(label) if label else f"record {number}"))
+        parts.append(text)
+        offset += len(text) + 2
+    if not parts:
+        raise ParseError(f"no record has any of the text fields {list(text_fields)}")
+    return ParsedDocument("\n\n".join(parts), sections)

@@ -1,0 +1,214 @@
+"""Drain the Postgres outbox into Elasticsearch with the bulk API.
+
+Every item's result is read (a bulk 200 can hide item failures). Writes carry the Postgres
+version as an external version, so duplicate, late or out-of-order deliveries cannot bring back
+stale or deleted content: Elasticsearch answers 409 when it already holds an equal or newer
+version, and that counts as done. 429 and 5xx are retried with backoff and jitter; anything
+else is dead-lettered with its reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from elasticsearch import ApiError, Elasticsearch
+from elasticsearch import ConnectionError as EsConnectionError
+from elasticsearch import ConnectionTimeout as EsConnectionTimeout
+
+from shared.db import unit_of_work
+from shared.ingest import repository as repo
+from shared.models import Chunk, Document, EsOutbox, OutboxOp
+from shared.settings import Settings, get_settings
+from shared.stores.elastic import get_es
+
+log = logging.getLogger(__name__)
+
+RETRIABLE_STATUS = {429, 500, 502, 503, 504}
+
+
+@dataclass
+class RelayReport:
+    sent: int = 0
+    applied: int = 0
+    already_current: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    unreachable: bool = False
+
+    def add(self, other: RelayReport) -> None:
+        for name in ("sent", "applied", "already_current", "retried", "dead_lettered"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.unreachable = self.unreachable or other.unreachable
+
+
+def backoff_seconds(attempts: int, base: float = 1.0, cap: float = 60.0) -> float:
+    return float(min(cap, base * 2 ** max(0, attempts)) * random.uniform(0.5, 1.0))
+
+
+def es_document(chunk: Chunk, doc: Document) -> dict[str, Any]:
+    return {
+        "chunk_id": chunk.id,
+        "tenant_id": chunk.tenant_id,
+        "document_id": str(chunk.document_id),
+        "external_id": doc.external_id,
+        "version": chunk.version,
+        "ordinal": chunk.ordinal,
+        "text_hash": chunk.text_hash,
+        "title": doc.title,
+        "section": chunk.section,
+        "text": chunk.text,
+        "metadata": doc.metadata_ or {},
+    }
+
+
+def drain(
+    max_batches: int = 20, settings: Settings | None = None, es: Elasticsearch | None = None
+) -> RelayReport:
+    settings = settings or get_settings()
+    es = es or get_es()
+    total = RelayReport()
+    for _ in range(max_batches):
+        batch = _relay_batch(settings, es)
+        total.add(batch)
+        if batch.sent < settings.relay_batch_size or batch.unreachable:
+            break
+    return total
+
+
+def _relay_batch(settings: Settings, es: Elasticsearch) -> RelayReport:
+    report = RelayReport()
+    with unit_of_work() as uow:
+        session = uow.session
+        rows = repo.claim_outbox(session, settings.relay_batch_size)
+        if not rows:
+            return report
+        # Only the newest operation per chunk matters; older rows ride along with it.
+        newest: dict[str, EsOutbox] = {}
+        riders: dict[str, list[int]] = {}
+        for row in rows:
+            riders.setdefault(row.chunk_id, []).append(row.id)
+            if row.chunk_id not in newest or _order(row) > _order(newest[row.chunk_id]):
+                newest[row.chunk_id] = row
+        chunks = repo.chunks_by_ids(
+            session, [r.chunk_id for r in newest.values() if r.op == OutboxOp.INDEX]
+        )
+        docs = repo.documents_by_ids(session, [c.document_id for c in chunks.values()])
+        actions, sent_rows = _actions(list(newest.values()), chunks, docs)
+        report.sent = len(sent_rows)
+        try:
+            response: Any = (
+                es.bulk(operations=actions, index=settings.es_chunks_alias(), refresh=False)
+                if actions
+                else {"items": []}
+            )
+        except (EsConnectionError, EsConnectionTimeout) as e:
+            # Elasticsearch is down: not the items' fault, so no attempt is counted.
+            report.unreachable = True
+            report.retried = len(rows)
+            delay = backoff_seconds(min(r.attempts for r in rows) + 1, cap=15.0)
+            repo.postpone_outbox(
+                session,
+                [r.id for r in rows],
+                delay,
+                f"{type(e).__name__}: {e}",
+                count_attempt=False,
+            )
+            return report
+        except ApiError as e:
+            report.retried = len(rows)
+            repo.postpone_outbox(
+                session,
+                [r.id for r in rows],
+                backoff_seconds(rows[0].attempts + 1),
+                f"bulk request failed: {e}",
+                count_attempt=True,
+            )
+            return report
+
+        done: list[int] = []
+        for row, item in zip(sent_rows, response["items"], strict=True):
+            result = next(iter(item.values()))
+            status = int(result.get("status", 500))
+            ids = riders[row.chunk_id]
+            if status < 300 or (status == 404 and row.op == OutboxOp.DELETE):
+                report.applied += 1
+                done += ids
+            elif status == 409:
+                report.already_current += 1
+                done += ids
+            elif status in RETRIABLE_STATUS and row.attempts + 1 < settings.relay_max_attempts:
+                report.retried += 1
+                repo.postpone_outbox(
+                    session,
+                    ids,
+                    backoff_seconds(row.attempts + 1),
+                    _reason(result),
+                    count_attempt=True,
+                )
+            else:
+                report.dead_lettered += 1
+                repo.add_dead_letter(
+                    session,
+                    tenant_id=row.tenant_id,
+                    source="outbox",
+                    ref=row.chunk_id,
+                    stage="es_relay",
+                    error_class=f"es_{status}",
+                    message=_reason(result),
+                    attempts=row.attempts + 1,
+                    payload={
+                        "op": row.op,
+                        "version": row.version,
+                        "document_id": str(row.document_id),
+                    },
+                )
+                done += ids
+        # Rows of chunks with nothing to send (e.g. superseded) are finished too.
+        sent_chunk_ids = {r.chunk_id for r in sent_rows}
+        done += [i for cid, ids in riders.items() if cid not in sent_chunk_ids for i in ids]
+        repo.delete_outbox(session, done)
+    return report
+
+
+def _order(row: EsOutbox) -> tuple[int, int, int]:
+    # At equal versions a delete outranks an index (a tombstone ends the version).
+    return (row.version, 1 if row.op == OutboxOp.DELETE else 0, row.id)
+
+
+def _actions(
+    rows: list[EsOutbox], chunks: dict[str, Chunk], docs: dict[Any, Document]
+) -> tuple[list[dict[str, Any]], list[EsOutbox]]:
+    actions: list[dict[str, Any]] = []
+    sent: list[EsOutbox] = []
+    for row in rows:
+        chunk = chunks.get(row.chunk_id)
+        if row.op == OutboxOp.INDEX and chunk is not None:
+            # Always send the chunk as it is now; its version guards against regressions.
+            actions.append(
+                {"index": {"_id": chunk.id, "version": chunk.version, "version_type": "external"}}
+            )
+            actions.append(es_document(chunk, docs[chunk.document_id]))
+            sent.append(row)
+        elif row.op == OutboxOp.DELETE:
+            actions.append(
+                {
+                    "delete": {
+                        "_id": row.chunk_id,
+                        "version": row.version,
+                        "version_type": "external",
+                    }
+                }
+            )
+            sent.append(row)
+        # An index row whose chunk is gone was superseded by a delete row of its own.
+    return actions, sent
+
+
+def _reason(result: dict[str, Any]) -> str:
+    error = result.get("error")
+    if isinstance(error, dict):
+        return f"{error.get('type')}: {error.get('reason')}"
+    return str(error or result.get("result") or "unknown")

@@ -1,0 +1,341 @@
+"""All SQL of the ingest side. Functions take a session and never commit."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, func, select, text, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from shared.models import (
+    Chunk,
+    DeadLetter,
+    Document,
+    DocumentVersion,
+    EmbeddingCache,
+    EsOutbox,
+    IngestJob,
+    JobState,
+    OutboxOp,
+    Tenant,
+)
+
+
+def lock_key(session: Session, key: str) -> None:
+    """Serialize writers of one document (or one external id) until the transaction ends."""
+    session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"), {"k": key})
+
+
+def now(session: Session) -> datetime:
+    """The database clock, so leases compare against one clock whatever the host."""
+    return session.execute(select(func.now())).scalar_one()
+
+
+# ------------------------------------------------------------------ tenants and documents
+
+
+def ensure_tenant(session: Session, tenant_id: str) -> None:
+    session.execute(insert(Tenant).values(id=tenant_id, name=tenant_id).on_conflict_do_nothing())
+
+
+def document_by_external_id(session: Session, tenant_id: str, external_id: str) -> Document | None:
+    return session.scalar(
+        select(Document).where(Document.tenant_id == tenant_id, Document.external_id == external_id)
+    )
+
+
+def document_for_tenant(
+    session: Session, tenant_id: str, document_id: uuid.UUID, for_update: bool = False
+) -> Document | None:
+    query = select(Document).where(Document.id == document_id, Document.tenant_id == tenant_id)
+    return session.scalar(query.with_for_update() if for_update else query)
+
+
+def document_version(
+    session: Session, document_id: uuid.UUID, version: int
+) -> DocumentVersion | None:
+    return session.get(DocumentVersion, (document_id, version))
+
+
+def list_versions(session: Session, document_id: uuid.UUID) -> Sequence[Any]:
+    return session.execute(
+        select(
+            DocumentVersion.version,
+            DocumentVersion.content_hash,
+            DocumentVersion.tombstone,
+            DocumentVersion.created_at,
+        )
+        .where(DocumentVersion.document_id == document_id)
+        .order_by(DocumentVersion.version)
+    ).all()
+
+
+def latest_job_for(session: Session, document_id: uuid.UUID, version: int) -> IngestJob | None:
+    return session.scalar(
+        select(IngestJob)
+        .where(IngestJob.document_id == document_id, IngestJob.version == version)
+        .order_by(IngestJob.created_at.desc())
+        .limit(1)
+    )
+
+
+# ------------------------------------------------------------------ jobs
+
+
+def job_for_tenant(session: Session, tenant_id: str, job_id: uuid.UUID) -> IngestJob | None:
+    return session.scalar(
+        select(IngestJob).where(IngestJob.id == job_id, IngestJob.tenant_id == tenant_id)
+    )
+
+
+def lock_job(session: Session, job_id: uuid.UUID) -> IngestJob | None:
+    return session.scalar(select(IngestJob).where(IngestJob.id == job_id).with_for_update())
+
+
+def expired_jobs(session: Session, limit: int) -> Sequence[IngestJob]:
+    """Queued or running jobs whose lease ran out: their message or worker was lost."""
+    return session.scalars(
+        select(IngestJob)
+        .where(
+            IngestJob.state.in_([JobState.QUEUED, JobState.RUNNING]),
+            IngestJob.lease_expires_at < func.now(),
+        )
+        .order_by(IngestJob.lease_expires_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    ).all()
+
+
+def extend_lease(job: IngestJob, at: datetime, seconds: int) -> None:
+    job.lease_expires_at = at + timedelta(seconds=seconds)
+
+
+def add_dead_letter(
+    session: Session,
+    *,
+    tenant_id: str,
+    source: str,
+    ref: str,
+    stage: str,
+    error_class: str,
+    message: str,
+    attempts: int,
+    payload: dict[str, Any] | None = None,
+) -> None:
+    session.add(
+        DeadLetter(
+            tenant_id=tenant_id,
+            source=source,
+            ref=ref,
+            stage=stage,
+            error_class=error_class,
+            message=message[:4000],
+            attempts=attempts,
+            payload=payload or {},
+        )
+    )
+
+
+# ------------------------------------------------------------------ chunks
+
+
+@dataclass(frozen=True)
+class ChunkRow:
+    id: str
+    ordinal: int
+    text: str
+    text_hash: str
+    char_start: int
+    char_end: int
+    section: str
+    embedding: list[float]
+
+
+def upsert_chunks(
+    session: Session,
+    *,
+    tenant_id: str,
+    document_id: uuid.UUID,
+    version: int,
+    rows: Sequence[ChunkRow],
+) -> None:
+    """Write a version's chunks; an older version can never overwrite a newer one."""
+    if not rows:
+        return
+    statement = insert(Chunk).values(
+        [
+            {
+                "id": r.id,
+                "tenant_id": tenant_id,
+                "document_id": document_id,
+                "version": version,
+                "ordinal": r.ordinal,
+                "text": r.text,
+                "text_hash": r.text_hash,
+                "char_start": r.char_start,
+                "char_end": r.char_end,
+                "section": r.section,
+                "embedding": r.embedding,
+            }
+            for r in rows
+        ]
+    )
+    excluded = statement.excluded
+    session.execute(
+        statement.on_conflict_do_update(
+            index_elements=[Chunk.id],
+            set_={
+                "version": excluded.version,
+                "ordinal": excluded.ordinal,
+                "text": excluded.text,
+                "text_hash": excluded.text_hash,
+                "char_start": excluded.char_start,
+                "char_end": excluded.char_end,
+                "section": excluded.section,
+                "embedding": excluded.embedding,
+                "updated_at": func.now(),
+            },
+            where=Chunk.version <= excluded.version,
+        )
+    )
+
+
+def delete_chunks_older_than(session: Session, document_id: uuid.UUID, version: int) -> list[str]:
+    """Remove the chunks a newer version superseded (or a tombstone deleted); returns ids."""
+    result = session.execute(
+        delete(Chunk)
+        .where(Chunk.document_id == document_id, Chunk.version < version)
+        .returning(Chunk.id)
+    )
+    return [row[0] for row in result]
+
+
+def chunks_by_ids(session: Session, ids: Sequence[str]) -> dict[str, Chunk]:
+    if not ids:
+        return {}
+    return {c.id: c for c in session.scalars(select(Chunk).where(Chunk.id.in_(ids)))}
+
+
+# ------------------------------------------------------------------ embedding cache
+
+
+def cached_embeddings(session: Session, model: str, hashes: Sequence[str]) -> dict[str, Any]:
+    if not hashes:
+        return {}
+    rows = session.execute(
+        select(EmbeddingCache.text_hash, EmbeddingCache.embedding).where(
+            EmbeddingCache.model == model, EmbeddingCache.text_hash.in_(list(set(hashes)))
+        )
+    )
+    return {h: e for h, e in rows}
+
+
+def store_embeddings(session: Session, model: str, vectors: dict[str, list[float]]) -> None:
+    if not vectors:
+        return
+    session.execute(
+        insert(EmbeddingCache)
+        .values([{"model": model, "text_hash": h, "embedding": v} for h, v in vectors.items()])
+        .on_conflict_do_nothing()
+    )
+
+
+# ------------------------------------------------------------------ outbox
+
+
+def add_outbox(
+    session: Session,
+    *,
+    tenant_id: str,
+    document_id: uuid.UUID,
+    op: OutboxOp,
+    version: int,
+    chunk_ids: Sequence[str],
+) -> None:
+    if not chunk_ids:
+        return
+    session.execute(
+        insert(EsOutbox).values(
+            [
+                {
+                    "tenant_id": tenant_id,
+                    "document_id": document_id,
+                    "chunk_id": cid,
+                    "op": op.value,
+                    "version": version,
+                }
+                for cid in chunk_ids
+            ]
+        )
+    )
+
+
+def claim_outbox(session: Session, limit: int) -> Sequence[EsOutbox]:
+    """Due rows, locked so that concurrent relays never send the same row twice."""
+    return session.scalars(
+        select(EsOutbox)
+        .where(EsOutbox.next_attempt_at <= func.now())
+        .order_by(EsOutbox.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    ).all()
+
+
+def delete_outbox(session: Session, ids: Sequence[int]) -> None:
+    if ids:
+        session.execute(delete(EsOutbox).where(EsOutbox.id.in_(list(ids))))
+
+
+def postpone_outbox(
+    session: Session, ids: Sequence[int], delay_s: float, error: str, count_attempt: bool
+) -> None:
+    if not ids:
+        return
+    values: dict[str, Any] = {
+        "next_attempt_at": func.now() + timedelta(seconds=delay_s),
+        "last_error": error[:2000],
+    }
+    if count_attempt:
+        values["attempts"] = EsOutbox.attempts + 1
+    session.execute(update(EsOutbox).where(EsOutbox.id.in_(list(ids))).values(**values))
+
+
+def outbox_backlog(session: Session) -> int:
+    return session.scalar(select(func.count()).select_from(EsOutbox)) or 0
+
+
+def documents_by_ids(session: Session, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Document]:
+    if not ids:
+        return {}
+    return {d.id: d for d in session.scalars(select(Document).where(Document.id.in_(set(ids))))}
+
+
+def count_chunks(session: Session, document_id: uuid.UUID) -> int:
+    return (
+        session.scalar(
+            select(func.count()).select_from(Chunk).where(Chunk.document_id == document_id)
+        )
+        or 0
+    )
+
+
+def live_job_states(
+    session: Session, tenant_id: str, external_ids: Sequence[str]
+) -> dict[str, str]:
+    """external id -> state of the job for the document's live version (when there is one)."""
+    if not external_ids:
+        return {}
+    rows = session.execute(
+        select(Document.external_id, IngestJob.state)
+        .join(
+            IngestJob,
+            (IngestJob.document_id == Document.id) & (IngestJob.version == Document.version),
+        )
+        .where(Document.tenant_id == tenant_id, Document.external_id.in_(list(external_ids)))
+    ).all()
+    return {external_id: state for external_id, state in rows}

@@ -1,0 +1,155 @@
+"""Intake: accept an upload (or a delete) into Postgres. Nothing here commits or enqueues
+directly: the caller's unit of work commits, and only then are tasks published."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal
+
+from sqlalchemy.orm import Session
+
+from shared.db import UnitOfWork
+from shared.errors import NotFound
+from shared.ingest import repository as repo
+from shared.models import Document, DocumentVersion, IngestJob, JobState, OutboxOp
+from shared.queue import publish_ingest_job, publish_relay
+from shared.settings import Settings
+
+
+@dataclass(frozen=True)
+class Upload:
+    tenant_id: str
+    external_id: str
+    raw: bytes
+    content_type: str
+    title: str = ""
+    filename: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    document_id: uuid.UUID
+    version: int
+    job_id: uuid.UUID | None
+    status: Literal["accepted", "unchanged"]
+
+
+def content_hash(upload: Upload) -> str:
+    """What makes two uploads the same: bytes, type, title and metadata."""
+    digest = hashlib.sha256(upload.raw)
+    digest.update(b"\0" + upload.content_type.encode())
+    digest.update(b"\0" + upload.title.encode())
+    digest.update(b"\0" + json.dumps(upload.metadata or {}, sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def accept_upload(uow: UnitOfWork, settings: Settings, upload: Upload) -> UploadResult:
+    """Commit the document, its raw content and a job; the job is published after commit.
+
+    Re-uploading unchanged content is a no-op that reports ``unchanged``; changed content
+    becomes the next version."""
+    session = uow.session
+    repo.ensure_tenant(session, upload.tenant_id)
+    repo.lock_key(session, f"external:{upload.tenant_id}:{upload.external_id}")
+    digest = content_hash(upload)
+    doc = repo.document_by_external_id(session, upload.tenant_id, upload.external_id)
+    if doc is not None and not doc.deleted and doc.content_hash == digest:
+        job = repo.latest_job_for(session, doc.id, doc.version)
+        return UploadResult(doc.id, doc.version, job.id if job else None, "unchanged")
+
+    if doc is None:
+        doc = Document(
+            id=uuid.uuid4(),
+            tenant_id=upload.tenant_id,
+            external_id=upload.external_id,
+            title=upload.title,
+            metadata_=upload.metadata or {},
+            version=1,
+            content_hash=digest,
+            deleted=False,
+        )
+        session.add(doc)
+    else:
+        doc.version += 1
+        doc.title = upload.title
+        doc.metadata_ = upload.metadata or {}
+        doc.content_hash = digest
+        doc.deleted = False
+        doc.updated_at = repo.now(session)
+    session.flush()
+    session.add(
+        DocumentVersion(
+            document_id=doc.id,
+            version=doc.version,
+            tenant_id=upload.tenant_id,
+            content_hash=digest,
+            content_type=upload.content_type,
+            filename=upload.filename,
+            raw=upload.raw,
+            tombstone=False,
+        )
+    )
+    session.flush()
+    job = IngestJob(
+        id=uuid.uuid4(),
+        tenant_id=upload.tenant_id,
+        document_id=doc.id,
+        version=doc.version,
+        state=JobState.QUEUED,
+        attempts=0,
+        # If the message never reaches a worker, the sweep re-publishes after the lease.
+        lease_expires_at=repo.now(session) + timedelta(seconds=settings.job_lease_seconds),
+        stage_timings={},
+        detail={},
+    )
+    session.add(job)
+    job_id = job.id
+    uow.after_commit(lambda: publish_ingest_job(job_id))
+    return UploadResult(doc.id, doc.version, job.id, "accepted")
+
+
+def delete_document(uow: UnitOfWork, tenant_id: str, document_id: uuid.UUID) -> int:
+    """Record a tombstone as a new version, remove the chunks from Postgres and queue their
+    deletion from Elasticsearch in the same transaction. Returns the tombstone version."""
+    session = uow.session
+    doc = repo.document_for_tenant(session, tenant_id, document_id, for_update=True)
+    if doc is None or doc.deleted:
+        raise NotFound(f"document {document_id} not found")
+    repo.lock_key(session, f"document:{doc.id}")
+    doc.version += 1
+    doc.deleted = True
+    doc.updated_at = repo.now(session)
+    session.add(
+        DocumentVersion(
+            document_id=doc.id,
+            version=doc.version,
+            tenant_id=tenant_id,
+            content_hash=doc.content_hash,
+            content_type="tombstone",
+            raw=None,
+            tombstone=True,
+        )
+    )
+    removed = repo.delete_chunks_older_than(session, doc.id, doc.version)
+    repo.add_outbox(
+        session,
+        tenant_id=tenant_id,
+        document_id=doc.id,
+        op=OutboxOp.DELETE,
+        version=doc.version,
+        chunk_ids=removed,
+    )
+    uow.after_commit(publish_relay)
+    return doc.version
+
+
+def get_document(session: Session, tenant_id: str, document_id: uuid.UUID) -> Document:
+    doc = repo.document_for_tenant(session, tenant_id, document_id)
+    if doc is None:
+        raise NotFound(f"document {document_id} not found")
+    return doc

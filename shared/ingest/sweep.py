@@ -1,0 +1,69 @@
+"""The lease sweep: recovery from Postgres, never from Redis redelivery.
+
+A job whose lease expired lost its message (Redis restarted empty) or its worker (kill -9).
+The sweep renews the lease and publishes the job again; a job that has used up its attempts
+is dead-lettered with the last error it recorded.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass, field
+
+from shared.db import unit_of_work
+from shared.ingest import repository as repo
+from shared.models import JobState
+from shared.queue import publish_ingest_job
+from shared.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SweepReport:
+    republished: list[str] = field(default_factory=list)
+    dead_lettered: list[str] = field(default_factory=list)
+
+
+def sweep_expired_jobs(settings: Settings | None = None, limit: int = 500) -> SweepReport:
+    settings = settings or get_settings()
+    report = SweepReport()
+    with unit_of_work() as uow:
+        session = uow.session
+        now = repo.now(session)
+        for job in repo.expired_jobs(session, limit):
+            if job.attempts >= settings.job_max_attempts:
+                job.state = JobState.DEAD_LETTERED
+                job.error_stage = job.error_stage or "lease"
+                job.error_class = job.error_class or "LeaseExpired"
+                job.error_message = (
+                    f"gave up after {job.attempts} attempts; last error: "
+                    f"{job.error_message or 'the worker disappeared while holding the lease'}"
+                )
+                job.finished_at = now
+                job.lease_expires_at = None
+                repo.add_dead_letter(
+                    session,
+                    tenant_id=job.tenant_id,
+                    source="job",
+                    ref=str(job.id),
+                    stage=job.error_stage,
+                    error_class=job.error_class,
+                    message=job.error_message,
+                    attempts=job.attempts,
+                    payload={"document_id": str(job.document_id), "version": job.version},
+                )
+                report.dead_lettered.append(str(job.id))
+                continue
+            job.state = JobState.QUEUED
+            repo.extend_lease(job, now, settings.job_lease_seconds)
+            uow.after_commit(functools.partial(publish_ingest_job, job.id))
+            report.republished.append(str(job.id))
+    if report.republished or report.dead_lettered:
+        log.info(
+            "sweep: republished %d, dead-lettered %d",
+            len(report.republished),
+            len(report.dead_lettered),
+        )
+    return report

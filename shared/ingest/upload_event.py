@@ -1,0 +1,73 @@
+"""The upload event: the JSON message producers publish to the ``ingest`` queue.
+
+Schema (JSON Schema in docs/upload-event.schema.json)::
+
+    {
+      "schema": "concord.upload/v1",
+      "tenant_id": "acme",                # required
+      "external_id": "handbook.md",       # required: the producer's stable id
+      "content_base64": "...",            # required: the raw bytes
+      "content_type": "text/markdown",    # optional: sniffed/derived when absent
+      "filename": "handbook.md",          # optional
+      "title": "Handbook",                # optional
+      "metadata": {"team": "ops"}         # optional: flat JSON object
+    }
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from shared.errors import BadRequest
+from shared.ingest.parsing import resolve_content_type
+from shared.ingest.service import Upload
+
+SCHEMA_ID = "concord.upload/v1"
+
+
+def build_upload_event(
+    *,
+    tenant_id: str,
+    external_id: str,
+    raw: bytes,
+    content_type: str | None = None,
+    filename: str | None = None,
+    title: str = "",
+    metadata: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA_ID,
+        "tenant_id": tenant_id,
+        "external_id": external_id,
+        "content_base64": base64.b64encode(raw).decode(),
+        "content_type": content_type,
+        "filename": filename,
+        "title": title,
+        "metadata": metadata or {},
+    }
+
+
+def parse_upload_event(event: dict[str, Any]) -> Upload:
+    if event.get("schema") != SCHEMA_ID:
+        raise BadRequest(f"unknown upload event schema {event.get('schema')!r}")
+    for key in ("tenant_id", "external_id", "content_base64"):
+        if not isinstance(event.get(key), str) or not event[key]:
+            raise BadRequest(f"upload event field {key!r} is required")
+    try:
+        raw = base64.b64decode(event["content_base64"], validate=True)
+    except binascii.Error as e:
+        raise BadRequest(f"content_base64 is not valid base64: {e}") from e
+    metadata = event.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise BadRequest("metadata must be a JSON object")
+    return Upload(
+        tenant_id=event["tenant_id"],
+        external_id=event["external_id"],
+        raw=raw,
+        content_type=resolve_content_type(event.get("content_type"), event.get("filename"), raw),
+        title=event.get("title") or "",
+        filename=event.get("filename"),
+        metadata=metadata,
+    )

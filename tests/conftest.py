@@ -1,0 +1,199 @@
+"""Test fixtures against the real stack (Postgres/pgvector, Elasticsearch, Redis, Celery).
+
+The infrastructure is brought up by `scripts/test.sh` (`concord stack up --infra-only`). Tests
+get their own Postgres database, Elasticsearch index prefix and Redis database, and every test
+works in a fresh tenant, so nothing here touches the development data.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TEST_ENV = {
+    "CONCORD_ENVIRONMENT": "test",
+    "CONCORD_PG_DATABASE": "concord_test",
+    "CONCORD_ES_INDEX_PREFIX": "concord-test",
+    "CONCORD_REDIS_DB": "1",
+    "CONCORD_JOB_LEASE_SECONDS": "20",
+    "CONCORD_TASK_SOFT_TIME_LIMIT_S": "15",
+    "CONCORD_TASK_TIME_LIMIT_S": "18",
+    "CONCORD_SWEEP_INTERVAL_SECONDS": "3",
+    "CONCORD_RELAY_INTERVAL_SECONDS": "1",
+    "CONCORD_MAX_UPLOAD_BYTES": str(256 * 1024),
+}
+os.environ.update(TEST_ENV)
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from shared.settings import get_settings  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _recreate_database() -> None:
+    import psycopg
+
+    s = get_settings()
+    with psycopg.connect(
+        host=s.pg_host,
+        port=s.pg_port,
+        user=s.pg_user,
+        password=s.pg_password,
+        dbname="postgres",
+        autocommit=True,
+    ) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{s.pg_database}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{s.pg_database}"')
+
+
+def _reset_elasticsearch() -> None:
+    from shared.stores.elastic import get_es
+    from shared.stores.es_index import ensure_index
+
+    es = get_es()
+    es.indices.delete(
+        index=f"{get_settings().es_index_prefix}-*", allow_no_indices=True, expand_wildcards="all"
+    )
+    ensure_index(get_settings())
+
+
+def _purge_redis() -> None:
+    import redis
+
+    s = get_settings()
+    redis.Redis(host=s.redis_host, port=s.redis_port, db=s.redis_db).flushdb()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fresh_stores() -> None:
+    from shared.migrate import upgrade_head
+
+    _recreate_database()
+    upgrade_head(get_settings())
+    _reset_elasticsearch()
+    _purge_redis()
+
+
+class CeleryProcess:
+    """A real Celery worker (or beat) in its own process group, killable by the tests."""
+
+    def __init__(self, kind: str, log_dir: Path) -> None:
+        self.kind = kind
+        self.log = log_dir / f"{kind}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def argv(self) -> list[str]:
+        base = [sys.executable, "-m", "celery", "-A", "workers.celery_app:celery_app"]
+        if self.kind == "worker":
+            return [
+                *base,
+                "worker",
+                "--loglevel=INFO",
+                "--concurrency=1",
+                "-Q",
+                "ingest,relay,maintenance",
+                "-n",
+                f"test-{uuid.uuid4().hex[:6]}@%h",
+            ]
+        return [*base, "beat", "--loglevel=INFO", "-s", str(self.log.parent / "beat-schedule")]
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def child_pids(self) -> list[int]:
+        assert self.proc is not None
+        out = subprocess.run(
+            ["ps", "-o", "pid=", "--ppid", str(self.proc.pid)],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+        return [int(p) for p in out.split()]
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def celery_processes(
+    tmp_path_factory: pytest.TempPathFactory, fresh_stores: None
+) -> Iterator[dict[str, CeleryProcess]]:
+    log_dir = tmp_path_factory.mktemp("celery")
+    procs = {kind: CeleryProcess(kind, log_dir) for kind in ("worker", "beat")}
+    for proc in procs.values():
+        proc.start()
+    yield procs
+    for proc in procs.values():
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def worker(celery_processes: dict[str, CeleryProcess]) -> CeleryProcess:
+    return celery_processes["worker"]
+
+
+@pytest.fixture(scope="session")
+def client() -> Iterator[TestClient]:
+    from services.api.app import create_app
+
+    with TestClient(create_app()) as c:
+        yield c
+
+
+@pytest.fixture
+def tenant() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def api_key(tenant: str) -> str:
+    from shared.auth import create_key
+    from shared.db import unit_of_work
+
+    with unit_of_work() as uow:
+        _, secret = create_key(uow.session, tenant, "test", ["read", "write"])
+    return secret
+
+
+@pytest.fixture
+def auth(api_key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"}
+
+
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float = 60.0,
+    interval: float = 0.3,
+    what: str = "condition",
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

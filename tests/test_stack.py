@@ -1,0 +1,128 @@
+"""`concord stack up | status | down` on its own state directory and ports, and the compose
+file's validity."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from services.cli.stack import _pid_alive, _read_pid
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def state_root() -> Iterator[Path]:
+    """Under the repository: pytest's own tmp dirs are private to root, and the service user
+    that runs Postgres and Elasticsearch must reach the state directory."""
+    path = ROOT / ".concord" / "test-stacks" / uuid.uuid4().hex[:8]
+    path.mkdir(parents=True)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def concord(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli.main", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+
+
+def test_stack_up_twice_status_and_down_leave_nothing_behind(state_root: Path):
+    state = state_root / "state"
+    env = {
+        **os.environ,
+        "CONCORD_STATE_DIR": str(state),
+        "CONCORD_PG_PORT": "55532",
+        "CONCORD_REDIS_PORT": "56479",
+        "CONCORD_ES_PORT": "59300",
+        "CONCORD_API_PORT": "58100",
+        "CONCORD_PG_DATABASE": "concord",
+        "CONCORD_ES_INDEX_PREFIX": "concord",
+        "CONCORD_REDIS_DB": "0",
+    }
+    try:
+        first = concord(["stack", "up", "--infra-only"], env)
+        assert first.returncode == 0, first.stdout + first.stderr
+        for name in ("postgres", "redis", "elasticsearch"):
+            assert f"up {name}" in " ".join(first.stdout.split())
+
+        again = concord(["stack", "up", "--infra-only"], env)
+        assert again.returncode == 0, again.stdout + again.stderr
+
+        status = concord(["stack", "status"], env)
+        assert status.returncode == 0, status.stdout
+        assert status.stdout.count(" up ") >= 3
+
+        pids = [
+            _read_pid(state / "postgres" / "data" / "postmaster.pid"),
+            _read_pid(state / "redis" / "redis.pid"),
+            _read_pid(state / "elasticsearch" / "es.pid"),
+        ]
+        assert all(_pid_alive(pid) for pid in pids)
+    finally:
+        down = concord(["stack", "down"], env)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not any(_pid_alive(pid) for pid in pids)
+    after = concord(["stack", "status"], env)
+    assert after.returncode == 1 and " up " not in after.stdout
+
+
+def test_a_taken_port_is_reported_clearly(state_root: Path):
+    import socket
+
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        env = {
+            **os.environ,
+            "CONCORD_STATE_DIR": str(state_root / "s"),
+            "CONCORD_REDIS_PORT": str(port),
+            "CONCORD_PG_PORT": "55533",
+        }
+        result = concord(["stack", "up", "--infra-only"], env)
+        concord(["stack", "down"], env)
+    assert result.returncode == 1
+    assert f"port {port} for redis is already taken" in " ".join(result.stdout.split())
+
+
+def _compose_command() -> list[str] | None:
+    if (
+        shutil.which("docker")
+        and subprocess.run(
+            ["docker", "compose", "version"], capture_output=True, check=False
+        ).returncode
+        == 0
+    ):
+        return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    return None
+
+
+def test_docker_compose_file_is_valid():
+    command = _compose_command()
+    if command is None:
+        pytest.skip("no docker compose client on this machine")
+    result = subprocess.run(
+        [*command, "-f", str(ROOT / "docker-compose.yml"), "config"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    for service in ("postgres", "redis", "elasticsearch", "api", "worker", "beat"):
+        assert f"{service}:" in result.stdout

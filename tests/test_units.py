@@ -1,0 +1,92 @@
+"""Pure unit tests: chunking, parsing, fusion (no services)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from shared.errors import ParseError, UnsupportedMediaType
+from shared.ingest.chunking import Chunker
+from shared.ingest.parsing import parse, resolve_content_type
+from shared.search.service import ArmHit, rrf_fuse
+
+
+def word_offsets(text: str) -> list[tuple[int, int]]:
+    """A stand-in tokenizer: one token per word or punctuation mark."""
+    return [(m.start(), m.end()) for m in re.finditer(r"\w+|[^\w\s]", text)]
+
+
+def test_chunks_respect_token_budget_offsets_and_sections():
+    md = "# Intro\nCats purr. Dogs bark loudly.\n\n## Care\n" + "Feed them daily. " * 40
+    chunker = Chunker(word_offsets, max_tokens=30, overlap_tokens=6)
+    doc = parse(md.encode(), "text/markdown")
+    chunks = chunker.chunk(doc)
+    assert len(chunks) > 3
+    for chunk in chunks:
+        assert chunk.token_count <= 30
+        assert doc.text[chunk.char_start : chunk.char_end] == chunk.text
+    assert chunks[0].section == "Intro"
+    assert chunks[-1].section == "Intro > Care"
+    # Overlap: consecutive chunks in one section share text.
+    assert chunks[2].char_start < chunks[1].char_end
+
+
+def test_overlong_sentence_is_cut_at_token_boundaries():
+    text = "word " * 100
+    chunks = Chunker(word_offsets, max_tokens=16, overlap_tokens=0).chunk(
+        parse(text.encode(), "text/plain")
+    )
+    assert all(c.token_count <= 16 for c in chunks)
+    assert sum(c.token_count for c in chunks) == 100
+
+
+def test_html_boilerplate_is_stripped_and_headings_kept():
+    html = b"""<html><head><script>var x = 1;</script><style>p{}</style></head><body>
+    <nav>Home | About</nav><h1>Guide</h1><p>Install the pump.</p><h2>Safety</h2>
+    <p>Wear gloves.</p><footer>(c) 2026</footer></body></html>"""
+    doc = parse(html, "text/html")
+    assert "var x" not in doc.text and "Home | About" not in doc.text and "(c)" not in doc.text
+    assert "Install the pump." in doc.text
+    assert doc.section_at(doc.text.index("Wear gloves")) == "Guide > Safety"
+
+
+@pytest.mark.parametrize(
+    ("raw", "content_type", "reason"),
+    [
+        (b"", "text/plain", "empty"),
+        (b"\xff\xfe\x00bad", "text/plain", "UTF-8"),
+        (b"%PDF-1.4 garbage", "application/pdf", "PDF"),
+        (b"<html><body><script>x</script></body></html>", "text/html", "no text"),
+        (b'{"a": ', "application/json", "invalid JSON"),
+    ],
+)
+def test_unparseable_documents_give_a_reason(raw, content_type, reason):
+    with pytest.raises(ParseError, match=reason):
+        parse(raw, content_type)
+
+
+def test_content_type_from_magic_bytes_then_header_then_extension():
+    assert resolve_content_type("text/plain", "x.txt", b"%PDF-1.7") == "application/pdf"
+    assert resolve_content_type("application/octet-stream", "a.md", b"# hi") == "text/markdown"
+    with pytest.raises(UnsupportedMediaType):
+        resolve_content_type("image/png", "a.png", b"\x89PNG")
+
+
+def test_json_records_use_configured_text_fields():
+    raw = b'{"title": "T1", "text": "alpha"}\n{"title": "T2", "body": "beta"}\n'
+    doc = parse(raw, "application/x-ndjson")
+    assert doc.text == "alpha\n\nbeta"
+    assert doc.section_at(doc.text.index("beta")) == "T2"
+
+
+def test_rrf_rewards_agreement_and_respects_weights():
+    dense = [ArmHit("a", 1, 0.9), ArmHit("b", 2, 0.8)]
+    lexical = [ArmHit("b", 1, 12.0), ArmHit("c", 2, 9.0)]
+    fused = rrf_fuse({"dense": dense, "lexical": lexical}, k=60)
+    assert fused[0][0] == "b"
+    assert fused[0][1] == pytest.approx(1 / 62 + 1 / 61)
+    weighted = rrf_fuse(
+        {"dense": dense, "lexical": lexical}, k=60, weights={"dense": 0.0, "lexical": 1.0}
+    )
+    assert [cid for cid, _ in weighted][:2] == ["b", "c"]

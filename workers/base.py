@@ -1,0 +1,53 @@
+"""The one project-wide task decorator: acks late, time limits, an explicit retry policy.
+
+Only errors listed as retriable are retried (with exponential backoff and jitter); anything
+else fails at once. Never swallow an exception inside a task.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import redis
+from celery import Task
+from elasticsearch import ConnectionError as EsConnectionError
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from shared.errors import StoreUnavailable
+from workers.celery_app import celery_app
+
+RETRIABLE: tuple[type[BaseException], ...] = (
+    OperationalError,
+    StoreUnavailable,
+    redis.ConnectionError,
+    EsConnectionError,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def is_retriable(error: BaseException) -> bool:
+    if isinstance(error, DBAPIError) and error.connection_invalidated:
+        return True
+    return isinstance(error, RETRIABLE)
+
+
+def retry_delay(retries: int, base: float = 2.0, cap: float = 120.0) -> float:
+    return float(min(cap, base * 2**retries) * random.uniform(0.5, 1.0))
+
+
+def concord_task(name: str, queue: str, max_retries: int = 5) -> Callable[[F], Task]:
+    def decorate(fn: F) -> Task:
+        task: Task = celery_app.task(
+            name=name,
+            bind=True,
+            queue=queue,
+            acks_late=True,
+            reject_on_worker_lost=True,
+            max_retries=max_retries,
+        )(fn)
+        return task
+
+    return decorate

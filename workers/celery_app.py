@@ -1,0 +1,68 @@
+"""The Celery application: durable settings, queues, and the beat schedule.
+
+Durability comes from Postgres (job leases and the outbox); these settings make Redis delivery
+as safe as it can be: acks after the work is done, redelivery when a worker dies, one message
+prefetched at a time, and task time limits below the broker's visibility timeout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_process_init
+
+from shared.queue import (
+    INGEST_QUEUE,
+    MAINTENANCE_QUEUE,
+    RELAY_QUEUE,
+    RELAY_TASK,
+    SWEEP_TASK,
+)
+from shared.settings import get_settings
+
+
+def create_celery_app() -> Celery:
+    settings = get_settings()
+    app = Celery("concord", broker=settings.redis_url(), include=["workers.tasks"])
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        task_soft_time_limit=settings.task_soft_time_limit_s,
+        task_time_limit=settings.task_time_limit_s,
+        broker_transport_options={"visibility_timeout": settings.broker_visibility_timeout_s},
+        broker_connection_retry_on_startup=True,
+        task_default_queue=INGEST_QUEUE,
+        task_serializer="json",
+        accept_content=["json"],
+        worker_hijack_root_logger=False,
+        beat_schedule={
+            "sweep-expired-jobs": {
+                "task": SWEEP_TASK,
+                "schedule": settings.sweep_interval_seconds,
+                "options": {"queue": MAINTENANCE_QUEUE, "expires": settings.sweep_interval_seconds},
+            },
+            "drain-outbox": {
+                "task": RELAY_TASK,
+                "schedule": settings.relay_interval_seconds,
+                "options": {"queue": RELAY_QUEUE, "expires": settings.relay_interval_seconds * 2},
+            },
+        },
+    )
+    return app
+
+
+celery_app = create_celery_app()
+
+
+@worker_process_init.connect  # type: ignore[untyped-decorator]
+def _init_worker_process(**_: Any) -> None:
+    """Per child process, after fork: fresh connections, and the model loaded (and its
+    dimension checked against the schema) before the first task arrives."""
+    from shared.db import dispose_engine_after_fork
+    from shared.ingest.embedding import get_embedder
+
+    dispose_engine_after_fork()
+    get_embedder().model()

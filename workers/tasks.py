@@ -1,0 +1,68 @@
+"""Thin tasks: take ids, hand off to a pipeline step, decide retry or failure."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from celery import Task
+
+from shared.db import unit_of_work
+from shared.ingest import pipeline, relay, sweep
+from shared.ingest.service import accept_upload
+from shared.ingest.upload_event import parse_upload_event
+from shared.queue import (
+    ACCEPT_EVENT_TASK,
+    INGEST_QUEUE,
+    MAINTENANCE_QUEUE,
+    PROCESS_JOB_TASK,
+    RELAY_QUEUE,
+    RELAY_TASK,
+    SWEEP_TASK,
+)
+from shared.settings import get_settings
+from workers.base import concord_task, is_retriable, retry_delay
+
+
+@concord_task(PROCESS_JOB_TASK, INGEST_QUEUE)
+def process_job(self: Task, job_id: str) -> dict[str, Any]:
+    try:
+        outcome = pipeline.process_job(uuid.UUID(job_id))
+    except Exception as e:
+        retries = self.request.retries or 0
+        if is_retriable(e) and retries < (self.max_retries or 0):
+            raise self.retry(exc=e, countdown=retry_delay(retries)) from e
+        pipeline.record_failure(uuid.UUID(job_id), e, dead_letter=is_retriable(e))
+        raise
+    return {"job_id": outcome.job_id, "state": str(outcome.state), **outcome.detail}
+
+
+@concord_task(ACCEPT_EVENT_TASK, INGEST_QUEUE)
+def accept_upload_event(self: Task, event: dict[str, Any]) -> dict[str, Any]:
+    """Intake for producers that publish upload events to the queue directly."""
+    upload = parse_upload_event(event)
+    try:
+        with unit_of_work() as uow:
+            result = accept_upload(uow, get_settings(), upload)
+    except Exception as e:
+        if is_retriable(e):
+            raise self.retry(exc=e, countdown=retry_delay(self.request.retries or 0)) from e
+        raise
+    return {
+        "document_id": str(result.document_id),
+        "version": result.version,
+        "job_id": str(result.job_id) if result.job_id else None,
+        "status": result.status,
+    }
+
+
+@concord_task(RELAY_TASK, RELAY_QUEUE, max_retries=0)
+def drain_outbox(self: Task) -> dict[str, Any]:
+    report = relay.drain()
+    return vars(report)
+
+
+@concord_task(SWEEP_TASK, MAINTENANCE_QUEUE, max_retries=0)
+def sweep_expired_jobs(self: Task) -> dict[str, Any]:
+    report = sweep.sweep_expired_jobs()
+    return vars(report)
