@@ -33,6 +33,14 @@ class Principal:
             raise Forbidden(f"this API key lacks the {scope!r} scope")
 
 
+def validate_tenant_id(tenant_id: str) -> str:
+    if not _TENANT_ID.match(tenant_id):
+        raise BadRequest(
+            "tenant id must be 1-64 chars of a-z, 0-9, '_' or '-', starting with a letter or digit"
+        )
+    return tenant_id
+
+
 def _hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
@@ -41,8 +49,7 @@ def create_key(
     session: Session, tenant_id: str, name: str, scopes: list[str]
 ) -> tuple[ApiKey, str]:
     """Returns the key row and the secret, which is shown once and never stored."""
-    if not _TENANT_ID.match(tenant_id):
-        raise BadRequest("tenant id must be 1-64 chars of a-z, 0-9, '_' or '-'")
+    validate_tenant_id(tenant_id)
     unknown = set(scopes) - set(SCOPES)
     if unknown or not scopes:
         raise BadRequest(f"scopes must be a non-empty subset of {list(SCOPES)}")

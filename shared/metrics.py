@@ -1,20 +1,63 @@
-"""Prometheus metrics shared by the API and the workers."""
+"""Prometheus metrics.
+
+Process-local metrics (search latency, degraded queries, stale hits) live in this process's
+registry. System-wide figures (queue depth, outbox backlog, dead letters, jobs per state, ingest
+stage durations) are read from Redis and Postgres at scrape time by ``SystemCollector``, so they
+are right whichever process (API, any worker) did the work.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+import logging
+from collections.abc import Iterator
 
-STAGE_SECONDS = Histogram(
-    "concord_ingest_stage_seconds",
-    "Time per ingest stage",
-    ["stage"],
-    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-)
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, SummaryMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
 SEARCH_SECONDS = Histogram("concord_search_seconds", "Search latency", ["mode"])
 DEGRADED_QUERIES = Counter(
-    "concord_degraded_queries_total", "Queries answered degraded", ["reason"]
+    "concord_degraded_queries_total", "Queries answered without one of the stores", ["reason"]
 )
 STALE_HITS_DROPPED = Counter(
     "concord_stale_hits_dropped_total",
-    "Search hits dropped because Postgres does not hold them live",
+    "Search hits dropped because Postgres does not hold them live (queued for repair)",
 )
+
+
+class SystemCollector(Collector):
+    def collect(self) -> Iterator[GaugeMetricFamily | SummaryMetricFamily]:
+        from shared.db import unit_of_work
+        from shared.ingest import repository as repo
+        from shared.queue import queue_depths
+
+        try:
+            depths = queue_depths()
+            with unit_of_work() as uow:
+                backlog = repo.outbox_backlog(uow.session)
+                dead = repo.dead_letter_count(uow.session)
+                jobs = repo.job_state_counts(uow.session)
+                stages = repo.stage_time_totals(uow.session)
+        except Exception as e:  # a scrape must not fail because a store is down
+            log.warning("system metrics unavailable: %s: %s", type(e).__name__, e)
+            return
+        queue = GaugeMetricFamily("concord_queue_depth", "Messages waiting", labels=["queue"])
+        for name, depth in depths.items():
+            queue.add_metric([name], depth)
+        yield queue
+        yield GaugeMetricFamily(
+            "concord_outbox_backlog", "Outbox rows not yet in ES", value=backlog
+        )
+        yield GaugeMetricFamily("concord_dead_letters", "Dead letters recorded", value=dead)
+        job_family = GaugeMetricFamily("concord_jobs", "Ingest jobs by state", labels=["state"])
+        for state, count in jobs.items():
+            job_family.add_metric([state], count)
+        yield job_family
+        summary = SummaryMetricFamily(
+            "concord_ingest_stage_seconds", "Time spent per ingest stage", labels=["stage"]
+        )
+        for stage, (count, total) in stages.items():
+            summary.add_metric([stage], count_value=count, sum_value=total)
+        yield summary

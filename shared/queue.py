@@ -64,3 +64,14 @@ def publish_relay() -> bool:
 def publish_upload_event(event: dict[str, Any]) -> None:
     """Producers (and `concord ingest`) publish upload events; failures here must surface."""
     get_producer().send_task(ACCEPT_EVENT_TASK, args=[event], queue=INGEST_QUEUE)
+
+
+def queue_depths() -> dict[str, int]:
+    """Messages waiting per queue (Celery's Redis transport keeps each queue as a list)."""
+    import redis
+
+    settings = get_settings()
+    client = redis.Redis(
+        host=settings.redis_host, port=settings.redis_port, db=settings.redis_db, socket_timeout=2
+    )
+    return {q: int(client.llen(q)) for q in (INGEST_QUEUE, RELAY_QUEUE, MAINTENANCE_QUEUE)}

@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     query_prompt: str = ""
     passage_prompt: str = ""
 
+    # JSON / JSONL uploads: which record fields hold the text (the first present ones, joined)
+    json_text_fields: tuple[str, ...] = ("text", "body", "content", "abstract")
+
     # Chunking (tokens of the embedder's own tokenizer)
     chunk_max_tokens: int = 200
     chunk_overlap_tokens: int = 32
@@ -84,6 +87,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 "task_time_limit_s must be below broker_visibility_timeout_s, or Redis "
                 "redelivers tasks that are still running"
+            )
+        if self.job_lease_seconds <= self.task_time_limit_s:
+            raise ValueError(
+                "job_lease_seconds must exceed task_time_limit_s, or the sweep re-publishes "
+                "jobs that are still running"
             )
         return self
 

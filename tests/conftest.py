@@ -193,7 +193,27 @@ def wait_for(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
-        if value:
+        # None and False mean "not yet"; any other value (even an empty dict) is the answer.
+        if value is not None and value is not False:
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def es_service() -> Iterator[Any]:
+    """The real Elasticsearch of this stack, to stop and start; always left running."""
+    from services.cli.stack import ElasticsearchService
+
+    service = ElasticsearchService(get_settings())
+    yield service
+    service.up()
+
+
+@pytest.fixture
+def redis_service() -> Iterator[Any]:
+    from services.cli.stack import RedisService
+
+    service = RedisService(get_settings())
+    yield service
+    service.up()

@@ -75,7 +75,19 @@ def wait_converged(tenant: str, timeout: float = 60) -> dict[str, int]:
         pg = pg_chunks(tenant)
         return pg if outbox_empty() and es_chunks(tenant) == pg else None
 
-    return dict(wait_for(converged, timeout, interval=0.5, what=f"stores to agree for {tenant}"))
+    try:
+        return dict(
+            wait_for(converged, timeout, interval=0.5, what=f"stores to agree for {tenant}")
+        )
+    except AssertionError as e:
+        with unit_of_work() as uow:
+            backlog = uow.session.execute(
+                select(EsOutbox.chunk_id, EsOutbox.op, EsOutbox.version, EsOutbox.last_error)
+            ).all()
+        raise AssertionError(
+            f"{e}\npostgres: {pg_chunks(tenant)}\nelasticsearch: {es_chunks(tenant)}\n"
+            f"outbox: {backlog[:10]}"
+        ) from None
 
 
 def document_count(tenant: str) -> int:
@@ -86,3 +98,27 @@ def document_count(tenant: str) -> int:
             )
             or 0
         )
+
+
+def job_state(job_id: str) -> tuple[str, dict[str, Any], str | None]:
+    import uuid
+
+    from shared.models import IngestJob
+
+    with unit_of_work() as uow:
+        job = uow.session.get(IngestJob, uuid.UUID(job_id))
+        assert job is not None
+        return job.state, dict(job.detail), job.error_message
+
+
+def search(client: TestClient, auth: dict[str, str], query: str, **options: Any) -> dict[str, Any]:
+    response = client.post("/v1/search", headers=auth, json={"query": query, **options})
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def long_text(topic: str, sentences: int = 60) -> str:
+    return " ".join(
+        f"Paragraph {i} of the {topic} report explains detail number {i} at some length."
+        for i in range(sentences)
+    )

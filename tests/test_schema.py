@@ -16,7 +16,7 @@ def test_models_and_migrations_do_not_drift():
 
 def test_pgvector_hnsw_index_exists():
     with get_engine().connect() as conn:
-        indexdef = conn.execute(text(
-            "SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_chunks_embedding_hnsw'"
-        )).scalar_one()
+        indexdef = conn.execute(
+            text("SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_chunks_embedding_hnsw'")
+        ).scalar_one()
     assert "hnsw" in indexdef and "vector_cosine_ops" in indexdef

@@ -8,8 +8,9 @@ from typing import Any
 from celery import Task
 
 from shared.db import unit_of_work
+from shared.errors import BadRequest, UnsupportedMediaType
 from shared.ingest import pipeline, relay, sweep
-from shared.ingest.service import accept_upload
+from shared.ingest.service import accept_upload, reject_upload_event
 from shared.ingest.upload_event import parse_upload_event
 from shared.queue import (
     ACCEPT_EVENT_TASK,
@@ -39,8 +40,13 @@ def process_job(self: Task, job_id: str) -> dict[str, Any]:
 
 @concord_task(ACCEPT_EVENT_TASK, INGEST_QUEUE)
 def accept_upload_event(self: Task, event: dict[str, Any]) -> dict[str, Any]:
-    """Intake for producers that publish upload events to the queue directly."""
-    upload = parse_upload_event(event)
+    """Intake for producers that publish upload events to the queue directly. An event that
+    can never be accepted is dead-lettered with the reason, where operators can see it."""
+    try:
+        upload = parse_upload_event(event)
+    except (BadRequest, UnsupportedMediaType) as e:
+        reject_upload_event(event, e)
+        return {"status": "rejected", "reason": e.message}
     try:
         with unit_of_work() as uow:
             result = accept_upload(uow, get_settings(), upload)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
+from functools import lru_cache
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from services.api.routes import documents, jobs, search
 from shared.errors import ConcordError
+from shared.metrics import SystemCollector
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +21,14 @@ def error_body(code: str, message: str, status: int) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
 
 
+@lru_cache(maxsize=1)
+def _register_system_metrics() -> None:
+    """Once per process, however many apps the tests create."""
+    REGISTRY.register(SystemCollector())
+
+
 def create_app() -> FastAPI:
+    _register_system_metrics()
     app = FastAPI(
         title="Concord",
         version="0.1.0",

@@ -88,7 +88,7 @@ def process_job(job_id: uuid.UUID) -> JobOutcome:
     embedder = get_embedder()
     try:
         with timer.stage("parse"):
-            parsed = parse(claim.raw, claim.content_type)
+            parsed = parse(claim.raw, claim.content_type, settings.json_text_fields)
         with timer.stage("chunk"):
             pieces = _chunker(settings, embedder).chunk(parsed)
     except ParseError as e:

@@ -339,3 +339,23 @@ def live_job_states(
         .where(Document.tenant_id == tenant_id, Document.external_id.in_(list(external_ids)))
     ).all()
     return {external_id: state for external_id, state in rows}
+
+
+def dead_letter_count(session: Session) -> int:
+    return session.scalar(select(func.count()).select_from(DeadLetter)) or 0
+
+
+def job_state_counts(session: Session) -> dict[str, int]:
+    rows = session.execute(select(IngestJob.state, func.count()).group_by(IngestJob.state))
+    return {state: count for state, count in rows}
+
+
+def stage_time_totals(session: Session) -> dict[str, tuple[int, float]]:
+    """stage -> (jobs that recorded it, total seconds), over finished jobs."""
+    rows = session.execute(
+        text(
+            "SELECT key, count(*), sum(value::float) FROM ingest_jobs, "
+            "jsonb_each_text(stage_timings) WHERE state = 'indexed' GROUP BY key"
+        )
+    )
+    return {stage: (int(count), float(total)) for stage, count, total in rows}

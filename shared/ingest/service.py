@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
-from shared.db import UnitOfWork
-from shared.errors import NotFound
+from shared.db import UnitOfWork, unit_of_work
+from shared.errors import ConcordError, NotFound
 from shared.ingest import repository as repo
 from shared.models import Document, DocumentVersion, IngestJob, JobState, OutboxOp
 from shared.queue import publish_ingest_job, publish_relay
@@ -111,6 +111,23 @@ def accept_upload(uow: UnitOfWork, settings: Settings, upload: Upload) -> Upload
     job_id = job.id
     uow.after_commit(lambda: publish_ingest_job(job_id))
     return UploadResult(doc.id, doc.version, job.id, "accepted")
+
+
+def reject_upload_event(event: dict[str, Any], error: ConcordError) -> None:
+    """Record an upload event that can never be accepted as a dead letter (without its
+    content, which may be large), so the producer's mistake is visible and replayable."""
+    with unit_of_work() as uow:
+        repo.add_dead_letter(
+            uow.session,
+            tenant_id=str(event.get("tenant_id") or "?")[:64],
+            source="event",
+            ref=str(event.get("external_id") or "?"),
+            stage="intake",
+            error_class=type(error).__name__,
+            message=error.message,
+            attempts=1,
+            payload={k: v for k, v in event.items() if k != "content_base64"},
+        )
 
 
 def delete_document(uow: UnitOfWork, tenant_id: str, document_id: uuid.UUID) -> int:

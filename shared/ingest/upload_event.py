@@ -1,6 +1,6 @@
 """The upload event: the JSON message producers publish to the ``ingest`` queue.
 
-Schema (JSON Schema in docs/upload-event.schema.json)::
+Schema (the JSON Schema is docs/upload-event.schema.json)::
 
     {
       "schema": "concord.upload/v1",
@@ -20,6 +20,7 @@ import base64
 import binascii
 from typing import Any
 
+from shared.auth import validate_tenant_id
 from shared.errors import BadRequest
 from shared.ingest.parsing import resolve_content_type
 from shared.ingest.service import Upload
@@ -52,13 +53,17 @@ def build_upload_event(
 def parse_upload_event(event: dict[str, Any]) -> Upload:
     if event.get("schema") != SCHEMA_ID:
         raise BadRequest(f"unknown upload event schema {event.get('schema')!r}")
-    for key in ("tenant_id", "external_id", "content_base64"):
+    for key in ("tenant_id", "external_id"):
         if not isinstance(event.get(key), str) or not event[key]:
             raise BadRequest(f"upload event field {key!r} is required")
+    # Empty content is accepted here: its job then fails at parsing with a reason to show.
+    if not isinstance(event.get("content_base64"), str):
+        raise BadRequest("upload event field 'content_base64' is required")
     try:
         raw = base64.b64decode(event["content_base64"], validate=True)
     except binascii.Error as e:
         raise BadRequest(f"content_base64 is not valid base64: {e}") from e
+    validate_tenant_id(event["tenant_id"])
     metadata = event.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise BadRequest("metadata must be a JSON object")
