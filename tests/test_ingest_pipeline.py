@@ -40,7 +40,7 @@ def chunk_fingerprint(tenant: str) -> list[tuple[int, str, int]]:
             .where(Chunk.tenant_id == tenant)
             .order_by(Chunk.ordinal)
         ).all()
-    return [tuple(r) for r in rows]
+    return [(r.ordinal, r.text_hash, r.version) for r in rows]
 
 
 def test_unchanged_reupload_is_a_noop_and_unchanged_chunks_are_never_reembedded(
