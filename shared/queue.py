@@ -11,6 +11,7 @@ import uuid
 from functools import lru_cache
 from typing import Any
 
+import redis
 from celery import Celery
 
 from shared.settings import get_settings
@@ -57,7 +58,17 @@ def publish_ingest_job(job_id: uuid.UUID) -> bool:
     return _send(PROCESS_JOB_TASK, [str(job_id)], INGEST_QUEUE)
 
 
+RELAY_PENDING_KEY = "concord:relay-pending"
+
+
 def publish_relay() -> bool:
+    """Ask for an outbox drain soon. One request a second is enough (a drain takes everything
+    due), and beat drains periodically anyway, so a busy ingest does not flood the queue."""
+    try:
+        if not _redis().set(RELAY_PENDING_KEY, "1", nx=True, ex=1):
+            return True
+    except redis.RedisError:
+        return False  # the broker is the same Redis: publishing would fail too
     return _send(RELAY_TASK, [], RELAY_QUEUE)
 
 
@@ -68,10 +79,17 @@ def publish_upload_event(event: dict[str, Any]) -> None:
 
 def queue_depths() -> dict[str, int]:
     """Messages waiting per queue (Celery's Redis transport keeps each queue as a list)."""
-    import redis
-
-    settings = get_settings()
-    client = redis.Redis(
-        host=settings.redis_host, port=settings.redis_port, db=settings.redis_db, socket_timeout=2
-    )
+    client = _redis()
     return {q: int(client.llen(q)) for q in (INGEST_QUEUE, RELAY_QUEUE, MAINTENANCE_QUEUE)}
+
+
+@lru_cache
+def _redis() -> redis.Redis:
+    settings = get_settings()
+    return redis.Redis(
+        host=settings.redis_host,
+        port=settings.redis_port,
+        db=settings.redis_db,
+        socket_timeout=2,
+        socket_connect_timeout=2,
+    )

@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     chunk_max_tokens: int = 200
     chunk_overlap_tokens: int = 32
 
+    # A worker claims up to this many queued jobs per task and embeds them together.
+    ingest_batch_jobs: int = 16
+
     # Jobs and durability
     job_lease_seconds: int = 300
     job_max_attempts: int = 5

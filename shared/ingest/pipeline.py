@@ -1,12 +1,18 @@
-"""Process one ingest job: claim its lease, parse, chunk, embed, then write the version's
-chunks, embeddings and outbox rows in one Postgres transaction.
+"""Process ingest jobs: claim their leases, parse, chunk, embed, then write each version's
+chunks, embeddings and outbox rows in one Postgres transaction per document.
 
-Every step is safe to run twice: chunk ids are deterministic, writes are version-guarded, and
-a job whose document has moved on to a newer version finishes without writing anything.
+A task delivers one job id, but the worker also claims up to ``ingest_batch_jobs - 1`` other
+queued jobs and embeds all their chunks together, so a busy queue is processed in batches
+(fewer transactions and tasks, fuller encoder batches). The claimed jobs' own messages arrive
+later and find them finished: a duplicate delivery, which is a no-op.
+
+Every step is safe to run twice: chunk ids are deterministic, writes are version-guarded, and a
+job whose document has moved on to a newer version finishes without writing anything.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import time
@@ -14,16 +20,19 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
+
+from sqlalchemy.orm import Session
 
 from shared.db import unit_of_work
 from shared.errors import ParseError
 from shared.ingest import repository as repo
-from shared.ingest.chunking import Chunker
+from shared.ingest.chunking import Chunker, TextChunk
 from shared.ingest.embedding import Embedder, get_embedder
 from shared.ingest.parsing import parse
-from shared.models import JobState, OutboxOp
-from shared.queue import publish_relay
+from shared.models import IngestJob, JobState, OutboxOp
+from shared.queue import publish_ingest_job, publish_relay
 from shared.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -46,25 +55,26 @@ class JobOutcome:
 
 @dataclass
 class _Claim:
+    job_id: uuid.UUID
     tenant_id: str
     document_id: uuid.UUID
     version: int
     raw: bytes
     content_type: str
-    attempts: int
+    timings: dict[str, float] = field(default_factory=dict)
+    pieces: list[TextChunk] = field(default_factory=list)
+    hashes: list[str] = field(default_factory=list)
+    vectors: list[list[float]] = field(default_factory=list)
+    cache_hits: int = 0
 
 
-class StageTimer:
-    def __init__(self) -> None:
-        self.timings: dict[str, float] = {}
-
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.timings[name] = round(time.perf_counter() - started, 4)
+@contextmanager
+def _timed(timings: dict[str, float], stage: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[stage] = round(timings.get(stage, 0.0) + time.perf_counter() - started, 4)
 
 
 def _chunker(settings: Settings, embedder: Embedder) -> Chunker:
@@ -80,25 +90,108 @@ def _chunker(settings: Settings, embedder: Embedder) -> Chunker:
 
 
 def process_job(job_id: uuid.UUID) -> JobOutcome:
+    """Process ``job_id`` (and a batch of other queued jobs); returns ``job_id``'s outcome."""
     settings = get_settings()
-    claim = _claim(job_id, settings)
-    if isinstance(claim, JobOutcome):
-        return claim
-    timer = StageTimer()
-    embedder = get_embedder()
+    claims = _claim(job_id, settings)
+    if isinstance(claims, JobOutcome):
+        return claims
+    outcomes: dict[uuid.UUID, JobOutcome] = {}
     try:
-        with timer.stage("parse"):
+        chunker = _chunker(settings, get_embedder())
+        ready = []
+        for claim in claims:
+            failed = _parse_and_chunk(claim, chunker, settings)
+            if failed:
+                outcomes[claim.job_id] = failed
+            else:
+                ready.append(claim)
+        _embed(ready, get_embedder())
+        for claim in ready:
+            outcomes[claim.job_id] = _write(claim)
+    except Exception:
+        # Give back what this batch claimed but did not finish, so it is not left waiting
+        # for its lease to expire.
+        _release([c.job_id for c in claims if c.job_id not in outcomes and c.job_id != job_id])
+        raise
+    return outcomes[job_id]
+
+
+def _claim(job_id: uuid.UUID, settings: Settings) -> list[_Claim] | JobOutcome:
+    """Take ``job_id``'s lease, plus those of up to ``ingest_batch_jobs - 1`` queued jobs.
+
+    A job already finished, or running under someone else's live lease (a duplicate
+    delivery), is left alone."""
+    with unit_of_work() as uow:
+        session = uow.session
+        job = repo.lock_job(session, job_id)
+        if job is None:
+            return JobOutcome(str(job_id), "missing")
+        if job.state in (JobState.INDEXED, JobState.FAILED, JobState.DEAD_LETTERED):
+            return JobOutcome(str(job_id), job.state, {"duplicate_delivery": True})
+        now = repo.now(session)
+        if job.state == JobState.RUNNING and job.lease_expires_at and job.lease_expires_at > now:
+            return JobOutcome(str(job_id), job.state, {"leased_elsewhere": True})
+        first = _start(session, job, now, settings)
+        if first is None:
+            return JobOutcome(str(job_id), job.state, {"error": job.error_message})
+        others = repo.claim_queued_jobs(session, settings.ingest_batch_jobs - 1, job.id)
+        return [first, *(c for c in (_start(session, j, now, settings) for j in others) if c)]
+
+
+def _start(session: Session, job: IngestJob, now: datetime, settings: Settings) -> _Claim | None:
+    version = repo.document_version(session, job.document_id, job.version)
+    if version is None or version.raw is None:
+        job.state = JobState.FAILED
+        job.error_stage, job.error_class = "claim", "MissingContent"
+        job.error_message = "the document version has no stored content"
+        job.finished_at = now
+        return None
+    job.state = JobState.RUNNING
+    job.attempts += 1
+    job.started_at = now
+    repo.extend_lease(job, now, settings.job_lease_seconds)
+    return _Claim(
+        job.id, job.tenant_id, job.document_id, job.version, version.raw, version.content_type
+    )
+
+
+def _parse_and_chunk(claim: _Claim, chunker: Chunker, settings: Settings) -> JobOutcome | None:
+    try:
+        with _timed(claim.timings, "parse"):
             parsed = parse(claim.raw, claim.content_type, settings.json_text_fields)
-        with timer.stage("chunk"):
-            pieces = _chunker(settings, embedder).chunk(parsed)
+        with _timed(claim.timings, "chunk"):
+            claim.pieces = chunker.chunk(parsed)
     except ParseError as e:
-        _fail(job_id, "parse", e, dead_letter=False)
-        return JobOutcome(str(job_id), JobState.FAILED, {"error": e.message})
+        _fail(claim.job_id, "parse", e, dead_letter=False)
+        return JobOutcome(str(claim.job_id), JobState.FAILED, {"error": e.message})
+    claim.hashes = [text_hash(p.text) for p in claim.pieces]
+    return None
 
-    with timer.stage("embed"):
-        hashes = [text_hash(p.text) for p in pieces]
-        vectors, cache_hits = _embed_with_cache(embedder, [p.text for p in pieces], hashes)
 
+def _embed(claims: list[_Claim], embedder: Embedder) -> None:
+    """One encoder call for every chunk of the batch that this model has never embedded; each
+    job is charged its share of the time by chunk count."""
+    started = time.perf_counter()
+    all_hashes = [h for c in claims for h in c.hashes]
+    with unit_of_work() as uow:
+        cached = repo.cached_embeddings(uow.session, embedder.model_id, all_hashes)
+    texts = {h: p.text for c in claims for h, p in zip(c.hashes, c.pieces, strict=True)}
+    missing = [h for h in dict.fromkeys(all_hashes) if h not in cached]
+    fresh: dict[str, list[float]] = {}
+    if missing:
+        vectors = embedder.embed_passages([texts[h] for h in missing])
+        fresh = {h: v.tolist() for h, v in zip(missing, vectors, strict=True)}
+        with unit_of_work() as uow:
+            repo.store_embeddings(uow.session, embedder.model_id, fresh)
+    elapsed = time.perf_counter() - started
+    for claim in claims:
+        claim.vectors = [list(cached[h]) if h in cached else fresh[h] for h in claim.hashes]
+        claim.cache_hits = sum(1 for h in claim.hashes if h in cached)
+        share = len(claim.hashes) / max(len(all_hashes), 1)
+        claim.timings["embed"] = round(elapsed * share, 4)
+
+
+def _write(claim: _Claim) -> JobOutcome:
     rows = [
         repo.ChunkRow(
             id=chunk_id(claim.document_id, p.ordinal),
@@ -110,20 +203,20 @@ def process_job(job_id: uuid.UUID) -> JobOutcome:
             section=p.section,
             embedding=v,
         )
-        for p, h, v in zip(pieces, hashes, vectors, strict=True)
+        for p, h, v in zip(claim.pieces, claim.hashes, claim.vectors, strict=True)
     ]
     write_started = time.perf_counter()
     with unit_of_work() as uow:
         session = uow.session
         repo.lock_key(session, f"document:{claim.document_id}")
-        job = repo.lock_job(session, job_id)
+        job = repo.lock_job(session, claim.job_id)
         doc = repo.document_for_tenant(session, claim.tenant_id, claim.document_id)
         if job is None or job.state != JobState.RUNNING:
-            return JobOutcome(str(job_id), job.state if job else "missing")
+            return JobOutcome(str(claim.job_id), job.state if job else "missing")
         detail: dict[str, Any] = {
             "chunks": len(rows),
-            "cache_hits": cache_hits,
-            "embedded": len(rows) - cache_hits,
+            "cache_hits": claim.cache_hits,
+            "embedded": len(rows) - claim.cache_hits,
         }
         if doc is None or doc.deleted or doc.version != claim.version:
             # A newer version or a delete won: writing this one would resurrect stale text.
@@ -137,14 +230,14 @@ def process_job(job_id: uuid.UUID) -> JobOutcome:
                 rows=rows,
             )
             removed = repo.delete_chunks_older_than(session, claim.document_id, claim.version)
-            live_ids = {r.id for r in rows}
+            live_ids = sorted(r.id for r in rows)
             repo.add_outbox(
                 session,
                 tenant_id=claim.tenant_id,
                 document_id=claim.document_id,
                 op=OutboxOp.INDEX,
                 version=claim.version,
-                chunk_ids=sorted(live_ids),
+                chunk_ids=live_ids,
             )
             repo.add_outbox(
                 session,
@@ -152,7 +245,7 @@ def process_job(job_id: uuid.UUID) -> JobOutcome:
                 document_id=claim.document_id,
                 op=OutboxOp.DELETE,
                 version=claim.version,
-                chunk_ids=[c for c in removed if c not in live_ids],
+                chunk_ids=[c for c in removed if c not in set(live_ids)],
             )
             uow.after_commit(publish_relay)
         job.state = JobState.INDEXED
@@ -161,63 +254,23 @@ def process_job(job_id: uuid.UUID) -> JobOutcome:
         job.error_stage = job.error_class = job.error_message = None
         job.detail = detail
         job.stage_timings = {
-            **timer.timings,
+            **claim.timings,
             "write": round(time.perf_counter() - write_started, 4),
         }
-    return JobOutcome(str(job_id), JobState.INDEXED, detail)
+    return JobOutcome(str(claim.job_id), JobState.INDEXED, detail)
 
 
-def _claim(job_id: uuid.UUID, settings: Settings) -> _Claim | JobOutcome:
-    """Take the job's lease. A job already finished, or running under someone else's live
-    lease (a duplicate delivery), is left alone."""
+def _release(job_ids: list[uuid.UUID]) -> None:
+    """Hand unfinished batch-mates back to the queue at once."""
+    if not job_ids:
+        return
     with unit_of_work() as uow:
-        session = uow.session
-        job = repo.lock_job(session, job_id)
-        if job is None:
-            return JobOutcome(str(job_id), "missing")
-        if job.state in (JobState.INDEXED, JobState.FAILED, JobState.DEAD_LETTERED):
-            return JobOutcome(str(job_id), job.state, {"duplicate_delivery": True})
-        now = repo.now(session)
-        if job.state == JobState.RUNNING and job.lease_expires_at and job.lease_expires_at > now:
-            return JobOutcome(str(job_id), job.state, {"leased_elsewhere": True})
-        version = repo.document_version(session, job.document_id, job.version)
-        if version is None or version.raw is None:
-            job.state = JobState.FAILED
-            job.error_stage, job.error_class = "claim", "MissingContent"
-            job.error_message = "the document version has no stored content"
-            job.finished_at = now
-            return JobOutcome(str(job_id), JobState.FAILED)
-        job.state = JobState.RUNNING
-        job.attempts += 1
-        job.started_at = now
-        repo.extend_lease(job, now, settings.job_lease_seconds)
-        return _Claim(
-            job.tenant_id,
-            job.document_id,
-            job.version,
-            version.raw,
-            version.content_type,
-            job.attempts,
-        )
-
-
-def _embed_with_cache(
-    embedder: Embedder, texts: list[str], hashes: list[str]
-) -> tuple[list[list[float]], int]:
-    """Embed only texts this model has never embedded; returns (vectors, cache hits)."""
-    with unit_of_work() as uow:
-        cached = repo.cached_embeddings(uow.session, embedder.model_id, hashes)
-    missing = {h: t for h, t in zip(hashes, texts, strict=True) if h not in cached}
-    fresh: dict[str, list[float]] = {}
-    if missing:
-        order = list(missing)
-        vectors = embedder.embed_passages([missing[h] for h in order])
-        fresh = {h: v.tolist() for h, v in zip(order, vectors, strict=True)}
-        with unit_of_work() as uow:
-            repo.store_embeddings(uow.session, embedder.model_id, fresh)
-    vectors_out = [list(cached[h]) if h in cached else fresh[h] for h in hashes]
-    hits = sum(1 for h in hashes if h in cached)
-    return vectors_out, hits
+        for job_id in job_ids:
+            job = repo.lock_job(uow.session, job_id)
+            if job is not None and job.state == JobState.RUNNING:
+                job.state = JobState.QUEUED
+                job.lease_expires_at = repo.now(uow.session)
+                uow.after_commit(functools.partial(publish_ingest_job, job_id))
 
 
 def _fail(job_id: uuid.UUID, stage: str, error: Exception, dead_letter: bool) -> None:

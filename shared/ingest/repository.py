@@ -359,3 +359,16 @@ def stage_time_totals(session: Session) -> dict[str, tuple[int, float]]:
         )
     )
     return {stage: (int(count), float(total)) for stage, count, total in rows}
+
+
+def claim_queued_jobs(session: Session, limit: int, exclude: uuid.UUID) -> Sequence[IngestJob]:
+    """Oldest queued jobs that no one else is claiming right now (for batching)."""
+    if limit <= 0:
+        return []
+    return session.scalars(
+        select(IngestJob)
+        .where(IngestJob.state == JobState.QUEUED, IngestJob.id != exclude)
+        .order_by(IngestJob.created_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    ).all()
