@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     embedding_dim: int = 384
     embedding_batch_size: int = 32
     embedding_device: str = "cpu"
+    # Torch threads per worker process; 0 = the machine's cores divided among the worker's
+    # processes, so that concurrent processes do not oversubscribe the CPU.
+    embedding_threads: int = 0
     query_prompt: str = ""
     passage_prompt: str = ""
 
@@ -61,8 +64,10 @@ class Settings(BaseSettings):
     chunk_max_tokens: int = 200
     chunk_overlap_tokens: int = 32
 
+    # Worker processes started by `concord stack up` (each loads the model once).
+    worker_concurrency: int = 2
     # A worker claims up to this many queued jobs per task and embeds them together.
-    ingest_batch_jobs: int = 16
+    ingest_batch_jobs: int = 32
 
     # Jobs and durability
     job_lease_seconds: int = 300

@@ -59,10 +59,18 @@ celery_app = create_celery_app()
 
 @worker_process_init.connect  # type: ignore[untyped-decorator]
 def _init_worker_process(**_: Any) -> None:
-    """Per child process, after fork: fresh connections, and the model loaded (and its
-    dimension checked against the schema) before the first task arrives."""
+    """Per child process, after fork: fresh connections, a fair share of the CPU for torch,
+    and the model loaded (its dimension checked against the schema) before the first task."""
+    import os
+
+    import torch
+
     from shared.db import dispose_engine_after_fork
     from shared.ingest.embedding import get_embedder
 
     dispose_engine_after_fork()
+    settings = get_settings()
+    processes = celery_app.conf.worker_concurrency or os.cpu_count() or 1
+    threads = settings.embedding_threads or max(1, (os.cpu_count() or 1) // processes)
+    torch.set_num_threads(threads)
     get_embedder().model()

@@ -630,7 +630,7 @@ def app_processes(settings: Settings) -> list[ProjectProcess]:
                 "workers.celery_app:celery_app",
                 "worker",
                 "--loglevel=INFO",
-                "--concurrency=1",
+                f"--concurrency={settings.worker_concurrency}",
                 "-Q",
                 "ingest,relay,maintenance",
                 "-n",

@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from shared.db import unit_of_work
+from shared.db import UnitOfWork, unit_of_work
 from shared.errors import ParseError
 from shared.ingest import repository as repo
 from shared.ingest.chunking import Chunker, TextChunk
@@ -106,8 +106,7 @@ def process_job(job_id: uuid.UUID) -> JobOutcome:
             else:
                 ready.append(claim)
         _embed(ready, get_embedder())
-        for claim in ready:
-            outcomes[claim.job_id] = _write(claim)
+        outcomes.update(_write_all(ready))
     except Exception:
         # Give back what this batch claimed but did not finish, so it is not left waiting
         # for its lease to expire.
@@ -121,6 +120,9 @@ def _claim(job_id: uuid.UUID, settings: Settings) -> list[_Claim] | JobOutcome:
 
     A job already finished, or running under someone else's live lease (a duplicate
     delivery), is left alone."""
+    finished = _already_finished(job_id)
+    if finished:
+        return finished
     with unit_of_work() as uow:
         session = uow.session
         job = repo.lock_job(session, job_id)
@@ -136,6 +138,16 @@ def _claim(job_id: uuid.UUID, settings: Settings) -> list[_Claim] | JobOutcome:
             return JobOutcome(str(job_id), job.state, {"error": job.error_message})
         others = repo.claim_queued_jobs(session, settings.ingest_batch_jobs - 1, job.id)
         return [first, *(c for c in (_start(session, j, now, settings) for j in others) if c)]
+
+
+def _already_finished(job_id: uuid.UUID) -> JobOutcome | None:
+    """The common duplicate delivery (a batch-mate's own message) answered by a plain read,
+    without taking a lock or writing anything."""
+    with unit_of_work() as uow:
+        state = repo.job_state(uow.session, job_id)
+    if state in (JobState.INDEXED, JobState.FAILED, JobState.DEAD_LETTERED):
+        return JobOutcome(str(job_id), state, {"duplicate_delivery": True})
+    return None
 
 
 def _start(session: Session, job: IngestJob, now: datetime, settings: Settings) -> _Claim | None:
@@ -191,7 +203,13 @@ def _embed(claims: list[_Claim], embedder: Embedder) -> None:
         claim.timings["embed"] = round(elapsed * share, 4)
 
 
-def _write(claim: _Claim) -> JobOutcome:
+def _write_all(claims: list[_Claim]) -> dict[uuid.UUID, JobOutcome]:
+    """One transaction (one commit) for the whole batch."""
+    with unit_of_work() as uow:
+        return {claim.job_id: _write(uow, claim) for claim in claims}
+
+
+def _write(uow: UnitOfWork, claim: _Claim) -> JobOutcome:
     rows = [
         repo.ChunkRow(
             id=chunk_id(claim.document_id, p.ordinal),
@@ -206,57 +224,56 @@ def _write(claim: _Claim) -> JobOutcome:
         for p, h, v in zip(claim.pieces, claim.hashes, claim.vectors, strict=True)
     ]
     write_started = time.perf_counter()
-    with unit_of_work() as uow:
-        session = uow.session
-        repo.lock_key(session, f"document:{claim.document_id}")
-        job = repo.lock_job(session, claim.job_id)
-        doc = repo.document_for_tenant(session, claim.tenant_id, claim.document_id)
-        if job is None or job.state != JobState.RUNNING:
-            return JobOutcome(str(claim.job_id), job.state if job else "missing")
-        detail: dict[str, Any] = {
-            "chunks": len(rows),
-            "cache_hits": claim.cache_hits,
-            "embedded": len(rows) - claim.cache_hits,
-        }
-        if doc is None or doc.deleted or doc.version != claim.version:
-            # A newer version or a delete won: writing this one would resurrect stale text.
-            detail = {"superseded_by": doc.version if doc else None}
-        else:
-            repo.upsert_chunks(
-                session,
-                tenant_id=claim.tenant_id,
-                document_id=claim.document_id,
-                version=claim.version,
-                rows=rows,
-            )
-            removed = repo.delete_chunks_older_than(session, claim.document_id, claim.version)
-            live_ids = sorted(r.id for r in rows)
-            repo.add_outbox(
-                session,
-                tenant_id=claim.tenant_id,
-                document_id=claim.document_id,
-                op=OutboxOp.INDEX,
-                version=claim.version,
-                chunk_ids=live_ids,
-            )
-            repo.add_outbox(
-                session,
-                tenant_id=claim.tenant_id,
-                document_id=claim.document_id,
-                op=OutboxOp.DELETE,
-                version=claim.version,
-                chunk_ids=[c for c in removed if c not in set(live_ids)],
-            )
-            uow.after_commit(publish_relay)
-        job.state = JobState.INDEXED
-        job.finished_at = repo.now(session)
-        job.lease_expires_at = None
-        job.error_stage = job.error_class = job.error_message = None
-        job.detail = detail
-        job.stage_timings = {
-            **claim.timings,
-            "write": round(time.perf_counter() - write_started, 4),
-        }
+    session = uow.session
+    repo.lock_key(session, f"document:{claim.document_id}")
+    job = repo.lock_job(session, claim.job_id)
+    doc = repo.document_for_tenant(session, claim.tenant_id, claim.document_id)
+    if job is None or job.state != JobState.RUNNING:
+        return JobOutcome(str(claim.job_id), job.state if job else "missing")
+    detail: dict[str, Any] = {
+        "chunks": len(rows),
+        "cache_hits": claim.cache_hits,
+        "embedded": len(rows) - claim.cache_hits,
+    }
+    if doc is None or doc.deleted or doc.version != claim.version:
+        # A newer version or a delete won: writing this one would resurrect stale text.
+        detail = {"superseded_by": doc.version if doc else None}
+    else:
+        repo.upsert_chunks(
+            session,
+            tenant_id=claim.tenant_id,
+            document_id=claim.document_id,
+            version=claim.version,
+            rows=rows,
+        )
+        removed = repo.delete_chunks_older_than(session, claim.document_id, claim.version)
+        live_ids = sorted(r.id for r in rows)
+        repo.add_outbox(
+            session,
+            tenant_id=claim.tenant_id,
+            document_id=claim.document_id,
+            op=OutboxOp.INDEX,
+            version=claim.version,
+            chunk_ids=live_ids,
+        )
+        repo.add_outbox(
+            session,
+            tenant_id=claim.tenant_id,
+            document_id=claim.document_id,
+            op=OutboxOp.DELETE,
+            version=claim.version,
+            chunk_ids=[c for c in removed if c not in set(live_ids)],
+        )
+        uow.after_commit(publish_relay)  # debounced: one request per second at most
+    job.state = JobState.INDEXED
+    job.finished_at = repo.now(session)
+    job.lease_expires_at = None
+    job.error_stage = job.error_class = job.error_message = None
+    job.detail = detail
+    job.stage_timings = {
+        **claim.timings,
+        "write": round(time.perf_counter() - write_started, 4),
+    }
     return JobOutcome(str(claim.job_id), JobState.INDEXED, detail)
 
 

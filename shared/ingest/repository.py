@@ -372,3 +372,7 @@ def claim_queued_jobs(session: Session, limit: int, exclude: uuid.UUID) -> Seque
         .limit(limit)
         .with_for_update(skip_locked=True)
     ).all()
+
+
+def job_state(session: Session, job_id: uuid.UUID) -> str | None:
+    return session.scalar(select(IngestJob.state).where(IngestJob.id == job_id))
