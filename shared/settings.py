@@ -83,9 +83,22 @@ class Settings(BaseSettings):
     relay_max_attempts: int = 8
 
     # Search
-    candidate_depth: int = 50
-    rrf_k: int = 60
     hnsw_ef_search: int = 100
+    lexical_field_boosts: dict[str, float] = {"title": 2.0, "section": 1.0, "text": 1.0}
+    query_cache_size: int = 1024
+
+    # Rerank stage: "cross-encoder", "bi-encoder" or "none", and the model path or name.
+    rerank_kind: Literal["cross-encoder", "bi-encoder", "none"] = "none"
+    rerank_model: str = ""
+    rerank_max_length: int = 256
+    rerank_batch_size: int = 16
+
+    # Evidence policy defaults (requests may override within the schema's limits)
+    policy_score_type: Literal["dense_cosine", "rerank"] = "dense_cosine"
+    policy_min_score: float = 0.30
+    policy_token_budget: int = 1024
+    policy_max_chunks_per_document: int = 3
+    policy_near_duplicate_threshold: float = 0.95
 
     @model_validator(mode="after")
     def _refuse_placeholder_secrets(self) -> Settings:

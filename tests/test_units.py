@@ -9,7 +9,7 @@ import pytest
 from shared.errors import ParseError, UnsupportedMediaType
 from shared.ingest.chunking import Chunker
 from shared.ingest.parsing import parse, resolve_content_type
-from shared.search.service import ArmHit, rrf_fuse
+from shared.search.fusion import ArmHit, rrf
 
 
 def word_offsets(text: str) -> list[tuple[int, int]]:
@@ -83,10 +83,10 @@ def test_json_records_use_configured_text_fields():
 def test_rrf_rewards_agreement_and_respects_weights():
     dense = [ArmHit("a", 1, 0.9), ArmHit("b", 2, 0.8)]
     lexical = [ArmHit("b", 1, 12.0), ArmHit("c", 2, 9.0)]
-    fused = rrf_fuse({"dense": dense, "lexical": lexical}, k=60)
+    fused = rrf({"dense": dense, "lexical": lexical}, k=60)
     assert fused[0][0] == "b"
     assert fused[0][1] == pytest.approx(1 / 62 + 1 / 61)
-    weighted = rrf_fuse(
+    weighted = rrf(
         {"dense": dense, "lexical": lexical}, k=60, weights={"dense": 0.0, "lexical": 1.0}
     )
     assert [cid for cid, _ in weighted][:2] == ["b", "c"]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import lru_cache
 
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
@@ -27,9 +30,25 @@ def _register_system_metrics() -> None:
     REGISTRY.register(SystemCollector())
 
 
+@asynccontextmanager
+async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
+    # Load the models before the first request, so no request's budget pays for loading.
+    await run_in_threadpool(_warm_up)
+    yield
+
+
+def _warm_up() -> None:
+    from shared.ingest.embedding import get_embedder
+    from shared.search.rerank import warm_up
+
+    get_embedder().embed_query("warm up")
+    warm_up()
+
+
 def create_app() -> FastAPI:
     _register_system_metrics()
     app = FastAPI(
+        lifespan=_lifespan,
         title="Concord",
         version="0.1.0",
         description="Hybrid retrieval over Postgres/pgvector and Elasticsearch.",

@@ -176,7 +176,9 @@ def search(
         typer.echo(json.dumps(body, indent=2))
         return
     degraded = f", degraded: {', '.join(body['degraded'])}" if body["degraded"] else ""
-    console.print(f"[bold]{query}[/]  ({mode}{degraded})")
+    decision = body["decision"]
+    verdict = decision["status"] + (f": {decision['reason']}" if decision["reason"] else "")
+    console.print(f"[bold]{escape(query)}[/]  ({mode}{degraded}; {verdict})")
     for i, hit in enumerate(body["results"], start=1):
         snippet = " ".join(hit["text"].split())[:160]
         arms = escape(f"[{'+'.join(hit['found_by'])}]")

@@ -31,7 +31,7 @@ class TextChunk:
     token_count: int
 
 
-def _sentence_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
+def sentence_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
     spans: list[tuple[int, int]] = []
     cursor = start
     for match in _SENTENCE_END.finditer(text, start, end):
@@ -72,7 +72,7 @@ class Chunker:
         chunks: list[TextChunk] = []
         for region_start, region_end in itertools.pairwise(boundaries):
             sentences = self._fit_sentences(
-                text, _sentence_spans(text, region_start, region_end), token_starts, tokens_in
+                text, sentence_spans(text, region_start, region_end), token_starts, tokens_in
             )
             for start, end in self._pack(sentences, tokens_in):
                 chunks.append(

@@ -244,6 +244,7 @@ def _write(uow: UnitOfWork, claim: _Claim) -> JobOutcome:
             tenant_id=claim.tenant_id,
             document_id=claim.document_id,
             version=claim.version,
+            metadata=doc.metadata_ or {},
             rows=rows,
         )
         removed = repo.delete_chunks_older_than(session, claim.document_id, claim.version)

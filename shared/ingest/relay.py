@@ -21,6 +21,7 @@ from elasticsearch import ConnectionTimeout as EsConnectionTimeout
 from shared.db import unit_of_work
 from shared.ingest import repository as repo
 from shared.models import Chunk, Document, EsOutbox, OutboxOp
+from shared.search.filters import typed_metadata
 from shared.settings import Settings, get_settings
 from shared.stores.elastic import get_es
 
@@ -49,6 +50,7 @@ def backoff_seconds(attempts: int, base: float = 1.0, cap: float = 60.0) -> floa
 
 
 def es_document(chunk: Chunk, doc: Document) -> dict[str, Any]:
+    metadata = doc.metadata_ or {}
     return {
         "chunk_id": chunk.id,
         "tenant_id": chunk.tenant_id,
@@ -60,7 +62,8 @@ def es_document(chunk: Chunk, doc: Document) -> dict[str, Any]:
         "title": doc.title,
         "section": chunk.section,
         "text": chunk.text,
-        "metadata": doc.metadata_ or {},
+        "metadata": metadata,
+        **typed_metadata(metadata),
     }
 
 

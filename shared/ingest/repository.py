@@ -162,6 +162,7 @@ def upsert_chunks(
     tenant_id: str,
     document_id: uuid.UUID,
     version: int,
+    metadata: dict[str, Any],
     rows: Sequence[ChunkRow],
 ) -> None:
     """Write a version's chunks; an older version can never overwrite a newer one."""
@@ -181,6 +182,7 @@ def upsert_chunks(
                 "char_end": r.char_end,
                 "section": r.section,
                 "embedding": r.embedding,
+                "metadata": metadata,
             }
             for r in rows
         ]
@@ -198,6 +200,7 @@ def upsert_chunks(
                 "char_end": excluded.char_end,
                 "section": excluded.section,
                 "embedding": excluded.embedding,
+                "metadata": excluded.metadata,
                 "updated_at": func.now(),
             },
             where=Chunk.version <= excluded.version,

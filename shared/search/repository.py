@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import ColumnElement, select, text
 from sqlalchemy.orm import Session
 
 from shared.ingest import repository as ingest_repo
@@ -14,35 +14,58 @@ from shared.models import Chunk, Document, OutboxOp
 
 
 def nearest_chunks(
-    session: Session, tenant_id: str, vector: list[float], limit: int, ef_search: int
+    session: Session,
+    tenant_id: str,
+    vector: list[float],
+    limit: int,
+    ef_search: int,
+    conditions: Sequence[ColumnElement[bool]] = (),
 ) -> Sequence[Any]:
-    # Iterative scan keeps the HNSW walk going when the tenant filter discards candidates.
+    """HNSW cosine top-``limit`` among the tenant's chunks that satisfy ``conditions``.
+
+    With filters, an HNSW walk can run out of candidates before it finds ``limit`` matches;
+    the iterative scan keeps walking until it does (up to hnsw.max_scan_tuples). Relaxed order
+    is cheaper, so the materialized result is re-sorted by exact distance."""
     session.execute(text(f"SET LOCAL hnsw.ef_search = {int(ef_search)}"))
     session.execute(text("SET LOCAL hnsw.iterative_scan = relaxed_order"))
-    distance = Chunk.embedding.cosine_distance(vector)
-    return session.execute(
-        select(Chunk.id, distance.label("distance"))
-        .where(Chunk.tenant_id == tenant_id)
+    distance = Chunk.embedding.cosine_distance(vector).label("distance")
+    relaxed = (
+        select(Chunk.id, distance)
+        .where(Chunk.tenant_id == tenant_id, *conditions)
         .order_by(distance)
         .limit(limit)
+        .cte("relaxed_results")
+        .prefix_with("MATERIALIZED")
+    )
+    return session.execute(
+        select(relaxed.c.id, relaxed.c.distance).order_by(relaxed.c.distance)
     ).all()
 
 
-def live_chunks(session: Session, tenant_id: str, ids: Sequence[str]) -> dict[str, Any]:
-    """The chunks among ``ids`` that are live: their document exists, is not deleted, and
-    the chunk is at the document's current version."""
+def live_chunks(
+    session: Session, tenant_id: str, ids: Sequence[str], vector: list[float] | None
+) -> dict[str, Any]:
+    """The chunks among ``ids`` that are live (document exists, not deleted, chunk at the
+    document's version), with provenance, embedding and cosine similarity to ``vector``."""
     if not ids:
         return {}
+    columns: list[Any] = [
+        Chunk.id,
+        Chunk.document_id,
+        Chunk.version,
+        Chunk.text,
+        Chunk.section,
+        Chunk.char_start,
+        Chunk.char_end,
+        Chunk.updated_at,
+        Chunk.embedding,
+        Document.external_id,
+        Document.title,
+    ]
+    if vector is not None:
+        columns.append((1 - Chunk.embedding.cosine_distance(vector)).label("cosine"))
     rows = session.execute(
-        select(
-            Chunk.id,
-            Chunk.document_id,
-            Chunk.version,
-            Chunk.text,
-            Chunk.section,
-            Document.external_id,
-            Document.title,
-        )
+        select(*columns)
         .join(Document, Document.id == Chunk.document_id)
         .where(
             Chunk.id.in_(list(ids)),
@@ -79,3 +102,24 @@ def queue_repair(session: Session, tenant_id: str, stale_ids: Sequence[str]) -> 
             version=doc.version,
             chunk_ids=orphans,
         )
+
+
+def document_chunks(
+    session: Session, tenant_id: str, document_id: uuid.UUID, section: str | None
+) -> Sequence[Chunk]:
+    """Every chunk of the document's live version, in order (an exact lookup, not a top-k)."""
+    query = (
+        select(Chunk)
+        .join(Document, Document.id == Chunk.document_id)
+        .where(
+            Chunk.document_id == document_id,
+            Chunk.tenant_id == tenant_id,
+            Document.tenant_id == tenant_id,
+            Document.deleted.is_(False),
+            Chunk.version == Document.version,
+        )
+        .order_by(Chunk.ordinal)
+    )
+    if section is not None:
+        query = query.where(Chunk.section == section)
+    return session.scalars(query).all()

@@ -1,71 +1,87 @@
-"""Hybrid search: pgvector (dense) and Elasticsearch BM25 (lexical) run concurrently, are fused
-by weighted reciprocal rank fusion, and every hit is hydrated from Postgres.
+"""The query path: embed → dense (pgvector) and lexical (Elasticsearch BM25) arms, concurrently
+→ fusion → hydration from Postgres → optional rerank within a time budget → MMR and a
+per-document cap → evidence policy.
 
-A hit Postgres does not hold at its live version is dropped, counted and queued for repair, so
-the read path never serves stale or deleted text. If one store is down, the other answers and
-the response says ``degraded``.
+Every hit is hydrated from Postgres: one that Postgres does not hold at its live version is
+dropped, counted and queued for repair, so the read path never serves stale or deleted text.
+If one store is down, the other answers and the response lists it under ``degraded``.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from contextlib import contextmanager
+from functools import lru_cache
+from typing import Any, TypeVar
 
+import numpy as np
 from elasticsearch import ApiError, TransportError
 from sqlalchemy.exc import SQLAlchemyError
 
 from shared.db import unit_of_work
+from shared.errors import StoreUnavailable
 from shared.ingest.embedding import get_embedder
+from shared.metrics import DEGRADED_QUERIES, SEARCH_SECONDS, STALE_HITS_DROPPED
 from shared.search import repository as search_repo
+from shared.search.filters import es_filters, sql_conditions
+from shared.search.fusion import ArmHit, fuse
+from shared.search.policy import Candidate, PolicyConfig, apply_policy
+from shared.search.rerank import RerankUnavailable, get_reranker, rerank_within_budget
+from shared.search.schemas import SearchRequest
 from shared.settings import Settings, get_settings
 from shared.stores.elastic import get_es
 
 log = logging.getLogger(__name__)
 
-Mode = Literal["dense", "lexical", "hybrid"]
 _pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="search-arm")
+T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class ArmHit:
-    chunk_id: str
-    rank: int
-    score: float
-    version: int | None = None
+class Timings:
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.ms[name] = round(self.ms.get(name, 0.0) + (time.perf_counter() - started) * 1e3, 3)
+
+    def timed(self, name: str, fn: Callable[[], T]) -> T:
+        with self.stage(name):
+            return fn()
 
 
-@dataclass
-class SearchHit:
-    chunk_id: str
-    document_id: str
-    external_id: str
-    title: str
-    section: str
-    text: str
-    version: int
-    score: float
-    found_by: list[str]
-    ranks: dict[str, int] = field(default_factory=dict)
-    arm_scores: dict[str, float] = field(default_factory=dict)
+@lru_cache(maxsize=1)
+def _query_cache(size: int) -> Callable[[str], tuple[float, ...]]:
+    @lru_cache(maxsize=size)
+    def embed(query: str) -> tuple[float, ...]:
+        return tuple(get_embedder().embed_query(query).tolist())
+
+    return embed
 
 
-@dataclass
-class SearchResponse:
-    query: str
-    mode: Mode
-    hits: list[SearchHit]
-    degraded: list[str]
-    dropped_stale: int
+def query_vector(query: str, settings: Settings) -> list[float]:
+    """Query embeddings are cached in a bounded LRU (repeated queries skip the encoder)."""
+    return list(_query_cache(settings.query_cache_size)(query))
 
 
 def dense_arm(
-    tenant_id: str, query_vector: list[float], depth: int, settings: Settings
+    tenant_id: str, vector: list[float], request: SearchRequest, settings: Settings
 ) -> list[ArmHit]:
     with unit_of_work() as uow:
         rows = search_repo.nearest_chunks(
-            uow.session, tenant_id, query_vector, depth, settings.hnsw_ef_search
+            uow.session,
+            tenant_id,
+            vector,
+            request.candidate_depth.dense,
+            settings.hnsw_ef_search,
+            sql_conditions(request.filters),
         )
     return [
         ArmHit(cid, rank, 1.0 - float(distance))
@@ -73,112 +89,270 @@ def dense_arm(
     ]
 
 
-def lexical_arm(tenant_id: str, query: str, depth: int, settings: Settings) -> list[ArmHit]:
+def lexical_arm(tenant_id: str, request: SearchRequest, settings: Settings) -> list[ArmHit]:
+    fields = [f"{name}^{boost}" for name, boost in settings.lexical_field_boosts.items()]
     response = get_es().search(
         index=settings.es_chunks_alias(),
-        size=depth,
+        size=request.candidate_depth.lexical,
         query={
             "bool": {
                 # User text only ever reaches a match query, never query_string.
-                "must": [
-                    {"multi_match": {"query": query, "fields": ["title^2", "section", "text"]}}
-                ],
-                "filter": [{"term": {"tenant_id": tenant_id}}],
+                "must": [{"multi_match": {"query": request.query, "fields": fields}}],
+                "filter": [{"term": {"tenant_id": tenant_id}}, *es_filters(request.filters)],
             }
         },
-        source_includes=["version"],
-        version=True,
+        source=False,
     )
     return [
-        ArmHit(hit["_id"], rank, float(hit["_score"]), hit.get("_version"))
+        ArmHit(hit["_id"], rank, float(hit["_score"]))
         for rank, hit in enumerate(response["hits"]["hits"], start=1)
     ]
 
 
-def rrf_fuse(
-    arms: dict[str, list[ArmHit]], k: int, weights: dict[str, float] | None = None
-) -> list[tuple[str, float]]:
-    scores: dict[str, float] = {}
-    for arm, hits in arms.items():
-        weight = (weights or {}).get(arm, 1.0)
-        for hit in hits:
-            scores[hit.chunk_id] = scores.get(hit.chunk_id, 0.0) + weight / (k + hit.rank)
-    return sorted(scores.items(), key=lambda item: (-item[1], item[0]))
-
-
 def search(
-    tenant_id: str,
-    query: str,
-    top_k: int = 10,
-    mode: Mode = "hybrid",
-    settings: Settings | None = None,
-) -> SearchResponse:
+    tenant_id: str, request: SearchRequest, settings: Settings | None = None
+) -> dict[str, Any]:
     settings = settings or get_settings()
-    depth = max(settings.candidate_depth, top_k)
+    with SEARCH_SECONDS.labels(request.mode).time():
+        response = _search(tenant_id, request, settings)
+    for reason in response["degraded"]:
+        DEGRADED_QUERIES.labels(reason).inc()
+    STALE_HITS_DROPPED.inc(response["dropped_stale"])
+    return response
+
+
+def _search(tenant_id: str, request: SearchRequest, settings: Settings) -> dict[str, Any]:
+    timings = Timings()
+    vector = timings.timed("embed", lambda: query_vector(request.query, settings))
     futures = {}
-    if mode in ("dense", "hybrid"):
-        vector = get_embedder().embed_query(query).tolist()
-        futures["dense"] = _pool.submit(dense_arm, tenant_id, vector, depth, settings)
-    if mode in ("lexical", "hybrid"):
-        futures["lexical"] = _pool.submit(lexical_arm, tenant_id, query, depth, settings)
-
-    arms: dict[str, list[ArmHit]] = {}
-    degraded: list[str] = []
-    for arm, future in futures.items():
-        try:
-            arms[arm] = future.result()
-        except (ApiError, TransportError, SQLAlchemyError) as e:
-            log.warning("%s arm unavailable: %s: %s", arm, type(e).__name__, e)
-            degraded.append(f"{arm}_unavailable")
+    with timings.stage("retrieve"):
+        if request.mode in ("dense", "hybrid"):
+            futures["dense"] = _pool.submit(
+                _timed_arm,
+                timings,
+                "dense",
+                lambda: dense_arm(tenant_id, vector, request, settings),
+            )
+        if request.mode in ("lexical", "hybrid"):
+            futures["lexical"] = _pool.submit(
+                _timed_arm, timings, "lexical", lambda: lexical_arm(tenant_id, request, settings)
+            )
+        arms: dict[str, list[ArmHit]] = {}
+        degraded: list[str] = []
+        for arm, future in futures.items():
+            try:
+                arms[arm] = future.result()
+            except (ApiError, TransportError, SQLAlchemyError) as e:
+                log.warning("%s arm unavailable: %s: %s", arm, type(e).__name__, e)
+                degraded.append(f"{arm}_unavailable")
     if not arms:
-        return SearchResponse(query, mode, [], degraded, 0)
+        raise StoreUnavailable("neither Postgres nor Elasticsearch answered the search")
 
-    fused = rrf_fuse(arms, settings.rrf_k)
-    hits, dropped = _hydrate(tenant_id, fused, arms, top_k)
-    return SearchResponse(query, mode, hits, degraded, dropped)
+    fused = timings.timed("fuse", lambda: fuse(arms, request.fusion))
+    window = max(request.top_k * 3, request.rerank.window if request.rerank.enabled else 0, 30)
+    with timings.stage("hydrate"):
+        candidates, dropped = _hydrate(tenant_id, fused[:window], vector)
+    by_arm = {arm: {h.chunk_id: h for h in hits} for arm, hits in arms.items()}
+    fused_rank = {cid: (rank, score) for rank, (cid, score) in enumerate(fused, start=1)}
+
+    rerank_info: dict[str, tuple[float, int]] = {}
+    if request.rerank.enabled:
+        with timings.stage("rerank"):
+            candidates, rerank_info, rerank_error = _rerank(request, candidates, settings)
+        if rerank_error:
+            degraded.append("rerank_unavailable")
+    if request.mmr is not None:
+        candidates = timings.timed(
+            "mmr", lambda: _mmr(candidates, request.mmr.lambda_ if request.mmr else 0.0)
+        )
+    results = _cap_per_document(candidates, request.per_document_cap)[: request.top_k]
+
+    with timings.stage("policy"):
+        policy = apply_policy(
+            results,
+            _policy_config(request, settings, bool(rerank_info)),
+            _token_counter(),
+            dropped_before=dropped,
+        )
+    body: dict[str, Any] = {
+        "query": request.query,
+        "mode": request.mode,
+        "degraded": degraded,
+        "dropped_stale": dropped,
+        "decision": policy.decision(),
+        "results": [],
+        "evidence": {
+            "items": policy.evidence,
+            "token_budget": policy.token_budget,
+            "tokens_used": policy.tokens_used,
+            "omitted": policy.omitted,
+        },
+    }
+    for final_rank, c in enumerate(results, start=1):
+        item = _result(c, by_arm, fused_rank)
+        if request.explain:
+            item["trace"] = _trace(c, final_rank, by_arm, fused_rank, rerank_info, policy)
+        body["results"].append(item)
+    if request.explain:
+        body["timings_ms"] = timings.ms
+    return body
+
+
+def _timed_arm(timings: Timings, name: str, fn: Callable[[], T]) -> T:
+    return timings.timed(name, fn)
 
 
 def _hydrate(
-    tenant_id: str, fused: list[tuple[str, float]], arms: dict[str, list[ArmHit]], top_k: int
-) -> tuple[list[SearchHit], int]:
-    by_arm = {arm: {h.chunk_id: h for h in hits} for arm, hits in arms.items()}
-    window = [cid for cid, _ in fused[: top_k * 3]]
+    tenant_id: str, fused: list[tuple[str, float]], vector: list[float]
+) -> tuple[list[Candidate], int]:
+    ids = [cid for cid, _ in fused]
     with unit_of_work() as uow:
-        live = search_repo.live_chunks(uow.session, tenant_id, window)
-        stale = [cid for cid in window if cid not in live]
+        live = search_repo.live_chunks(uow.session, tenant_id, ids, vector)
+        stale = [cid for cid in ids if cid not in live]
         if stale:
             search_repo.queue_repair(uow.session, tenant_id, stale)
-    hits: list[SearchHit] = []
-    for cid, score in fused:
+    candidates = []
+    for cid in ids:
         row = live.get(cid)
         if row is None:
             continue
-        found = [arm for arm in ("dense", "lexical") if cid in by_arm.get(arm, {})]
-        hits.append(
-            SearchHit(
+        candidates.append(
+            Candidate(
                 chunk_id=cid,
                 document_id=str(row.document_id),
                 external_id=row.external_id,
                 title=row.title,
-                section=row.section,
-                text=row.text,
                 version=row.version,
-                score=round(score, 6),
-                found_by=found,
-                ranks={arm: by_arm[arm][cid].rank for arm in found},
-                arm_scores={arm: round(by_arm[arm][cid].score, 6) for arm in found},
+                section=row.section,
+                char_start=row.char_start,
+                char_end=row.char_end,
+                indexed_at=row.updated_at.isoformat(),
+                text=row.text,
+                embedding=np.asarray(row.embedding, dtype=np.float32),
+                scores={"dense_cosine": round(float(row.cosine), 6)},
             )
         )
-        if len(hits) == top_k:
-            break
-    return hits, len(stale)
+    return candidates, len(stale)
 
 
-def as_dict(response: SearchResponse) -> dict[str, Any]:
+def _rerank(
+    request: SearchRequest,
+    candidates: list[Candidate],
+    settings: Settings,
+) -> tuple[list[Candidate], dict[str, tuple[float, int]], str | None]:
+    """Rescore the first ``window`` candidates; on any failure keep the fused order."""
+    reranker = get_reranker(settings)
+    if reranker is None:
+        return candidates, {}, "no rerank model is configured (CONCORD_RERANK_KIND/MODEL)"
+    window = candidates[: request.rerank.window]
+    try:
+        scores = rerank_within_budget(
+            reranker, request.query, [c.text for c in window], request.rerank.budget_ms
+        )
+    except RerankUnavailable as e:
+        return candidates, {}, str(e)
+    order = sorted(range(len(window)), key=lambda i: -scores[i])
+    info: dict[str, tuple[float, int]] = {}
+    for new_rank, i in enumerate(order, start=1):
+        window[i].scores["rerank"] = round(scores[i], 6)
+        info[window[i].chunk_id] = (scores[i], (i + 1) - new_rank)
+    return [window[i] for i in order] + candidates[len(window) :], info, None
+
+
+def _mmr(candidates: list[Candidate], lambda_: float) -> list[Candidate]:
+    """Maximal marginal relevance over the candidates' own embeddings."""
+    vectors = {c.chunk_id: c.embedding for c in candidates if c.embedding is not None}
+    remaining = [c for c in candidates if c.chunk_id in vectors]
+    chosen: list[Candidate] = []
+
+    def value(c: Candidate) -> float:
+        redundancy = max(
+            (float(vectors[c.chunk_id] @ vectors[s.chunk_id]) for s in chosen), default=0.0
+        )
+        relevance = c.scores.get("rerank", c.scores["dense_cosine"])
+        return lambda_ * relevance - (1 - lambda_) * redundancy
+
+    while remaining:
+        best = max(remaining, key=value)
+        chosen.append(best)
+        remaining.remove(best)
+    return chosen
+
+
+def _cap_per_document(candidates: list[Candidate], cap: int | None) -> list[Candidate]:
+    if cap is None:
+        return candidates
+    seen: dict[str, int] = {}
+    kept = []
+    for c in candidates:
+        seen[c.document_id] = seen.get(c.document_id, 0) + 1
+        if seen[c.document_id] <= cap:
+            kept.append(c)
+    return kept
+
+
+def _policy_config(request: SearchRequest, settings: Settings, reranked: bool) -> PolicyConfig:
+    o = request.policy
+    score_type = o.score_type or (
+        "rerank" if reranked and settings.policy_score_type == "rerank" else "dense_cosine"
+    )
+    return PolicyConfig(
+        score_type=score_type,
+        min_score=o.min_score if o.min_score is not None else settings.policy_min_score,
+        token_budget=o.token_budget or settings.policy_token_budget,
+        max_chunks_per_document=(
+            o.max_chunks_per_document or settings.policy_max_chunks_per_document
+        ),
+        near_duplicate_threshold=(
+            o.near_duplicate_threshold or settings.policy_near_duplicate_threshold
+        ),
+    )
+
+
+def _token_counter() -> Callable[[str], int]:
+    tokenizer = get_embedder().model().tokenizer
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _result(
+    c: Candidate, by_arm: dict[str, dict[str, ArmHit]], fused_rank: dict[str, tuple[int, float]]
+) -> dict[str, Any]:
     return {
-        "query": response.query,
-        "mode": response.mode,
-        "degraded": response.degraded,
-        "dropped_stale": response.dropped_stale,
-        "results": [vars(h) for h in response.hits],
+        "chunk_id": c.chunk_id,
+        "document_id": c.document_id,
+        "external_id": c.external_id,
+        "title": c.title,
+        "version": c.version,
+        "section": c.section,
+        "text": c.text,
+        "char_start": c.char_start,
+        "char_end": c.char_end,
+        "indexed_at": c.indexed_at,
+        "score": round(fused_rank[c.chunk_id][1], 6),
+        "found_by": [arm for arm in ("dense", "lexical") if c.chunk_id in by_arm.get(arm, {})],
+        "scores": c.scores,
+    }
+
+
+def _trace(
+    c: Candidate,
+    final_rank: int,
+    by_arm: dict[str, dict[str, ArmHit]],
+    fused_rank: dict[str, tuple[int, float]],
+    rerank_info: dict[str, tuple[float, int]],
+    policy: Any,
+) -> dict[str, Any]:
+    def arm(name: str) -> dict[str, float] | None:
+        hit = by_arm.get(name, {}).get(c.chunk_id)
+        return {"rank": hit.rank, "score": round(hit.score, 6)} if hit else None
+
+    rank, score = fused_rank[c.chunk_id]
+    rerank = rerank_info.get(c.chunk_id)
+    return {
+        "dense": arm("dense"),
+        "lexical": arm("lexical"),
+        "fused": {"rank": rank, "score": round(score, 6)},
+        "rerank": {"score": round(rerank[0], 6), "rank_change": rerank[1]} if rerank else None,
+        "final_rank": final_rank,
+        "policy": policy.per_result.get(c.chunk_id, "not_considered"),
     }

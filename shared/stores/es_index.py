@@ -27,6 +27,17 @@ def index_body(settings: Settings) -> dict[str, Any]:
         "mappings": {
             "dynamic": "strict",
             "_meta": {"concord_schema_version": SCHEMA_VERSION},
+            # Range-searchable copies of metadata: the relay puts numbers under
+            # metadata_num and ISO dates under metadata_date, so types never conflict.
+            "dynamic_templates": [
+                {"numbers": {"path_match": "metadata_num.*", "mapping": {"type": "double"}}},
+                {
+                    "dates": {
+                        "path_match": "metadata_date.*",
+                        "mapping": {"type": "date", "format": "strict_date_optional_time"},
+                    }
+                },
+            ],
             "properties": {
                 "chunk_id": {"type": "keyword"},
                 "tenant_id": {"type": "keyword"},
@@ -39,6 +50,8 @@ def index_body(settings: Settings) -> dict[str, Any]:
                 "section": text,
                 "text": text,
                 "metadata": {"type": "flattened"},
+                "metadata_num": {"type": "object", "dynamic": True},
+                "metadata_date": {"type": "object", "dynamic": True},
             },
         },
     }

@@ -4,6 +4,7 @@ import json
 import uuid
 from typing import Any
 
+from elasticsearch import ApiError, TransportError
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
@@ -15,6 +16,7 @@ from shared.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from shared.ingest import repository as repo
 from shared.ingest.parsing import resolve_content_type
 from shared.ingest.service import Upload, accept_upload, delete_document, get_document
+from shared.search import repository as search_repo
 from shared.settings import Settings
 from shared.stores.elastic import get_es
 
@@ -174,7 +176,7 @@ def _es_state(
                 }
             },
         )["count"]
-    except Exception as e:  # the document view must still answer when ES is down
+    except (ApiError, TransportError) as e:  # the document view still answers when ES is down
         return {"reachable": False, "error": type(e).__name__}
     return {
         "reachable": True,
@@ -182,6 +184,32 @@ def _es_state(
         "live_version_chunks": current,
         "in_sync": total == current == chunk_count,
     }
+
+
+@router.get("/{document_id}/chunks")
+def browse_chunks(
+    document_id: uuid.UUID, principal: Reader, section: str | None = None
+) -> dict[str, Any]:
+    """Every chunk of the live version, in order (optionally one section): an exact lookup."""
+    with unit_of_work() as uow:
+        doc = get_document(uow.session, principal.tenant_id, document_id)
+        chunks = search_repo.document_chunks(uow.session, principal.tenant_id, doc.id, section)
+        return {
+            "document_id": str(doc.id),
+            "version": doc.version,
+            "section": section,
+            "chunks": [
+                {
+                    "chunk_id": c.id,
+                    "ordinal": c.ordinal,
+                    "section": c.section,
+                    "text": c.text,
+                    "char_start": c.char_start,
+                    "char_end": c.char_end,
+                }
+                for c in chunks
+            ],
+        }
 
 
 @router.delete("/{document_id}")
