@@ -46,8 +46,9 @@ def test_upload_becomes_searchable_through_both_arms(client: TestClient, auth, t
         "/v1/search", headers=auth, json={"query": paraphrase, "mode": "lexical"}
     ).json()
     assert all(r["external_id"] != "okapi.txt" for r in lexical["results"])
-    hybrid = client.post("/v1/search", headers=auth,
-                         json={"query": paraphrase, "explain": True}).json()
+    hybrid = client.post(
+        "/v1/search", headers=auth, json={"query": paraphrase, "explain": True}
+    ).json()
     top = hybrid["results"][0]
     assert top["external_id"] == "okapi.txt"
     assert top["found_by"] == ["dense"]

@@ -241,7 +241,11 @@ def _rerank(
     settings: Settings,
 ) -> tuple[list[Candidate], dict[str, tuple[float, int]], str | None]:
     """Rescore the first ``window`` candidates; on any failure keep the fused order."""
-    reranker = get_reranker(settings)
+    try:
+        reranker = get_reranker(settings)
+    except Exception as e:  # a model that cannot load must not fail the search
+        log.warning("reranker could not load: %s: %s", type(e).__name__, e)
+        return candidates, {}, f"reranker could not load: {type(e).__name__}"
     if reranker is None:
         return candidates, {}, "no rerank model is configured (CONCORD_RERANK_KIND/MODEL)"
     window = candidates[: request.rerank.window]
