@@ -142,6 +142,8 @@ class Chunk(Base):
     char_start: Mapped[int] = mapped_column(Integer, nullable=False)
     char_end: Mapped[int] = mapped_column(Integer, nullable=False)
     section: Mapped[str] = mapped_column(Text, nullable=False, default="")
+    # In the embedder's tokens, so evidence packing needs no tokenizer on the read path.
+    token_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     # A copy of the document's metadata, so filters apply inside the HNSW scan itself.
     metadata_: Mapped[dict[str, Any]] = mapped_column(
         "metadata", JSONB, nullable=False, server_default="{}"

@@ -68,10 +68,27 @@ def outbox_empty() -> bool:
         return (uow.session.scalar(select(func.count()).select_from(EsOutbox)) or 0) == 0
 
 
+def jobs_in_flight(tenant: str) -> int:
+    from shared.models import IngestJob
+
+    with unit_of_work() as uow:
+        return (
+            uow.session.scalar(
+                select(func.count())
+                .select_from(IngestJob)
+                .where(IngestJob.tenant_id == tenant, IngestJob.state.in_(["queued", "running"]))
+            )
+            or 0
+        )
+
+
 def wait_converged(tenant: str, timeout: float = 60) -> dict[str, int]:
-    """Until Elasticsearch holds exactly Postgres's chunks at Postgres's versions."""
+    """Until no job of the tenant is in flight and Elasticsearch holds exactly Postgres's
+    chunks at Postgres's versions."""
 
     def converged() -> dict[str, int] | None:
+        if jobs_in_flight(tenant):
+            return None
         pg = pg_chunks(tenant)
         return pg if outbox_empty() and es_chunks(tenant) == pg else None
 

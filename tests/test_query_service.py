@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -197,7 +198,7 @@ def test_packing_respects_the_budget_caps_and_suppresses_duplicates(client, auth
         policy={"token_budget": 120, "max_chunks_per_document": 1, "min_score": 0.1},
     )
     evidence = body["evidence"]
-    assert body["decision"]["status"] == "answerable"
+    assert body["decision"]["status"] == "answerable", body["decision"]
     assert 0 < evidence["tokens_used"] <= 120
     assert sum(item["tokens"] for item in evidence["items"]) == evidence["tokens_used"]
     reasons = {o["reason"] for o in evidence["omitted"]}
@@ -288,7 +289,7 @@ def test_browse_returns_every_chunk_in_order(client, auth, tenant, worker):
 
 
 def test_query_embeddings_are_cached(client, auth, corpus):
-    cache = search_service._query_cache(get_settings().query_cache_size)
+    cache: Any = search_service._query_cache(get_settings().query_cache_size)
     search(client, auth, "a query asked twice")
     before = cache.cache_info().hits
     search(client, auth, "a query asked twice")
@@ -310,7 +311,7 @@ def tiny_cross_encoder(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("tiny-cross-encoder")
     tokenizer = AutoTokenizer.from_pretrained(get_embedder().model_path)
-    config = BertConfig(
+    config = BertConfig(  # type: ignore[call-arg]
         vocab_size=tokenizer.vocab_size,
         hidden_size=32,
         num_hidden_layers=1,
@@ -321,7 +322,7 @@ def tiny_cross_encoder(tmp_path_factory) -> Path:
     )
     BertForSequenceClassification(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
-    return path
+    return Path(path)
 
 
 @pytest.fixture
@@ -338,6 +339,7 @@ def test_cross_encoder_batches_and_truncates(cross_encoder_configured):
     from shared.search.rerank import get_reranker
 
     reranker = get_reranker(cross_encoder_configured)
+    assert reranker is not None
     passages = [f"passage number {i} about topic {i % 3}" for i in range(11)]
     batched = reranker.score("topic", passages)  # 3 batches of 4
     single = [reranker.score("topic", [p])[0] for p in passages]

@@ -219,6 +219,7 @@ def _write(uow: UnitOfWork, claim: _Claim) -> JobOutcome:
             char_start=p.char_start,
             char_end=p.char_end,
             section=p.section,
+            token_count=p.token_count,
             embedding=v,
         )
         for p, h, v in zip(claim.pieces, claim.hashes, claim.vectors, strict=True)

@@ -153,6 +153,7 @@ class ChunkRow:
     char_start: int
     char_end: int
     section: str
+    token_count: int
     embedding: list[float]
 
 
@@ -181,6 +182,7 @@ def upsert_chunks(
                 "char_start": r.char_start,
                 "char_end": r.char_end,
                 "section": r.section,
+                "token_count": r.token_count,
                 "embedding": r.embedding,
                 "metadata": metadata,
             }
@@ -199,6 +201,7 @@ def upsert_chunks(
                 "char_start": excluded.char_start,
                 "char_end": excluded.char_end,
                 "section": excluded.section,
+                "token_count": excluded.token_count,
                 "embedding": excluded.embedding,
                 "metadata": excluded.metadata,
                 "updated_at": func.now(),

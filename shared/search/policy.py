@@ -59,6 +59,7 @@ class Candidate:
     char_end: int | None
     indexed_at: str | None
     text: str
+    token_count: int
     embedding: np.ndarray | None
     scores: dict[str, float]
 
@@ -167,7 +168,7 @@ def _pack(
             continue
         remaining = config.token_budget - result.tokens_used
         text, start, end = c.text, c.char_start or 0, c.char_end or 0
-        tokens = count_tokens(text)
+        tokens = c.token_count or count_tokens(text)  # 0: a row from before counts
         truncated = False
         if tokens > remaining:
             text, tokens = _whole_sentences_within(text, remaining, count_tokens)

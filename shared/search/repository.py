@@ -26,8 +26,13 @@ def nearest_chunks(
     With filters, an HNSW walk can run out of candidates before it finds ``limit`` matches;
     the iterative scan keeps walking until it does (up to hnsw.max_scan_tuples). Relaxed order
     is cheaper, so the materialized result is re-sorted by exact distance."""
-    session.execute(text(f"SET LOCAL hnsw.ef_search = {int(ef_search)}"))
-    session.execute(text("SET LOCAL hnsw.iterative_scan = relaxed_order"))
+    session.execute(
+        text(
+            "SELECT set_config('hnsw.ef_search', :ef, true), "
+            "set_config('hnsw.iterative_scan', 'relaxed_order', true)"
+        ),
+        {"ef": str(int(ef_search))},
+    )
     distance = Chunk.embedding.cosine_distance(vector).label("distance")
     relaxed = (
         select(Chunk.id, distance)
@@ -57,6 +62,7 @@ def live_chunks(
         Chunk.section,
         Chunk.char_start,
         Chunk.char_end,
+        Chunk.token_count,
         Chunk.updated_at,
         Chunk.embedding,
         Document.external_id,

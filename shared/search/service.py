@@ -149,7 +149,7 @@ def _search(tenant_id: str, request: SearchRequest, settings: Settings) -> dict[
         raise StoreUnavailable("neither Postgres nor Elasticsearch answered the search")
 
     fused = timings.timed("fuse", lambda: fuse(arms, request.fusion))
-    window = max(request.top_k * 3, request.rerank.window if request.rerank.enabled else 0, 30)
+    window = max(request.top_k * 2, request.rerank.window if request.rerank.enabled else 0, 20)
     with timings.stage("hydrate"):
         candidates, dropped = _hydrate(tenant_id, fused[:window], vector)
     by_arm = {arm: {h.chunk_id: h for h in hits} for arm, hits in arms.items()}
@@ -228,6 +228,7 @@ def _hydrate(
                 char_end=row.char_end,
                 indexed_at=row.updated_at.isoformat(),
                 text=row.text,
+                token_count=row.token_count,
                 embedding=np.asarray(row.embedding, dtype=np.float32),
                 scores={"dense_cosine": round(float(row.cosine), 6)},
             )

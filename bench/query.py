@@ -1,0 +1,311 @@
+"""Query latency benchmark: p50/p95/p99 per mode at several corpus sizes, through the real API.
+
+For each size it fills a dedicated tenant with that many chunks (once; later runs reuse it),
+starts its own API process (so the rerank stage can be configured), and sends real SciFact
+queries over HTTP: a disjoint slice of queries per mode, so no mode profits from another's
+query-embedding cache. Stage shares come from the API's own per-stage timings.
+
+Synthetic chunks: real SciFact passages are embedded once (``--base`` of them); each synthetic
+chunk joins two of them (text and normalized vector sum, plus a little noise), so the vectors
+keep the real model's geometry while the corpus grows to 100k chunks in minutes, not hours.
+
+    .venv/bin/concord stack up --infra-only
+    .venv/bin/python bench/query.py --sizes 10000,100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from elasticsearch import helpers
+from sqlalchemy import func, insert, select
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from shared.auth import create_key  # noqa: E402
+from shared.db import unit_of_work  # noqa: E402
+from shared.ingest import repository as repo  # noqa: E402
+from shared.ingest.embedding import get_embedder  # noqa: E402
+from shared.ingest.pipeline import text_hash  # noqa: E402
+from shared.models import Chunk, Document, DocumentVersion  # noqa: E402
+from shared.settings import get_settings  # noqa: E402
+from shared.stores.elastic import get_es  # noqa: E402
+
+CHUNKS_PER_DOCUMENT = 10
+MODES: dict[str, dict[str, Any]] = {
+    "dense": {"mode": "dense"},
+    "lexical": {"mode": "lexical"},
+    "hybrid": {"mode": "hybrid"},
+    "hybrid+rerank": {
+        "mode": "hybrid",
+        "rerank": {"enabled": True, "window": 10, "budget_ms": 5000},
+    },
+}
+
+
+def base_passages(dataset: Path, count: int) -> list[str]:
+    passages = []
+    with (dataset / "corpus.jsonl").open() as f:
+        for line in f:
+            doc = json.loads(line)
+            words = doc["text"].split()
+            passages.append(" ".join(words[:120]))
+            if len(passages) == count:
+                break
+    return passages
+
+
+def chunk_count(tenant: str) -> int:
+    with unit_of_work() as uow:
+        return (
+            uow.session.scalar(
+                select(func.count()).select_from(Chunk).where(Chunk.tenant_id == tenant)
+            )
+            or 0
+        )
+
+
+def populate(tenant: str, size: int, texts: list[str], vectors: np.ndarray) -> None:
+    """Write ``size`` synthetic chunks to Postgres and Elasticsearch (both stores agree)."""
+    rng = np.random.default_rng(size)
+    es = get_es()
+    alias = get_settings().es_chunks_alias()
+    started = time.monotonic()
+    with unit_of_work() as uow:
+        repo.ensure_tenant(uow.session, tenant)
+    for start in range(0, size, 1000):
+        docs, versions, chunks, actions = [], [], [], []
+        for n in range(start, min(start + 1000, size), CHUNKS_PER_DOCUMENT):
+            doc_id = uuid.uuid4()
+            docs.append(
+                {
+                    "id": doc_id,
+                    "tenant_id": tenant,
+                    "external_id": f"syn-{n}",
+                    "title": "",
+                    "metadata": {"bucket": n % 10},
+                    "version": 1,
+                    "content_hash": "synthetic",
+                    "deleted": False,
+                }
+            )
+            versions.append(
+                {
+                    "document_id": doc_id,
+                    "version": 1,
+                    "tenant_id": tenant,
+                    "content_hash": "synthetic",
+                    "content_type": "text/plain",
+                    "raw": None,
+                    "tombstone": False,
+                }
+            )
+            for ordinal in range(min(CHUNKS_PER_DOCUMENT, size - n)):
+                i, j = rng.integers(len(texts), size=2)
+                text = f"{texts[i]} {texts[j]}"
+                vector = vectors[i] + 0.5 * vectors[j] + rng.normal(0, 0.02, vectors.shape[1])
+                vector /= np.linalg.norm(vector)
+                cid = f"{doc_id}:{ordinal}"
+                chunks.append(
+                    {
+                        "id": cid,
+                        "tenant_id": tenant,
+                        "document_id": doc_id,
+                        "version": 1,
+                        "ordinal": ordinal,
+                        "text": text,
+                        "text_hash": text_hash(text),
+                        "char_start": 0,
+                        "char_end": len(text),
+                        "section": "",
+                        "metadata": {"bucket": n % 10},
+                        "embedding": vector.tolist(),
+                    }
+                )
+                actions.append(
+                    {
+                        "_index": alias,
+                        "_id": cid,
+                        "version": 1,
+                        "version_type": "external",
+                        "_source": {
+                            "chunk_id": cid,
+                            "tenant_id": tenant,
+                            "document_id": str(doc_id),
+                            "external_id": f"syn-{n}",
+                            "version": 1,
+                            "ordinal": ordinal,
+                            "text_hash": text_hash(text),
+                            "title": "",
+                            "section": "",
+                            "text": text,
+                            "metadata": {"bucket": n % 10},
+                            "metadata_num": {"bucket": n % 10},
+                            "metadata_date": {},
+                        },
+                    }
+                )
+        with unit_of_work() as uow:
+            uow.session.execute(insert(Document), docs)
+            uow.session.execute(insert(DocumentVersion), versions)
+            uow.session.execute(insert(Chunk), chunks)
+        helpers.bulk(es, actions, chunk_size=1000, request_timeout=120)
+        done = min(start + 1000, size)
+        rate = done / (time.monotonic() - started)
+        print(f"\rpopulating {tenant}: {done}/{size} chunks ({rate:.0f}/s)", end="", flush=True)
+    es.indices.refresh(index=alias)
+    print()
+
+
+def start_api(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    log = open(ROOT / "bench/results/query-api.log", "ab")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "services.api.app:create_app",
+            "--factory",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("the benchmark's API did not start; see bench/results/query-api.log")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def run_mode(port: int, key: str, queries: list[str], options: dict[str, Any]) -> dict[str, Any]:
+    latencies: list[float] = []
+    stages: dict[str, float] = {}
+    degraded = 0
+    with httpx.Client(
+        base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"}, timeout=60
+    ) as http:
+        for warm in queries[:5]:
+            http.post("/v1/search", json={"query": warm + " warm", **options})
+        for query in queries:
+            started = time.perf_counter()
+            response = http.post(
+                "/v1/search", json={"query": query, "top_k": 10, "explain": True, **options}
+            )
+            latencies.append((time.perf_counter() - started) * 1000)
+            response.raise_for_status()
+            body = response.json()
+            degraded += bool(body["degraded"])
+            for stage, ms in body["timings_ms"].items():
+                stages[stage] = stages.get(stage, 0.0) + ms
+    total = sum(stages.values()) or 1.0
+    return {
+        "queries": len(queries),
+        "p50_ms": round(percentile(latencies, 50), 1),
+        "p95_ms": round(percentile(latencies, 95), 1),
+        "p99_ms": round(percentile(latencies, 99), 1),
+        "mean_ms": round(statistics.fmean(latencies), 1),
+        "degraded": degraded,
+        # "retrieve" spans both arms running concurrently; "dense" and "lexical" overlap in it.
+        "stage_shares": {
+            s: round(ms / total, 3)
+            for s, ms in sorted(stages.items())
+            if s not in ("dense", "lexical")
+        },
+        "arm_ms_mean": {
+            s: round(stages.get(s, 0.0) / len(queries), 2) for s in ("dense", "lexical")
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", type=Path, default=ROOT.parent / "shared/datasets/scifact")
+    parser.add_argument("--sizes", default="10000,100000")
+    parser.add_argument("--base", type=int, default=3000, help="real passages to embed")
+    parser.add_argument("--queries", type=int, default=200, help="queries per mode")
+    parser.add_argument("--port", type=int, default=58123)
+    parser.add_argument(
+        "--rerank-model",
+        default=os.environ.get("CONCORD_RERANK_MODEL", ""),
+        help="bi-encoder for the hybrid+rerank mode (see scripts/fetch_mpnet.sh)",
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/query.json")
+    args = parser.parse_args()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    all_queries = [
+        json.loads(line)["text"]
+        for line in (args.dataset / "queries.jsonl").read_text().splitlines()
+    ]
+    random.Random(7).shuffle(all_queries)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    texts: list[str] = []
+    vectors = np.zeros((0, 0))
+    env = {
+        "CONCORD_RERANK_KIND": "bi-encoder" if args.rerank_model else "none",
+        "CONCORD_RERANK_MODEL": args.rerank_model,
+    }
+    report: dict[str, Any] = {"rerank_model": args.rerank_model or None, "sizes": {}}
+    for size in sizes:
+        tenant = f"benchq-{size}"
+        existing = chunk_count(tenant)
+        if existing != size:
+            if existing:
+                raise SystemExit(
+                    f"tenant {tenant} holds {existing} chunks, not {size}; "
+                    "drop it or pick another size"
+                )
+            if not texts:
+                texts = base_passages(args.dataset, args.base)
+                print(f"embedding {len(texts)} base passages...", flush=True)
+                vectors = get_embedder().embed_passages(texts)
+            populate(tenant, size, texts, vectors)
+        with unit_of_work() as uow:
+            _, key = create_key(uow.session, tenant, "bench", ["read"])
+        api = start_api(args.port, env)
+        try:
+            results = {}
+            for i, (mode, options) in enumerate(MODES.items()):
+                if mode == "hybrid+rerank" and not args.rerank_model:
+                    continue
+                queries = all_queries[i * args.queries : (i + 1) * args.queries]
+                results[mode] = run_mode(args.port, key, queries, options)
+                print(f"{size:>7} chunks {mode:<14} {json.dumps(results[mode])}", flush=True)
+        finally:
+            api.terminate()
+            api.wait(timeout=30)
+        report["sizes"][str(size)] = results
+    args.out.write_text(json.dumps(report, indent=2))
+    print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
