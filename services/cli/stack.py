@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psycopg
 
 from shared.settings import Settings
 
@@ -186,18 +187,20 @@ class PostgresService:
     def where(self) -> str:
         return f"{self.s.pg_host}:{self.s.pg_port}"
 
-    def healthy(self) -> bool:
-        import psycopg
+    def _connect(self, dbname: str) -> psycopg.Connection[tuple[object, ...]]:
+        return psycopg.connect(
+            host=self.s.pg_host,
+            port=self.s.pg_port,
+            user=self.s.pg_user,
+            password=self.s.pg_password,
+            dbname=dbname,
+            connect_timeout=2,
+            autocommit=True,
+        )
 
+    def healthy(self) -> bool:
         try:
-            with psycopg.connect(
-                host=self.s.pg_host,
-                port=self.s.pg_port,
-                user=self.s.pg_user,
-                password=self.s.pg_password,
-                dbname=self.s.pg_database,
-                connect_timeout=2,
-            ):
+            with self._connect(self.s.pg_database):
                 return True
         except psycopg.Error:
             return False
@@ -261,18 +264,8 @@ class PostgresService:
             raise StackError(f"initdb failed:\n{result.stderr or result.stdout}")
 
     def _ensure_database(self) -> bool:
-        import psycopg
-
         try:
-            with psycopg.connect(
-                host=self.s.pg_host,
-                port=self.s.pg_port,
-                user=self.s.pg_user,
-                password=self.s.pg_password,
-                dbname="postgres",
-                connect_timeout=2,
-                autocommit=True,
-            ) as conn:
+            with self._connect("postgres") as conn:
                 exists = conn.execute(
                     "SELECT 1 FROM pg_database WHERE datname = %s", (self.s.pg_database,)
                 ).fetchone()

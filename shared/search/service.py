@@ -123,19 +123,20 @@ def search(
 
 def _search(tenant_id: str, request: SearchRequest, settings: Settings) -> dict[str, Any]:
     timings = Timings()
-    vector = timings.timed("embed", lambda: query_vector(request.query, settings))
     futures = {}
     with timings.stage("retrieve"):
+        # BM25 needs no vector: it starts first and overlaps the query embedding.
+        if request.mode in ("lexical", "hybrid"):
+            futures["lexical"] = _pool.submit(
+                _timed_arm, timings, "lexical", lambda: lexical_arm(tenant_id, request, settings)
+            )
+        vector = timings.timed("embed", lambda: query_vector(request.query, settings))
         if request.mode in ("dense", "hybrid"):
             futures["dense"] = _pool.submit(
                 _timed_arm,
                 timings,
                 "dense",
                 lambda: dense_arm(tenant_id, vector, request, settings),
-            )
-        if request.mode in ("lexical", "hybrid"):
-            futures["lexical"] = _pool.submit(
-                _timed_arm, timings, "lexical", lambda: lexical_arm(tenant_id, request, settings)
             )
         arms: dict[str, list[ArmHit]] = {}
         degraded: list[str] = []
