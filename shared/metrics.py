@@ -40,6 +40,7 @@ class SystemCollector(Collector):
                 dead = repo.dead_letter_count(uow.session)
                 jobs = repo.job_state_counts(uow.session)
                 stages = repo.stage_time_totals(uow.session)
+                last = repo.last_reconcile(uow.session)
         except Exception as e:  # a scrape must not fail because a store is down
             log.warning("system metrics unavailable: %s: %s", type(e).__name__, e)
             return
@@ -61,3 +62,25 @@ class SystemCollector(Collector):
         for stage, (count, total) in stages.items():
             summary.add_metric([stage], count_value=count, sum_value=total)
         yield summary
+        if last is not None:
+            drift = GaugeMetricFamily(
+                "concord_drift", "Drift found by the last reconcile", labels=["class"]
+            )
+            for name, count in last.report.get("counts", {}).items():
+                drift.add_metric([name], count)
+            yield drift
+            yield GaugeMetricFamily(
+                "concord_last_reconcile_timestamp_seconds",
+                "When the last reconcile started",
+                value=last.started_at.timestamp(),
+            )
+            yield GaugeMetricFamily(
+                "concord_last_reconcile_duration_seconds",
+                "How long the last reconcile took",
+                value=last.duration_s,
+            )
+            yield GaugeMetricFamily(
+                "concord_last_reconcile_repairs",
+                "Repairs the last reconcile queued",
+                value=last.report.get("repairs_queued", 0),
+            )

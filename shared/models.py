@@ -16,11 +16,13 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Float,
     ForeignKey,
     ForeignKeyConstraint,
     Index,
     Integer,
     LargeBinary,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -51,6 +53,8 @@ class JobState(enum.StrEnum):
 class OutboxOp(enum.StrEnum):
     INDEX = "index"
     DELETE = "delete"
+    REPAIR = "repair"  # index from reconciliation (may overwrite an equal version)
+    PURGE = "purge"  # delete from reconciliation (may remove an equal version)
 
 
 class Tenant(Base):
@@ -115,6 +119,7 @@ class Chunk(Base):
     __tablename__ = "chunks"
     __table_args__ = (
         Index("ix_chunks_tenant_document", "tenant_id", "document_id"),
+        Index("ix_chunks_tenant_bucket", "tenant_id", "bucket"),
         Index(
             "ix_chunks_embedding_hnsw",
             "embedding",
@@ -144,6 +149,8 @@ class Chunk(Base):
     section: Mapped[str] = mapped_column(Text, nullable=False, default="")
     # In the embedder's tokens, so evidence packing needs no tokenizer on the read path.
     token_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    # Reconciliation compares the stores bucket by bucket (see shared/reconcile).
+    bucket: Mapped[int] = mapped_column(SmallInteger, nullable=False, server_default="0")
     # A copy of the document's metadata, so filters apply inside the HNSW scan itself.
     metadata_: Mapped[dict[str, Any]] = mapped_column(
         "metadata", JSONB, nullable=False, server_default="{}"
@@ -222,3 +229,15 @@ class DeadLetter(Base):
     attempts: Mapped[int] = mapped_column(Integer, nullable=False)
     payload: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, default=dict)
     created_at: Mapped[datetime] = _now()
+
+
+class ReconcileRun(Base):
+    __tablename__ = "reconcile_runs"
+    __table_args__ = (Index("ix_reconcile_runs_started", "started_at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str | None] = mapped_column(String(64))  # None: every tenant
+    started_at: Mapped[datetime] = _now()
+    duration_s: Mapped[float] = mapped_column(Float, nullable=False)
+    repair: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    report: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)

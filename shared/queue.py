@@ -26,6 +26,7 @@ PROCESS_JOB_TASK = "concord.ingest.process_job"
 ACCEPT_EVENT_TASK = "concord.ingest.accept_upload_event"
 RELAY_TASK = "concord.relay.drain_outbox"
 SWEEP_TASK = "concord.maintenance.sweep_expired_jobs"
+RECONCILE_TASK = "concord.maintenance.reconcile"
 
 
 @lru_cache

@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     task_time_limit_s: int = 280
     broker_visibility_timeout_s: int = 3600
 
+    # Periodic reconcile-and-repair of every tenant by beat (0 disables it)
+    reconcile_interval_seconds: float = 600.0
+
     # Outbox relay
     relay_interval_seconds: float = 2.0
     relay_batch_size: int = 500

@@ -29,6 +29,8 @@ TEST_ENV = {
     "CONCORD_TASK_TIME_LIMIT_S": "18",
     "CONCORD_SWEEP_INTERVAL_SECONDS": "3",
     "CONCORD_RELAY_INTERVAL_SECONDS": "1",
+    # Tests inject drift on purpose; a periodic repair must not race them.
+    "CONCORD_RECONCILE_INTERVAL_SECONDS": "0",
     "CONCORD_MAX_UPLOAD_BYTES": str(256 * 1024),
 }
 os.environ.update(TEST_ENV)

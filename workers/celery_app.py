@@ -15,6 +15,7 @@ from celery.signals import worker_process_init
 from shared.queue import (
     INGEST_QUEUE,
     MAINTENANCE_QUEUE,
+    RECONCILE_TASK,
     RELAY_QUEUE,
     RELAY_TASK,
     SWEEP_TASK,
@@ -43,6 +44,14 @@ def create_celery_app() -> Celery:
                 "task": SWEEP_TASK,
                 "schedule": settings.sweep_interval_seconds,
                 "options": {"queue": MAINTENANCE_QUEUE, "expires": settings.sweep_interval_seconds},
+            },
+            "reconcile": {
+                "task": RECONCILE_TASK,
+                "schedule": settings.reconcile_interval_seconds or 10**9,
+                "options": {
+                    "queue": MAINTENANCE_QUEUE,
+                    "expires": settings.reconcile_interval_seconds or None,
+                },
             },
             "drain-outbox": {
                 "task": RELAY_TASK,

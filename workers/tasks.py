@@ -17,10 +17,12 @@ from shared.queue import (
     INGEST_QUEUE,
     MAINTENANCE_QUEUE,
     PROCESS_JOB_TASK,
+    RECONCILE_TASK,
     RELAY_QUEUE,
     RELAY_TASK,
     SWEEP_TASK,
 )
+from shared.reconcile.service import reconcile
 from shared.settings import get_settings
 from workers.base import concord_task, is_retriable, retry_delay
 
@@ -66,6 +68,12 @@ def accept_upload_event(self: Task, event: dict[str, Any]) -> dict[str, Any]:
 def drain_outbox(self: Task) -> dict[str, Any]:
     report = relay.drain()
     return vars(report)
+
+
+@concord_task(RECONCILE_TASK, MAINTENANCE_QUEUE, max_retries=0)
+def reconcile_all(self: Task) -> dict[str, Any]:
+    """Periodic: compare every tenant and queue repairs (the relay applies them)."""
+    return reconcile(repair=True).as_dict()
 
 
 @concord_task(SWEEP_TASK, MAINTENANCE_QUEUE, max_retries=0)

@@ -21,6 +21,7 @@ from elasticsearch import ConnectionTimeout as EsConnectionTimeout
 from shared.db import unit_of_work
 from shared.ingest import repository as repo
 from shared.models import Chunk, Document, EsOutbox, OutboxOp
+from shared.reconcile.buckets import bucket_of, hash_num
 from shared.search.filters import typed_metadata
 from shared.settings import Settings, get_settings
 from shared.stores.elastic import get_es
@@ -64,6 +65,8 @@ def es_document(chunk: Chunk, doc: Document) -> dict[str, Any]:
         "text": chunk.text,
         "metadata": metadata,
         **typed_metadata(metadata),
+        "bucket": bucket_of(chunk.id),
+        "hash_num": hash_num(chunk.text_hash),
     }
 
 
@@ -96,7 +99,7 @@ def _relay_batch(settings: Settings, es: Elasticsearch) -> RelayReport:
             if row.chunk_id not in newest or _order(row) > _order(newest[row.chunk_id]):
                 newest[row.chunk_id] = row
         chunks = repo.chunks_by_ids(
-            session, [r.chunk_id for r in newest.values() if r.op == OutboxOp.INDEX]
+            session, [r.chunk_id for r in newest.values() if r.op in WRITES]
         )
         docs = repo.documents_by_ids(session, [c.document_id for c in chunks.values()])
         actions, sent_rows = _actions(list(newest.values()), chunks, docs)
@@ -136,9 +139,20 @@ def _relay_batch(settings: Settings, es: Elasticsearch) -> RelayReport:
             result = next(iter(item.values()))
             status = int(result.get("status", 500))
             ids = riders[row.chunk_id]
-            if status < 300 or (status == 404 and row.op == OutboxOp.DELETE):
+            if status < 300 or (status == 404 and row.op in DELETES):
                 report.applied += 1
                 done += ids
+            elif status == 409 and row.op == OutboxOp.REPAIR and not _exists(es, row.chunk_id):
+                # A tombstone newer than Postgres' version (an out-of-band delete) blocks the
+                # repair until Elasticsearch forgets it (index.gc_deletes): try again later.
+                report.retried += 1
+                repo.postpone_outbox(
+                    session,
+                    ids,
+                    backoff_seconds(row.attempts + 1, cap=30.0),
+                    "blocked by a newer Elasticsearch tombstone",
+                    count_attempt=False,
+                )
             elif status == 409:
                 report.already_current += 1
                 done += ids
@@ -178,7 +192,17 @@ def _relay_batch(settings: Settings, es: Elasticsearch) -> RelayReport:
 
 def _order(row: EsOutbox) -> tuple[int, int, int]:
     # At equal versions a delete outranks an index (a tombstone ends the version).
-    return (row.version, 1 if row.op == OutboxOp.DELETE else 0, row.id)
+    return (row.version, 1 if row.op in DELETES else 0, row.id)
+
+
+WRITES = (OutboxOp.INDEX, OutboxOp.REPAIR)
+DELETES = (OutboxOp.DELETE, OutboxOp.PURGE)
+
+
+def _version_type(op: str) -> str:
+    # Repairs come from reconciliation, which reads Postgres, the source of truth: they may
+    # overwrite a document at an equal version (a corrupted copy), never regress a newer one.
+    return "external_gte" if op in (OutboxOp.REPAIR, OutboxOp.PURGE) else "external"
 
 
 def _actions(
@@ -188,26 +212,36 @@ def _actions(
     sent: list[EsOutbox] = []
     for row in rows:
         chunk = chunks.get(row.chunk_id)
-        if row.op == OutboxOp.INDEX and chunk is not None:
+        if row.op in WRITES and chunk is not None:
             # Always send the chunk as it is now; its version guards against regressions.
             actions.append(
-                {"index": {"_id": chunk.id, "version": chunk.version, "version_type": "external"}}
+                {
+                    "index": {
+                        "_id": chunk.id,
+                        "version": chunk.version,
+                        "version_type": _version_type(row.op),
+                    }
+                }
             )
             actions.append(es_document(chunk, docs[chunk.document_id]))
             sent.append(row)
-        elif row.op == OutboxOp.DELETE:
+        elif row.op in DELETES:
             actions.append(
                 {
                     "delete": {
                         "_id": row.chunk_id,
                         "version": row.version,
-                        "version_type": "external",
+                        "version_type": _version_type(row.op),
                     }
                 }
             )
             sent.append(row)
-        # An index row whose chunk is gone was superseded by a delete row of its own.
+        # A write row whose chunk is gone was superseded by a delete row of its own.
     return actions, sent
+
+
+def _exists(es: Elasticsearch, chunk_id: str) -> bool:
+    return bool(es.exists(index=get_settings().es_chunks_alias(), id=chunk_id))
 
 
 def _reason(result: dict[str, Any]) -> str:

@@ -22,8 +22,10 @@ from shared.models import (
     IngestJob,
     JobState,
     OutboxOp,
+    ReconcileRun,
     Tenant,
 )
+from shared.reconcile.buckets import bucket_of
 
 
 def lock_key(session: Session, key: str) -> None:
@@ -183,6 +185,7 @@ def upsert_chunks(
                 "char_end": r.char_end,
                 "section": r.section,
                 "token_count": r.token_count,
+                "bucket": bucket_of(r.id),
                 "embedding": r.embedding,
                 "metadata": metadata,
             }
@@ -382,3 +385,7 @@ def claim_queued_jobs(session: Session, limit: int, exclude: uuid.UUID) -> Seque
 
 def job_state(session: Session, job_id: uuid.UUID) -> str | None:
     return session.scalar(select(IngestJob.state).where(IngestJob.id == job_id))
+
+
+def last_reconcile(session: Session) -> ReconcileRun | None:
+    return session.scalar(select(ReconcileRun).order_by(ReconcileRun.id.desc()).limit(1))

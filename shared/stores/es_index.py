@@ -51,6 +51,8 @@ def index_body(settings: Settings) -> dict[str, Any]:
                 "text": text,
                 "metadata": {"type": "flattened"},
                 "metadata_num": {"type": "object", "dynamic": True},
+                "bucket": {"type": "integer"},
+                "hash_num": {"type": "long"},
                 "metadata_date": {"type": "object", "dynamic": True},
             },
         },
@@ -68,6 +70,14 @@ def ensure_index(settings: Settings, es: Elasticsearch | None = None) -> str:
     index = concrete_index_name(settings)
     if not es.indices.exists(index=index):
         es.indices.create(index=index, **index_body(settings))
+    else:
+        # Fields added within a schema version are additive: put them on the live index.
+        mappings = index_body(settings)["mappings"]
+        es.indices.put_mapping(
+            index=index,
+            properties=mappings["properties"],
+            dynamic_templates=mappings["dynamic_templates"],
+        )
     try:
         current = set(es.indices.get_alias(name=alias).keys())
     except NotFoundError:

@@ -1,0 +1,164 @@
+"""Operator commands: reconcile, jobs, dead letters, stats."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+dlq_app = typer.Typer(help="List, show, replay or discard dead letters.", no_args_is_help=True)
+
+
+def reconcile(
+    tenant: str | None = typer.Option(None, help="One tenant (default: every tenant)."),
+    dry_run: bool = typer.Option(
+        True, "--dry-run/--repair", help="Only report (default), or repair and verify."
+    ),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Compare Postgres and Elasticsearch; exit 1 while drift remains."""
+    from shared.reconcile.service import reconcile as run
+    from shared.reconcile.service import reconcile_and_verify
+
+    if dry_run:
+        report = run(tenant, repair=False)
+        body: dict[str, Any] = {"mode": "dry-run", **report.as_dict()}
+        remaining = report.total()
+    else:
+        found, after = reconcile_and_verify(tenant)
+        body = {"mode": "repair", **found.as_dict(), "after_repair": after.as_dict()}
+        remaining = after.total()
+    if as_json:
+        typer.echo(json.dumps(body, indent=2))
+    else:
+        _print_report(body)
+    if remaining:
+        raise typer.Exit(1)
+
+
+def _print_report(body: dict[str, Any]) -> None:
+    table = Table("class", "count", "sample ids")
+    for name, count in body["counts"].items():
+        table.add_row(name, str(count), ", ".join(body["samples"][name][:3]))
+    console.print(table)
+    console.print(
+        f"{body['tenants']} tenant(s), {body['buckets_differing']} of "
+        f"{body['buckets_scanned']} buckets differed, {body['ids_read']} chunk ids read, "
+        f"{body['duration_s']}s"
+    )
+    if "after_repair" in body:
+        after = body["after_repair"]
+        console.print(
+            f"queued {body['repairs_queued']} repairs; drift after repair: {after['total_drift']}"
+        )
+
+
+def jobs(
+    state: str | None = typer.Option(None, help="queued, running, indexed, failed, dead_lettered"),
+    stuck: bool = typer.Option(False, help="Only queued or running jobs whose lease expired."),
+    tenant: str | None = typer.Option(None),
+    limit: int = typer.Option(50),
+) -> None:
+    """Inspect ingest jobs."""
+    from shared.admin import list_jobs
+    from shared.db import unit_of_work
+
+    with unit_of_work() as uow:
+        rows = list_jobs(uow.session, state=state, stuck=stuck, tenant_id=tenant, limit=limit)
+    table = Table("job", "tenant", "document", "v", "state", "attempts", "error", "created")
+    for job in rows:
+        table.add_row(
+            str(job.id),
+            job.tenant_id,
+            str(job.document_id)[:8],
+            str(job.version),
+            job.state,
+            str(job.attempts),
+            (job.error_message or "")[:60],
+            job.created_at.isoformat(timespec="seconds"),
+        )
+    console.print(table)
+
+
+@dlq_app.command("list")
+def dlq_list(tenant: str | None = typer.Option(None), limit: int = typer.Option(50)) -> None:
+    from shared.admin import list_dead_letters
+    from shared.db import unit_of_work
+
+    with unit_of_work() as uow:
+        rows = list_dead_letters(uow.session, tenant_id=tenant, limit=limit)
+    table = Table("id", "tenant", "source", "ref", "stage", "error", "attempts")
+    for d in rows:
+        table.add_row(
+            str(d.id),
+            d.tenant_id,
+            d.source,
+            d.ref[:40],
+            d.stage,
+            f"{d.error_class}: {d.message[:60]}",
+            str(d.attempts),
+        )
+    console.print(table)
+
+
+@dlq_app.command("show")
+def dlq_show(letter_id: int) -> None:
+    from shared.admin import get_dead_letter
+    from shared.db import unit_of_work
+
+    with unit_of_work() as uow:
+        d = get_dead_letter(uow.session, letter_id)
+        typer.echo(
+            json.dumps(
+                {
+                    "id": d.id,
+                    "tenant_id": d.tenant_id,
+                    "source": d.source,
+                    "ref": d.ref,
+                    "stage": d.stage,
+                    "error_class": d.error_class,
+                    "message": d.message,
+                    "attempts": d.attempts,
+                    "payload": d.payload,
+                    "created_at": d.created_at.isoformat(),
+                },
+                indent=2,
+            )
+        )
+
+
+@dlq_app.command("replay")
+def dlq_replay(letter_id: int) -> None:
+    """Re-run the dead-lettered job (or re-queue the Elasticsearch write) after a fix."""
+    from shared.admin import replay_dead_letter
+    from shared.db import unit_of_work
+
+    with unit_of_work() as uow:
+        what = replay_dead_letter(uow, letter_id)
+    console.print(f"replayed dead letter {letter_id}: {what}")
+
+
+@dlq_app.command("discard")
+def dlq_discard(letter_id: int) -> None:
+    from shared.admin import discard_dead_letter
+    from shared.db import unit_of_work
+
+    with unit_of_work() as uow:
+        discard_dead_letter(uow.session, letter_id)
+    console.print(f"discarded dead letter {letter_id}")
+
+
+def stats(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Documents, versions, chunks per store, outbox backlog, dead letters, last reconcile."""
+    from shared.admin import system_stats
+
+    body = system_stats()
+    if as_json:
+        typer.echo(json.dumps(body, indent=2, default=str))
+        return
+    for key, value in body.items():
+        console.print(f"{key:<22} {value}")

@@ -1,0 +1,140 @@
+"""Operator actions behind the admin CLI (and, later, the admin API): jobs, dead letters,
+stats. Functions take a session or unit of work and never commit."""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from elasticsearch import ApiError, TransportError
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from shared.db import UnitOfWork, unit_of_work
+from shared.errors import BadRequest, NotFound
+from shared.ingest import repository as ingest_repo
+from shared.models import (
+    Chunk,
+    DeadLetter,
+    Document,
+    DocumentVersion,
+    IngestJob,
+    JobState,
+    OutboxOp,
+)
+from shared.queue import publish_ingest_job, publish_relay
+from shared.settings import get_settings
+from shared.stores.elastic import get_es
+
+
+def list_jobs(
+    session: Session, *, state: str | None, stuck: bool, tenant_id: str | None, limit: int
+) -> Sequence[IngestJob]:
+    query = select(IngestJob).order_by(IngestJob.created_at.desc()).limit(limit)
+    if state:
+        if state not in {s.value for s in JobState}:
+            raise BadRequest(f"unknown state {state!r}")
+        query = query.where(IngestJob.state == state)
+    if stuck:
+        query = query.where(
+            IngestJob.state.in_([JobState.QUEUED, JobState.RUNNING]),
+            IngestJob.lease_expires_at < func.now(),
+        )
+    if tenant_id:
+        query = query.where(IngestJob.tenant_id == tenant_id)
+    return session.scalars(query).all()
+
+
+def list_dead_letters(
+    session: Session, *, tenant_id: str | None, limit: int
+) -> Sequence[DeadLetter]:
+    query = select(DeadLetter).order_by(DeadLetter.id.desc()).limit(limit)
+    if tenant_id:
+        query = query.where(DeadLetter.tenant_id == tenant_id)
+    return session.scalars(query).all()
+
+
+def get_dead_letter(session: Session, letter_id: int) -> DeadLetter:
+    letter = session.get(DeadLetter, letter_id)
+    if letter is None:
+        raise NotFound(f"dead letter {letter_id} not found")
+    return letter
+
+
+def replay_dead_letter(uow: UnitOfWork, letter_id: int) -> str:
+    """Give the work another full set of attempts, then remove the letter."""
+    session = uow.session
+    letter = get_dead_letter(session, letter_id)
+    if letter.source == "job":
+        job = session.get(IngestJob, uuid.UUID(letter.ref))
+        if job is None:
+            raise NotFound(f"job {letter.ref} no longer exists")
+        job.state = JobState.QUEUED
+        job.attempts = 0
+        job.error_stage = job.error_class = job.error_message = None
+        job.finished_at = None
+        ingest_repo.extend_lease(job, ingest_repo.now(session), get_settings().job_lease_seconds)
+        uow.after_commit(functools.partial(publish_ingest_job, job.id))
+        what = f"job {job.id} queued again"
+    elif letter.source == "outbox":
+        payload = letter.payload
+        op = OutboxOp.DELETE if payload.get("op") in ("delete", "purge") else OutboxOp.INDEX
+        ingest_repo.add_outbox(
+            session,
+            tenant_id=letter.tenant_id,
+            document_id=uuid.UUID(payload["document_id"]),
+            op=op,
+            version=int(payload["version"]),
+            chunk_ids=[letter.ref],
+        )
+        uow.after_commit(publish_relay)
+        what = f"Elasticsearch {op} of {letter.ref} queued again"
+    else:
+        raise BadRequest(
+            f"a {letter.source} dead letter cannot be replayed; the producer must "
+            "publish a corrected event"
+        )
+    session.delete(letter)
+    return what
+
+
+def discard_dead_letter(session: Session, letter_id: int) -> None:
+    get_dead_letter(session, letter_id)
+    session.execute(delete(DeadLetter).where(DeadLetter.id == letter_id))
+
+
+def system_stats() -> dict[str, Any]:
+    settings = get_settings()
+    with unit_of_work() as uow:
+        s = uow.session
+        body: dict[str, Any] = {
+            "documents": s.scalar(
+                select(func.count()).select_from(Document).where(Document.deleted.is_(False))
+            ),
+            "deleted_documents": s.scalar(
+                select(func.count()).select_from(Document).where(Document.deleted.is_(True))
+            ),
+            "document_versions": s.scalar(select(func.count()).select_from(DocumentVersion)),
+            "chunks_postgres": s.scalar(select(func.count()).select_from(Chunk)),
+            "outbox_backlog": ingest_repo.outbox_backlog(s),
+            "dead_letters": ingest_repo.dead_letter_count(s),
+            "jobs": ingest_repo.job_state_counts(s),
+        }
+        last = ingest_repo.last_reconcile(s)
+        body["last_reconcile"] = (
+            None
+            if last is None
+            else {
+                "at": last.started_at.isoformat(),
+                "repair": last.repair,
+                "duration_s": round(last.duration_s, 3),
+                "total_drift": last.report.get("total_drift"),
+            }
+        )
+    try:
+        body["chunks_elasticsearch"] = get_es().count(index=settings.es_chunks_alias())["count"]
+    except (ApiError, TransportError) as e:  # stats must answer when ES is down
+        body["chunks_elasticsearch"] = f"unavailable ({type(e).__name__})"
+    return body

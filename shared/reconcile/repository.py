@@ -1,0 +1,89 @@
+"""The Postgres side of reconciliation (all of its SQL)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from sqlalchemy import ColumnElement, func, literal_column, select
+from sqlalchemy.orm import Session
+
+from shared.models import Chunk, Document
+from shared.reconcile.buckets import SQL_HASH_NUM
+
+_HASH_NUM: ColumnElement[int] = literal_column(SQL_HASH_NUM.format(column="chunks.text_hash"))
+
+
+def pg_tenants(session: Session) -> set[str]:
+    return set(session.scalars(select(Chunk.tenant_id).distinct()))
+
+
+def bucket_stats(session: Session, tenant_id: str) -> dict[int, tuple[int, int, int]]:
+    """bucket -> (chunks, sum of versions, sum of content-hash numbers). Chunks in Postgres
+    are always live: superseded and tombstoned ones are deleted in the writing transaction."""
+    rows = session.execute(
+        select(Chunk.bucket, func.count(), func.sum(Chunk.version), func.sum(_HASH_NUM))
+        .where(Chunk.tenant_id == tenant_id)
+        .group_by(Chunk.bucket)
+    )
+    return {int(b): (int(n), int(v), int(h)) for b, n, v, h in rows}
+
+
+def chunks_in_buckets(
+    session: Session, tenant_id: str, buckets: Sequence[int]
+) -> dict[str, tuple[int, str]]:
+    if not buckets:
+        return {}
+    rows = session.execute(
+        select(Chunk.id, Chunk.version, Chunk.text_hash).where(
+            Chunk.tenant_id == tenant_id, Chunk.bucket.in_(list(buckets))
+        )
+    )
+    return {cid: (version, text_hash) for cid, version, text_hash in rows}
+
+
+def chunks_by_ids(
+    session: Session, tenant_id: str, ids: Sequence[str]
+) -> dict[str, tuple[int, str]]:
+    if not ids:
+        return {}
+    rows = session.execute(
+        select(Chunk.id, Chunk.version, Chunk.text_hash).where(
+            Chunk.tenant_id == tenant_id, Chunk.id.in_(list(ids))
+        )
+    )
+    return {cid: (version, text_hash) for cid, version, text_hash in rows}
+
+
+def chunk_tenants(session: Session, ids: Sequence[str]) -> dict[str, str]:
+    if not ids:
+        return {}
+    return dict(
+        session.execute(select(Chunk.id, Chunk.tenant_id).where(Chunk.id.in_(list(ids))))
+        .tuples()
+        .all()
+    )
+
+
+def document_id_of(chunk_id: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(chunk_id.split(":", 1)[0])
+    except ValueError:
+        return uuid.UUID(int=0)
+
+
+def document_versions_for_chunks(
+    session: Session, ids: Sequence[str]
+) -> dict[str, tuple[uuid.UUID, int]]:
+    """chunk id -> (document id, the document's current version), for documents we know."""
+    doc_ids = {document_id_of(cid) for cid in ids}
+    versions = dict(
+        session.execute(select(Document.id, Document.version).where(Document.id.in_(doc_ids)))
+        .tuples()
+        .all()
+    )
+    return {
+        cid: (document_id_of(cid), versions[document_id_of(cid)])
+        for cid in ids
+        if document_id_of(cid) in versions
+    }

@@ -1,0 +1,187 @@
+"""Issue 5: reconciliation finds each class of drift exactly, repairs it, and a second run
+finds nothing; dead letters can be replayed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+
+from fastapi.testclient import TestClient
+from sqlalchemy import delete, select, update
+
+from shared.db import unit_of_work
+from shared.ingest import pipeline, sweep
+from shared.models import DeadLetter, EsOutbox, IngestJob
+from shared.reconcile.buckets import bucket_of
+from shared.reconcile.service import reconcile, reconcile_and_verify
+from shared.settings import get_settings
+from shared.stores.elastic import get_es
+from tests.helpers import es_chunks, pg_chunks, upload_text, wait_converged, wait_job
+
+
+def drop_outbox(document_id: str) -> None:
+    """As if the relay had lost these writes."""
+    with unit_of_work() as uow:
+        uow.session.execute(delete(EsOutbox).where(EsOutbox.document_id == uuid.UUID(document_id)))
+
+
+def test_each_class_of_drift_is_found_exactly_and_repaired(
+    client: TestClient, auth, tenant, worker
+):
+    docs = [
+        upload_text(client, auth, f"doc-{i}", f"Note {i} about lighthouses and tides.")
+        for i in range(5)
+    ]
+    for d in docs:
+        wait_job(client, auth, d["job_id"])
+    chunks = wait_converged(tenant)
+    assert reconcile(tenant).total() == 0
+    es, alias = get_es(), get_settings().es_chunks_alias()
+    chunk_of = {d["document_id"]: f"{d['document_id']}:0" for d in docs}
+    assert set(chunk_of.values()) == set(chunks)
+
+    # missing: the copy of doc 0 vanished from Elasticsearch (as if a shard lost it; a delete
+    # at its own version leaves no newer tombstone behind).
+    es.delete(
+        index=alias,
+        id=chunk_of[docs[0]["document_id"]],
+        version=1,
+        version_type="external_gte",
+        refresh=True,
+    )
+    # orphaned: a copy of a chunk Postgres never had.
+    ghost = f"{uuid.uuid4()}:0"
+    es.index(
+        index=alias,
+        id=ghost,
+        refresh=True,
+        document={
+            "chunk_id": ghost,
+            "tenant_id": tenant,
+            "document_id": ghost[:36],
+            "external_id": "g",
+            "version": 1,
+            "ordinal": 0,
+            "text_hash": "0" * 64,
+            "title": "",
+            "section": "",
+            "text": "ghost",
+            "metadata": {},
+            "bucket": bucket_of(ghost),
+            "hash_num": 0,
+        },
+    )
+    # wrong tenant: doc 2's copy claims another tenant (same version).
+    copy = es.get(index=alias, id=chunk_of[docs[2]["document_id"]])
+    es.index(
+        index=alias,
+        id=copy["_id"],
+        version=copy["_version"],
+        version_type="external_gte",
+        document={**copy["_source"], "tenant_id": "someone-else"},
+        refresh=True,
+    )
+    # stale and tombstoned: doc 1 updated and doc 3 deleted, but their writes never reached ES.
+    os.killpg(worker.proc.pid, signal.SIGSTOP)
+    try:
+        v2 = upload_text(client, auth, "doc-1", "Note 1, revised: lighthouses are automated.")
+        pipeline.process_job(uuid.UUID(v2["job_id"]))
+        drop_outbox(v2["document_id"])
+        assert (
+            client.delete(f"/v1/documents/{docs[3]['document_id']}", headers=auth).status_code
+            == 200
+        )
+        drop_outbox(docs[3]["document_id"])
+    finally:
+        os.killpg(worker.proc.pid, signal.SIGCONT)
+
+    found = reconcile(tenant)
+    counts = found.as_dict()["counts"]
+    assert counts == {"missing": 1, "stale": 1, "orphaned": 2, "wrong_tenant": 1}
+    assert found.drift["missing"] == {chunk_of[docs[0]["document_id"]]}
+    assert found.drift["stale"] == {chunk_of[docs[1]["document_id"]]}
+    assert found.drift["orphaned"] == {ghost, chunk_of[docs[3]["document_id"]]}
+    assert found.drift["wrong_tenant"] == {chunk_of[docs[2]["document_id"]]}
+    assert found.buckets_differing <= 5 and found.ids_read <= 10  # only the drifted buckets
+
+    repaired, after = reconcile_and_verify(tenant)
+    assert repaired.repairs_queued == 5
+    assert after.total() == 0
+    assert es_chunks(tenant) == pg_chunks(tenant)
+    assert reconcile(tenant).total() == 0
+    assert (
+        es.search(index=alias, query={"term": {"tenant_id": "someone-else"}})["hits"]["total"][
+            "value"
+        ]
+        == 0
+    )
+
+
+def test_reconcile_cli_reports_and_exits_nonzero_while_drift_remains(client, auth, tenant, worker):
+    up = upload_text(client, auth, "cli.txt", "Reconcile me from the command line.")
+    wait_job(client, auth, up["job_id"])
+    [chunk] = wait_converged(tenant)
+    get_es().delete(
+        index=get_settings().es_chunks_alias(),
+        id=chunk,
+        version=1,
+        version_type="external_gte",
+        refresh=True,
+    )
+
+    def concord(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "services.cli.main", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    dry = concord("reconcile", "--tenant", tenant, "--json")
+    assert dry.returncode == 1, dry.stderr
+    assert json.loads(dry.stdout)["counts"]["missing"] == 1
+    fixed = concord("reconcile", "--tenant", tenant, "--repair", "--json")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert json.loads(fixed.stdout)["after_repair"]["total_drift"] == 0
+    stats = concord("stats", "--json")
+    assert stats.returncode == 0 and json.loads(stats.stdout)["last_reconcile"]["total_drift"] == 0
+
+
+def test_dlq_replay_reruns_a_dead_lettered_job(client, auth, tenant, worker):
+    os.killpg(worker.proc.pid, signal.SIGSTOP)
+    try:
+        up = upload_text(client, auth, "phoenix.txt", "The phoenix rises again from ashes.")
+        with unit_of_work() as uow:  # its workers kept dying: attempts used up
+            uow.session.execute(
+                update(IngestJob)
+                .where(IngestJob.id == uuid.UUID(up["job_id"]))
+                .values(
+                    state="running",
+                    attempts=get_settings().job_max_attempts,
+                    lease_expires_at=IngestJob.created_at,
+                )
+            )
+        sweep.sweep_expired_jobs()
+    finally:
+        os.killpg(worker.proc.pid, signal.SIGCONT)
+    assert wait_job(client, auth, up["job_id"], state="dead_lettered")
+    with unit_of_work() as uow:
+        letter_id = uow.session.scalar(select(DeadLetter.id).where(DeadLetter.ref == up["job_id"]))
+    result = subprocess.run(
+        [sys.executable, "-m", "services.cli.main", "dlq", "replay", str(letter_id)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    job = wait_job(client, auth, up["job_id"])
+    assert job["attempts"] == 1
+    wait_converged(tenant)
+    with unit_of_work() as uow:
+        assert uow.session.get(DeadLetter, letter_id) is None
