@@ -41,6 +41,7 @@ from shared.ingest import repository as repo  # noqa: E402
 from shared.ingest.embedding import get_embedder  # noqa: E402
 from shared.ingest.pipeline import text_hash  # noqa: E402
 from shared.models import Chunk, Document, DocumentVersion  # noqa: E402
+from shared.reconcile.buckets import bucket_of, hash_num  # noqa: E402
 from shared.settings import get_settings  # noqa: E402
 from shared.stores.elastic import get_es  # noqa: E402
 
@@ -153,6 +154,7 @@ def populate(tenant: str, size: int, texts: list[str], vectors: np.ndarray) -> N
                         "char_end": len(text),
                         "section": "",
                         "token_count": tokens,
+                        "bucket": bucket_of(cid),
                         "metadata": {"bucket": n % 10},
                         "embedding": vector.tolist(),
                     }
@@ -177,6 +179,8 @@ def populate(tenant: str, size: int, texts: list[str], vectors: np.ndarray) -> N
                             "metadata": {"bucket": n % 10},
                             "metadata_num": {"bucket": n % 10},
                             "metadata_date": {},
+                            "bucket": bucket_of(cid),
+                            "hash_num": hash_num(text_hash(text)),
                         },
                     }
                 )
