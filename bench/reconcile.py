@@ -57,7 +57,7 @@ def main() -> None:
             drop_tenant(tenant)
         texts = base_passages(args.dataset, 1000)
         populate(tenant, args.size, texts, get_embedder().embed_passages(texts))
-    first, after = reconcile_and_verify(tenant)  # start from agreement
+    _, after = reconcile_and_verify(tenant)  # start from agreement
     assert after.total() == 0, after.as_dict()
 
     es, alias = get_es(), get_settings().es_chunks_alias()
