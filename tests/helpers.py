@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -139,3 +143,34 @@ def long_text(topic: str, sentences: int = 60) -> str:
         f"Paragraph {i} of the {topic} report explains detail number {i} at some length."
         for i in range(sentences)
     )
+
+
+@contextmanager
+def paused(worker: Any) -> Iterator[None]:
+    """SIGSTOP the worker (all its processes) so the test decides what runs, and in what order."""
+    os.killpg(worker.proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(worker.proc.pid, signal.SIGCONT)
+
+
+def exhaust_attempts(job_id: str, last_error: str | None = None) -> None:
+    """As if every allowed worker had died holding the job's lease."""
+    import uuid
+
+    from sqlalchemy import update
+
+    from shared.models import IngestJob
+
+    values: dict[str, Any] = {
+        "state": "running",
+        "attempts": get_settings().job_max_attempts,
+        "lease_expires_at": IngestJob.created_at,
+    }
+    if last_error:
+        values["error_message"] = last_error
+    with unit_of_work() as uow:
+        uow.session.execute(
+            update(IngestJob).where(IngestJob.id == uuid.UUID(job_id)).values(**values)
+        )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 import uuid
@@ -10,21 +9,23 @@ from typing import Any
 
 from elasticsearch import ApiError
 from fastapi.testclient import TestClient
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from shared.db import unit_of_work
 from shared.ingest import pipeline, relay, sweep
 from shared.ingest.repository import live_job_states
 from shared.ingest.upload_event import build_upload_event
-from shared.models import Chunk, DeadLetter, IngestJob
+from shared.models import Chunk, DeadLetter
 from shared.queue import publish_ingest_job, publish_upload_event
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
 from tests.conftest import wait_for
 from tests.helpers import (
     es_chunks,
+    exhaust_attempts,
     job_state,
     long_text,
+    paused,
     pg_chunks,
     search,
     upload_text,
@@ -157,8 +158,7 @@ def test_out_of_order_and_duplicate_deliveries_end_as_one_delivery(
     client.delete(f"/v1/documents/{control['document_id']}", headers=auth)
     wait_converged(tenant)
 
-    os.killpg(worker.proc.pid, signal.SIGSTOP)  # deliveries below happen in our order
-    try:
+    with paused(worker):  # deliveries below happen in our order
         v1 = upload_text(client, auth, "beacon.txt", long_text("lighthouse", 30) + " v1")
         v2 = upload_text(client, auth, "beacon.txt", long_text("lighthouse", 30) + " v2")
         # v2 first; v1 runs after it (in v2's batch, or on its own delivery).
@@ -166,8 +166,6 @@ def test_out_of_order_and_duplicate_deliveries_end_as_one_delivery(
         pipeline.process_job(uuid.UUID(v1["job_id"]))
         duplicate = pipeline.process_job(uuid.UUID(v2["job_id"]))
         relay.drain()
-    finally:
-        os.killpg(worker.proc.pid, signal.SIGCONT)
     assert late.state == "indexed"
     assert job_state(v1["job_id"])[:2] == ("indexed", {"superseded_by": 2})
     assert duplicate.detail == {"duplicate_delivery": True}
@@ -270,23 +268,10 @@ def test_unparseable_files_fail_with_a_reason_and_others_proceed(
 def test_exhausted_attempts_are_dead_lettered_with_the_reason(
     client: TestClient, auth, tenant, worker
 ):
-    os.killpg(worker.proc.pid, signal.SIGSTOP)
-    try:
+    with paused(worker):
         up = upload_text(client, auth, "doomed.txt", "This job keeps losing its worker.")
-        with unit_of_work() as uow:  # as if five workers had died holding its lease
-            uow.session.execute(
-                update(IngestJob)
-                .where(IngestJob.id == uuid.UUID(up["job_id"]))
-                .values(
-                    state="running",
-                    attempts=get_settings().job_max_attempts,
-                    lease_expires_at=IngestJob.created_at,
-                    error_message="WorkerLostError: SIGKILL",
-                )
-            )
+        exhaust_attempts(up["job_id"], last_error="WorkerLostError: SIGKILL")
         report = sweep.sweep_expired_jobs()
-    finally:
-        os.killpg(worker.proc.pid, signal.SIGCONT)
     assert up["job_id"] in report.dead_lettered
     body = client.get(f"/v1/jobs/{up['job_id']}", headers=auth).json()
     assert body["state"] == "dead_lettered"

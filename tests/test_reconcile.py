@@ -4,23 +4,29 @@ finds nothing; dead letters can be replayed."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import uuid
 
 from fastapi.testclient import TestClient
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, select
 
 from shared.db import unit_of_work
 from shared.ingest import pipeline, sweep
-from shared.models import DeadLetter, EsOutbox, IngestJob
+from shared.models import DeadLetter, EsOutbox
 from shared.reconcile.buckets import bucket_of
 from shared.reconcile.service import reconcile, reconcile_and_verify
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
-from tests.helpers import es_chunks, pg_chunks, upload_text, wait_converged, wait_job
+from tests.helpers import (
+    es_chunks,
+    exhaust_attempts,
+    paused,
+    pg_chunks,
+    upload_text,
+    wait_converged,
+    wait_job,
+)
 
 
 def drop_outbox(document_id: str) -> None:
@@ -86,8 +92,7 @@ def test_each_class_of_drift_is_found_exactly_and_repaired(
         refresh=True,
     )
     # stale and tombstoned: doc 1 updated and doc 3 deleted, but their writes never reached ES.
-    os.killpg(worker.proc.pid, signal.SIGSTOP)
-    try:
+    with paused(worker):
         v2 = upload_text(client, auth, "doc-1", "Note 1, revised: lighthouses are automated.")
         pipeline.process_job(uuid.UUID(v2["job_id"]))
         drop_outbox(v2["document_id"])
@@ -96,8 +101,6 @@ def test_each_class_of_drift_is_found_exactly_and_repaired(
             == 200
         )
         drop_outbox(docs[3]["document_id"])
-    finally:
-        os.killpg(worker.proc.pid, signal.SIGCONT)
 
     found = reconcile(tenant)
     counts = found.as_dict()["counts"]
@@ -153,22 +156,10 @@ def test_reconcile_cli_reports_and_exits_nonzero_while_drift_remains(client, aut
 
 
 def test_dlq_replay_reruns_a_dead_lettered_job(client, auth, tenant, worker):
-    os.killpg(worker.proc.pid, signal.SIGSTOP)
-    try:
+    with paused(worker):
         up = upload_text(client, auth, "phoenix.txt", "The phoenix rises again from ashes.")
-        with unit_of_work() as uow:  # its workers kept dying: attempts used up
-            uow.session.execute(
-                update(IngestJob)
-                .where(IngestJob.id == uuid.UUID(up["job_id"]))
-                .values(
-                    state="running",
-                    attempts=get_settings().job_max_attempts,
-                    lease_expires_at=IngestJob.created_at,
-                )
-            )
+        exhaust_attempts(up["job_id"])
         sweep.sweep_expired_jobs()
-    finally:
-        os.killpg(worker.proc.pid, signal.SIGCONT)
     assert wait_job(client, auth, up["job_id"], state="dead_lettered")
     with unit_of_work() as uow:
         letter_id = uow.session.scalar(select(DeadLetter.id).where(DeadLetter.ref == up["job_id"]))

@@ -58,11 +58,8 @@ def chunks_by_ids(
 def chunk_tenants(session: Session, ids: Sequence[str]) -> dict[str, str]:
     if not ids:
         return {}
-    return dict(
-        session.execute(select(Chunk.id, Chunk.tenant_id).where(Chunk.id.in_(list(ids))))
-        .tuples()
-        .all()
-    )
+    rows = session.execute(select(Chunk.id, Chunk.tenant_id).where(Chunk.id.in_(list(ids))))
+    return {cid: tenant for cid, tenant in rows}
 
 
 def document_id_of(chunk_id: str) -> uuid.UUID:
@@ -77,11 +74,8 @@ def document_versions_for_chunks(
 ) -> dict[str, tuple[uuid.UUID, int]]:
     """chunk id -> (document id, the document's current version), for documents we know."""
     doc_ids = {document_id_of(cid) for cid in ids}
-    versions = dict(
-        session.execute(select(Document.id, Document.version).where(Document.id.in_(doc_ids)))
-        .tuples()
-        .all()
-    )
+    rows = session.execute(select(Document.id, Document.version).where(Document.id.in_(doc_ids)))
+    versions = {doc_id: version for doc_id, version in rows}
     return {
         cid: (document_id_of(cid), versions[document_id_of(cid)])
         for cid in ids
