@@ -57,6 +57,27 @@ def _print_report(body: dict[str, Any]) -> None:
         )
 
 
+def reindex() -> None:
+    """Rebuild the Elasticsearch index from Postgres behind the alias and switch atomically
+    (resumes an interrupted run); then report any drift."""
+    from rich.progress import Progress
+
+    from shared.reconcile.reindex import reindex as run
+    from shared.reconcile.service import reconcile as check
+
+    with Progress(console=console) as bar:
+        task = bar.add_task("copying chunks", total=None)
+        result = run(lambda done, total: bar.update(task, completed=done, total=total))
+    console.print(
+        f"{'resumed and ' if result.resumed else ''}copied {result.copied} chunks into "
+        f"{result.new_index} in {result.seconds:.1f}s; removed {result.old_indices}"
+    )
+    drift = check(repair=False)
+    console.print(f"drift after the switch: {drift.total()}")
+    if drift.total():
+        raise typer.Exit(1)
+
+
 def jobs(
     state: str | None = typer.Option(None, help="queued, running, indexed, failed, dead_lettered"),
     stuck: bool = typer.Option(False, help="Only queued or running jobs whose lease expired."),

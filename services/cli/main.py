@@ -23,6 +23,7 @@ keys_app = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help
 app.add_typer(keys_app, name="keys")
 app.add_typer(admin.dlq_app, name="dlq")
 app.command()(admin.reconcile)
+app.command()(admin.reindex)
 app.command()(admin.jobs)
 app.command()(admin.stats)
 console = Console()

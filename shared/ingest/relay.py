@@ -110,6 +110,7 @@ def _relay_batch(settings: Settings, es: Elasticsearch) -> RelayReport:
                 if actions
                 else {"items": []}
             )
+            _dual_write(es, settings, actions)
         except (EsConnectionError, EsConnectionTimeout) as e:
             # Elasticsearch is down: not the items' fault, so no attempt is counted.
             report.unreachable = True
@@ -238,6 +239,16 @@ def _actions(
             sent.append(row)
         # A write row whose chunk is gone was superseded by a delete row of its own.
     return actions, sent
+
+
+def _dual_write(es: Elasticsearch, settings: Settings, actions: list[dict[str, Any]]) -> None:
+    """While a reindex builds a new index, every change goes there too. Item failures there
+    are not retried here: the reconcile that follows a reindex repairs them."""
+    from shared.reconcile.reindex import reindex_target
+
+    target = reindex_target(es, settings) if actions else None
+    if target is not None:
+        es.bulk(operations=actions, index=target, refresh=False)
 
 
 def _exists(es: Elasticsearch, chunk_id: str) -> bool:

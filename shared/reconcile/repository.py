@@ -81,3 +81,23 @@ def document_versions_for_chunks(
         for cid in ids
         if document_id_of(cid) in versions
     }
+
+
+def chunk_count(session: Session) -> int:
+    return session.scalar(select(func.count()).select_from(Chunk)) or 0
+
+
+def chunk_count_up_to(session: Session, last_id: str) -> int:
+    return session.scalar(select(func.count()).select_from(Chunk).where(Chunk.id <= last_id)) or 0
+
+
+def chunks_after(session: Session, last_id: str, limit: int) -> list[tuple[Chunk, Document]]:
+    """The next page of chunks in id order (keyset pagination), with their documents."""
+    rows = session.execute(
+        select(Chunk, Document)
+        .join(Document, Document.id == Chunk.document_id)
+        .where(Chunk.id > last_id)
+        .order_by(Chunk.id)
+        .limit(limit)
+    )
+    return [(chunk, doc) for chunk, doc in rows]

@@ -64,28 +64,27 @@ def concrete_index_name(settings: Settings, version: int = SCHEMA_VERSION) -> st
 
 
 def ensure_index(settings: Settings, es: Elasticsearch | None = None) -> str:
-    """Create the current concrete index and point the alias at it, if not already so."""
+    """Create the concrete index and its alias if there is none; otherwise add any new fields
+    to the index the alias points at (which may be a reindexed ``...-r<time>`` index)."""
     es = es or get_es()
     alias = settings.es_chunks_alias()
+    try:
+        current = list(es.indices.get_alias(name=alias))
+    except NotFoundError:
+        current = []
+    mappings = index_body(settings)["mappings"]
+    if current:
+        for index in current:
+            es.indices.put_mapping(
+                index=index,
+                properties=mappings["properties"],
+                dynamic_templates=mappings["dynamic_templates"],
+            )
+        return current[0]
     index = concrete_index_name(settings)
     if not es.indices.exists(index=index):
         es.indices.create(index=index, **index_body(settings))
-    else:
-        # Fields added within a schema version are additive: put them on the live index.
-        mappings = index_body(settings)["mappings"]
-        es.indices.put_mapping(
-            index=index,
-            properties=mappings["properties"],
-            dynamic_templates=mappings["dynamic_templates"],
-        )
-    try:
-        current = set(es.indices.get_alias(name=alias).keys())
-    except NotFoundError:
-        current = set()
-    if current != {index}:
-        actions: list[dict[str, Any]] = [
-            {"remove": {"index": old, "alias": alias}} for old in current
-        ]
-        actions.append({"add": {"index": index, "alias": alias, "is_write_index": True}})
-        es.indices.update_aliases(actions=actions)
+    es.indices.update_aliases(
+        actions=[{"add": {"index": index, "alias": alias, "is_write_index": True}}]
+    )
     return index
