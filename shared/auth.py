@@ -29,7 +29,9 @@ class Principal:
     scopes: frozenset[str]
 
     def require(self, scope: str) -> None:
-        if scope not in self.scopes and "admin" not in self.scopes:
+        # admin implies read and write; nothing implies admin.
+        granted = self.scopes | ({"read", "write"} if "admin" in self.scopes else set())
+        if scope not in granted:
             raise Forbidden(f"this API key lacks the {scope!r} scope")
 
 

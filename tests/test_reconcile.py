@@ -247,3 +247,21 @@ def test_an_interrupted_reindex_resumes_where_it_stopped(client, auth, tenant, w
     assert result.resumed and result.new_index == target
     assert reindex_target(get_es(), settings) is None
     assert es_chunks(tenant) == pg_chunks(tenant)
+
+
+def test_admin_endpoints_need_the_admin_scope(client, auth, tenant):
+    from shared.auth import create_key
+
+    with unit_of_work() as uow:
+        _, admin_key = create_key(uow.session, tenant, "ops", ["admin"])
+    admin = {"Authorization": f"Bearer {admin_key}"}
+    assert client.get("/v1/admin/stats", headers=auth).status_code == 403
+    assert client.get("/v1/admin/stats").status_code == 401
+    stats = client.get("/v1/admin/stats", headers=admin)
+    assert stats.status_code == 200 and "outbox_backlog" in stats.json()
+    report = client.post("/v1/admin/reconcile", headers=admin, json={"tenant": tenant})
+    assert report.status_code == 200 and report.json()["total_drift"] == 0
+    assert client.get("/v1/admin/jobs", headers=admin, params={"stuck": True}).status_code == 200
+    assert client.get("/v1/admin/dead-letters/999999", headers=admin).status_code == 404
+    # admin implies read and write on its own tenant
+    assert client.post("/v1/search", headers=admin, json={"query": "x"}).status_code == 200

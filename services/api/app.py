@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from services.api.routes import documents, jobs, search
+from services.api.routes import admin, documents, jobs, search
 from shared.errors import ConcordError
 from shared.metrics import SystemCollector
 
@@ -56,6 +56,7 @@ def create_app() -> FastAPI:
     app.include_router(documents.router)
     app.include_router(jobs.router)
     app.include_router(search.router)
+    app.include_router(admin.router)
 
     @app.exception_handler(ConcordError)
     async def _concord_error(_: Request, exc: ConcordError) -> JSONResponse:

@@ -36,6 +36,12 @@ def writer(principal: Annotated[Principal, Depends(current_principal)]) -> Princ
     return principal
 
 
+def admin(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
+    principal.require("admin")
+    return principal
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 Reader = Annotated[Principal, Depends(reader)]
 Writer = Annotated[Principal, Depends(writer)]
+Admin = Annotated[Principal, Depends(admin)]

@@ -1,0 +1,104 @@
+"""Admin-only endpoints: the operator commands of the CLI over HTTP (scope ``admin``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel
+
+from services.api.deps import Admin
+from shared import admin as ops
+from shared.db import unit_of_work
+from shared.reconcile.service import reconcile, reconcile_and_verify
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"])
+
+
+class ReconcileRequest(BaseModel):
+    tenant: str | None = None
+    repair: bool = False
+
+
+@router.post("/reconcile")
+async def reconcile_route(body: ReconcileRequest, _: Admin) -> dict[str, Any]:
+    if not body.repair:
+        report = await run_in_threadpool(reconcile, body.tenant, False)
+        return {"mode": "dry-run", **report.as_dict()}
+    found, after = await run_in_threadpool(reconcile_and_verify, body.tenant)
+    return {"mode": "repair", **found.as_dict(), "after_repair": after.as_dict()}
+
+
+@router.get("/jobs")
+def jobs_route(
+    _: Admin,
+    state: str | None = None,
+    stuck: bool = False,
+    tenant: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+) -> list[dict[str, Any]]:
+    with unit_of_work() as uow:
+        rows = ops.list_jobs(uow.session, state=state, stuck=stuck, tenant_id=tenant, limit=limit)
+        return [
+            {
+                "id": str(j.id),
+                "tenant_id": j.tenant_id,
+                "document_id": str(j.document_id),
+                "version": j.version,
+                "state": j.state,
+                "attempts": j.attempts,
+                "error": j.error_message,
+                "created_at": j.created_at.isoformat(),
+            }
+            for j in rows
+        ]
+
+
+@router.get("/dead-letters")
+def dead_letters_route(
+    _: Admin, tenant: str | None = None, limit: Annotated[int, Query(ge=1, le=1000)] = 50
+) -> list[dict[str, Any]]:
+    with unit_of_work() as uow:
+        return [
+            _letter(d) for d in ops.list_dead_letters(uow.session, tenant_id=tenant, limit=limit)
+        ]
+
+
+@router.get("/dead-letters/{letter_id}")
+def dead_letter_route(letter_id: int, _: Admin) -> dict[str, Any]:
+    with unit_of_work() as uow:
+        return _letter(ops.get_dead_letter(uow.session, letter_id))
+
+
+@router.post("/dead-letters/{letter_id}/replay")
+def replay_route(letter_id: int, _: Admin) -> dict[str, str]:
+    with unit_of_work() as uow:
+        return {"replayed": ops.replay_dead_letter(uow, letter_id)}
+
+
+@router.delete("/dead-letters/{letter_id}")
+def discard_route(letter_id: int, _: Admin) -> dict[str, bool]:
+    with unit_of_work() as uow:
+        ops.discard_dead_letter(uow.session, letter_id)
+    return {"discarded": True}
+
+
+@router.get("/stats")
+def stats_route(_: Admin) -> dict[str, Any]:
+    return ops.system_stats()
+
+
+def _letter(d: Any) -> dict[str, Any]:
+    return {
+        "id": d.id,
+        "tenant_id": d.tenant_id,
+        "source": d.source,
+        "ref": d.ref,
+        "stage": d.stage,
+        "error_class": d.error_class,
+        "message": d.message,
+        "attempts": d.attempts,
+        "payload": d.payload,
+        "created_at": d.created_at.isoformat(),
+    }
