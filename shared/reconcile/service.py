@@ -83,6 +83,7 @@ def reconcile(
     alias = get_settings().es_chunks_alias()
     started = time.monotonic()
     report = ReconcileReport()
+    es.indices.refresh(index=alias)  # compare against every write acknowledged so far
     with unit_of_work() as uow:
         tenants = (
             [tenant] if tenant else sorted(repo.pg_tenants(uow.session) | _es_tenants(es, alias))
