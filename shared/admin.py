@@ -63,6 +63,21 @@ def get_dead_letter(session: Session, letter_id: int) -> DeadLetter:
     return letter
 
 
+def dead_letter_dict(d: DeadLetter) -> dict[str, Any]:
+    return {
+        "id": d.id,
+        "tenant_id": d.tenant_id,
+        "source": d.source,
+        "ref": d.ref,
+        "stage": d.stage,
+        "error_class": d.error_class,
+        "message": d.message,
+        "attempts": d.attempts,
+        "payload": d.payload,
+        "created_at": d.created_at.isoformat(),
+    }
+
+
 def replay_dead_letter(uow: UnitOfWork, letter_id: int) -> str:
     """Give the work another full set of attempts, then remove the letter."""
     session = uow.session

@@ -174,3 +174,35 @@ def exhaust_attempts(job_id: str, last_error: str | None = None) -> None:
         uow.session.execute(
             update(IngestJob).where(IngestJob.id == uuid.UUID(job_id)).values(**values)
         )
+
+
+def index_orphan(tenant: str) -> str:
+    """An Elasticsearch copy of a chunk Postgres never had (as the relay would shape it)."""
+    import uuid
+
+    from shared.reconcile.buckets import bucket_of
+
+    ghost = f"{uuid.uuid4()}:0"
+    get_es().index(
+        index=get_settings().es_chunks_alias(),
+        id=ghost,
+        version=1,
+        version_type="external",
+        refresh=True,
+        document={
+            "chunk_id": ghost,
+            "tenant_id": tenant,
+            "document_id": ghost[:36],
+            "external_id": "ghost",
+            "version": 1,
+            "ordinal": 0,
+            "text_hash": "0" * 64,
+            "title": "",
+            "section": "",
+            "text": "ghost",
+            "metadata": {},
+            "bucket": bucket_of(ghost),
+            "hash_num": 0,
+        },
+    )
+    return ghost

@@ -15,13 +15,13 @@ from sqlalchemy import delete, select
 from shared.db import unit_of_work
 from shared.ingest import pipeline, sweep
 from shared.models import DeadLetter, EsOutbox
-from shared.reconcile.buckets import bucket_of
 from shared.reconcile.service import reconcile, reconcile_and_verify
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
 from tests.helpers import (
     es_chunks,
     exhaust_attempts,
+    index_orphan,
     paused,
     pg_chunks,
     upload_text,
@@ -61,27 +61,7 @@ def test_each_class_of_drift_is_found_exactly_and_repaired(
         refresh=True,
     )
     # orphaned: a copy of a chunk Postgres never had.
-    ghost = f"{uuid.uuid4()}:0"
-    es.index(
-        index=alias,
-        id=ghost,
-        refresh=True,
-        document={
-            "chunk_id": ghost,
-            "tenant_id": tenant,
-            "document_id": ghost[:36],
-            "external_id": "g",
-            "version": 1,
-            "ordinal": 0,
-            "text_hash": "0" * 64,
-            "title": "",
-            "section": "",
-            "text": "ghost",
-            "metadata": {},
-            "bucket": bucket_of(ghost),
-            "hash_num": 0,
-        },
-    )
+    ghost = index_orphan(tenant)
     # wrong tenant: doc 2's copy claims another tenant (same version).
     copy = es.get(index=alias, id=chunk_of[docs[2]["document_id"]])
     es.index(

@@ -20,11 +20,10 @@ from shared.db import unit_of_work
 from shared.ingest import pipeline, relay
 from shared.ingest import repository as ingest_repo
 from shared.ingest.service import Upload, accept_upload, delete_document
-from shared.reconcile.buckets import bucket_of
 from shared.reconcile.service import reconcile, reconcile_and_verify
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
-from tests.helpers import es_chunks, paused, pg_chunks
+from tests.helpers import es_chunks, index_orphan, paused, pg_chunks
 
 EXTERNAL_IDS = [f"doc-{i}" for i in range(4)]
 TEXTS = [
@@ -85,29 +84,7 @@ class StoresMachine(RuleBasedStateMachine):
 
     @rule()
     def add_orphan(self) -> None:
-        ghost = f"{uuid.uuid4()}:0"
-        self.es.index(
-            index=self.alias,
-            id=ghost,
-            version=1,
-            version_type="external",
-            refresh=True,
-            document={
-                "chunk_id": ghost,
-                "tenant_id": self.tenant,
-                "document_id": ghost[:36],
-                "external_id": "ghost",
-                "version": 1,
-                "ordinal": 0,
-                "text_hash": "0" * 64,
-                "title": "",
-                "section": "",
-                "text": "ghost",
-                "metadata": {},
-                "bucket": bucket_of(ghost),
-                "hash_num": 0,
-            },
-        )
+        index_orphan(self.tenant)
 
     @rule(pick=st.integers(0, 20), field=st.sampled_from(["text_hash", "tenant_id"]))
     def corrupt_es_copy(self, pick: int, field: str) -> None:

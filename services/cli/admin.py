@@ -128,28 +128,11 @@ def dlq_list(tenant: str | None = typer.Option(None), limit: int = typer.Option(
 
 @dlq_app.command("show")
 def dlq_show(letter_id: int) -> None:
-    from shared.admin import get_dead_letter
+    from shared.admin import dead_letter_dict, get_dead_letter
     from shared.db import unit_of_work
 
     with unit_of_work() as uow:
-        d = get_dead_letter(uow.session, letter_id)
-        typer.echo(
-            json.dumps(
-                {
-                    "id": d.id,
-                    "tenant_id": d.tenant_id,
-                    "source": d.source,
-                    "ref": d.ref,
-                    "stage": d.stage,
-                    "error_class": d.error_class,
-                    "message": d.message,
-                    "attempts": d.attempts,
-                    "payload": d.payload,
-                    "created_at": d.created_at.isoformat(),
-                },
-                indent=2,
-            )
-        )
+        typer.echo(json.dumps(dead_letter_dict(get_dead_letter(uow.session, letter_id)), indent=2))
 
 
 @dlq_app.command("replay")

@@ -61,14 +61,15 @@ def dead_letters_route(
 ) -> list[dict[str, Any]]:
     with unit_of_work() as uow:
         return [
-            _letter(d) for d in ops.list_dead_letters(uow.session, tenant_id=tenant, limit=limit)
+            ops.dead_letter_dict(d)
+            for d in ops.list_dead_letters(uow.session, tenant_id=tenant, limit=limit)
         ]
 
 
 @router.get("/dead-letters/{letter_id}")
 def dead_letter_route(letter_id: int, _: Admin) -> dict[str, Any]:
     with unit_of_work() as uow:
-        return _letter(ops.get_dead_letter(uow.session, letter_id))
+        return ops.dead_letter_dict(ops.get_dead_letter(uow.session, letter_id))
 
 
 @router.post("/dead-letters/{letter_id}/replay")
@@ -87,18 +88,3 @@ def discard_route(letter_id: int, _: Admin) -> dict[str, bool]:
 @router.get("/stats")
 def stats_route(_: Admin) -> dict[str, Any]:
     return ops.system_stats()
-
-
-def _letter(d: Any) -> dict[str, Any]:
-    return {
-        "id": d.id,
-        "tenant_id": d.tenant_id,
-        "source": d.source,
-        "ref": d.ref,
-        "stage": d.stage,
-        "error_class": d.error_class,
-        "message": d.message,
-        "attempts": d.attempts,
-        "payload": d.payload,
-        "created_at": d.created_at.isoformat(),
-    }
