@@ -241,3 +241,17 @@ class ReconcileRun(Base):
     duration_s: Mapped[float] = mapped_column(Float, nullable=False)
     repair: Mapped[bool] = mapped_column(Boolean, nullable=False)
     report: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
+
+
+class SearchProfile(Base):
+    """Named search settings of one tenant (fusion, depths, boosts, thresholds), e.g. written
+    by ``concord tune``; a search request names one with ``profile``."""
+
+    __tablename__ = "search_profiles"
+
+    tenant_id: Mapped[str] = mapped_column(String(64), ForeignKey("tenants.id"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    settings: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
+    description: Mapped[str] = mapped_column(Text, nullable=False, default="")
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()

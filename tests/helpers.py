@@ -176,11 +176,12 @@ def exhaust_attempts(job_id: str, last_error: str | None = None) -> None:
         )
 
 
-def index_orphan(tenant: str) -> str:
+def index_orphan(tenant: str, text: str = "ghost", title: str = "") -> str:
     """An Elasticsearch copy of a chunk Postgres never had (as the relay would shape it)."""
     import uuid
 
     from shared.reconcile.buckets import bucket_of
+    from shared.stores.english_analysis import analyze
 
     ghost = f"{uuid.uuid4()}:0"
     get_es().index(
@@ -197,9 +198,10 @@ def index_orphan(tenant: str) -> str:
             "version": 1,
             "ordinal": 0,
             "text_hash": "0" * 64,
-            "title": "",
+            "title": title,
             "section": "",
-            "text": "ghost",
+            "text": text,
+            "stemmed": {"title": analyze(title), "section": "", "text": analyze(text)},
             "metadata": {},
             "bucket": bucket_of(ghost),
             "hash_num": 0,

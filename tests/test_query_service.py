@@ -12,8 +12,7 @@ from sqlalchemy.exc import OperationalError
 from shared.search import repository as search_repo
 from shared.search import service as search_service
 from shared.settings import get_settings
-from shared.stores.elastic import get_es
-from tests.helpers import search, upload_text, wait_converged, wait_job
+from tests.helpers import index_orphan, search, upload_text, wait_converged, wait_job
 
 DOCS = {
     "okapi": (
@@ -60,7 +59,9 @@ def test_rare_code_via_bm25_paraphrase_via_dense_and_trace(client, auth, corpus)
     lexical_only = search(client, auth, "XQ-4471-B", mode="lexical")["results"]
     assert [r["external_id"] for r in lexical_only] == ["pump"]
 
-    paraphrase = "striped mammal resembling giraffes dwelling deep within african jungles"
+    paraphrase = (
+        "banded hoofed creature akin to tall savanna browsers, hidden deep in congo woodland"
+    )
     assert all(
         r["external_id"] != "okapi"
         for r in search(client, auth, paraphrase, mode="lexical")["results"]
@@ -123,27 +124,7 @@ def test_document_id_filter_and_a_rare_filter_still_fills_the_dense_arm(
 
 
 def test_an_orphaned_elasticsearch_document_is_never_returned(client, auth, tenant, corpus):
-    import uuid
-
-    ghost = f"{uuid.uuid4()}:0"
-    get_es().index(
-        index=get_settings().es_chunks_alias(),
-        id=ghost,
-        refresh=True,
-        document={
-            "chunk_id": ghost,
-            "tenant_id": tenant,
-            "document_id": ghost.split(":")[0],
-            "external_id": "ghost",
-            "version": 1,
-            "ordinal": 0,
-            "text_hash": "x",
-            "title": "Ghost",
-            "section": "",
-            "text": "zanzibar ghost text",
-            "metadata": {},
-        },
-    )
+    index_orphan(tenant, text="zanzibar ghost text", title="Ghost")
     body = search(client, auth, "zanzibar ghost", mode="lexical")
     assert body["results"] == [] and body["dropped_stale"] == 1
     assert body["decision"]["reason"] == "all_filtered"

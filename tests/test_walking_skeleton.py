@@ -40,7 +40,8 @@ def test_upload_becomes_searchable_through_both_arms(client: TestClient, auth, t
 
     # A paraphrase sharing no word with the text: only the dense arm can find it.
     paraphrase = (
-        "which striped mammal resembling giraffes dwells deep within central african jungles"
+        "which banded hoofed creature akin to tall savanna browsers hides deep in equatorial "
+        "woodland"
     )
     lexical = client.post(
         "/v1/search", headers=auth, json={"query": paraphrase, "mode": "lexical"}

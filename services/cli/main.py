@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress
 
-from services.cli import admin, stack_commands
+from services.cli import admin, evaluate, stack_commands
 from shared.settings import get_settings
 
 app = typer.Typer(
@@ -26,6 +26,8 @@ app.command()(admin.reconcile)
 app.command()(admin.reindex)
 app.command()(admin.jobs)
 app.command()(admin.stats)
+app.command("eval")(evaluate.eval_command)
+app.command("tune")(evaluate.tune_command)
 console = Console()
 
 

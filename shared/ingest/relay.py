@@ -24,6 +24,7 @@ from shared.models import Chunk, Document, EsOutbox, OutboxOp
 from shared.reconcile.buckets import bucket_of, hash_num
 from shared.search.filters import typed_metadata
 from shared.settings import Settings, get_settings
+from shared.stores import english_analysis
 from shared.stores.elastic import get_es
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,12 @@ def es_document(chunk: Chunk, doc: Document) -> dict[str, Any]:
         "title": doc.title,
         "section": chunk.section,
         "text": chunk.text,
+        # Pre-analyzed copies for the BM25 arm (see shared/stores/english_analysis.py).
+        "stemmed": {
+            "title": english_analysis.analyze(doc.title),
+            "section": english_analysis.analyze(chunk.section),
+            "text": english_analysis.analyze(chunk.text),
+        },
         "metadata": metadata,
         **typed_metadata(metadata),
         "bucket": bucket_of(chunk.id),

@@ -15,6 +15,8 @@ METADATA_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}([T ][0-9:.]+(Z|[+-]\d{2}:?\d{2})?)?$")
 MAX_FILTERS = 20
 MAX_IN_VALUES = 100
+PROFILE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+LEXICAL_FIELDS = ("title", "section", "text")
 
 
 class Strict(BaseModel):
@@ -97,6 +99,31 @@ class Rerank(Strict):
     budget_ms: int = Field(default=2000, ge=1, le=30000)
 
 
+class LexicalOptions(Strict):
+    """How the BM25 arm weighs fields; unset values come from the settings."""
+
+    field_boosts: dict[str, float] | None = Field(
+        default=None, description="per field (title, section, text), in (0, 100]"
+    )
+    tie_breaker: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="multi_match best_fields: share of the other fields' scores added to the best",
+    )
+
+    @field_validator("field_boosts")
+    @classmethod
+    def _boosts(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return None
+        if not value or set(value) - set(LEXICAL_FIELDS):
+            raise ValueError(f"field_boosts may name only {', '.join(LEXICAL_FIELDS)}")
+        if any(not 0 < boost <= 100 for boost in value.values()):
+            raise ValueError("field boosts must be in (0, 100]")
+        return value
+
+
 class Mmr(Strict):
     lambda_: float = Field(default=0.7, ge=0.0, le=1.0, alias="lambda")
 
@@ -122,6 +149,13 @@ class SearchRequest(Strict):
     mmr: Mmr | None = None
     per_document_cap: int | None = Field(default=None, ge=1, le=100)
     policy: PolicyOverrides = Field(default_factory=PolicyOverrides)
+    lexical: LexicalOptions = Field(default_factory=LexicalOptions)
+    profile: str | None = Field(
+        default=None,
+        pattern=PROFILE_NAME,
+        description="A saved search profile of the caller's tenant; fields set in the request "
+        "replace the profile's fields of the same name",
+    )
     explain: bool = False
 
     @field_validator("query")

@@ -29,9 +29,11 @@ from shared.search import repository as search_repo
 from shared.search.filters import es_filters, sql_conditions
 from shared.search.fusion import ArmHit, fuse
 from shared.search.policy import Candidate, PolicyConfig, apply_policy
+from shared.search.profiles import resolve_profile
 from shared.search.rerank import RerankUnavailable, get_reranker, rerank_within_budget
 from shared.search.schemas import SearchRequest
 from shared.settings import Settings, get_settings
+from shared.stores import english_analysis
 from shared.stores.elastic import get_es
 
 log = logging.getLogger(__name__)
@@ -90,14 +92,28 @@ def dense_arm(
 
 
 def lexical_arm(tenant_id: str, request: SearchRequest, settings: Settings) -> list[ArmHit]:
-    fields = [f"{name}^{boost}" for name, boost in settings.lexical_field_boosts.items()]
+    boosts = request.lexical.field_boosts or settings.lexical_field_boosts
+    tie_breaker = (
+        request.lexical.tie_breaker
+        if request.lexical.tie_breaker is not None
+        else settings.lexical_tie_breaker
+    )
+    text = request.query
+    prefix = ""
+    if settings.lexical_analysis == "python-english":
+        text, prefix = english_analysis.analyze(request.query), "stemmed."
+        if not text:  # only stop words: nothing for BM25 to match
+            return []
+    fields = [f"{prefix}{name}^{boost}" for name, boost in boosts.items()]
     response = get_es().search(
         index=settings.es_chunks_alias(),
         size=request.candidate_depth.lexical,
         query={
             "bool": {
                 # User text only ever reaches a match query, never query_string.
-                "must": [{"multi_match": {"query": request.query, "fields": fields}}],
+                "must": [
+                    {"multi_match": {"query": text, "fields": fields, "tie_breaker": tie_breaker}}
+                ],
                 "filter": [{"term": {"tenant_id": tenant_id}}, *es_filters(request.filters)],
             }
         },
@@ -113,6 +129,9 @@ def search(
     tenant_id: str, request: SearchRequest, settings: Settings | None = None
 ) -> dict[str, Any]:
     settings = settings or get_settings()
+    if request.profile is not None:
+        with unit_of_work() as uow:
+            request = resolve_profile(uow.session, tenant_id, request)
     with SEARCH_SECONDS.labels(request.mode).time():
         response = _search(tenant_id, request, settings)
     for reason in response["degraded"]:
@@ -150,7 +169,13 @@ def _search(tenant_id: str, request: SearchRequest, settings: Settings) -> dict[
         raise StoreUnavailable("neither Postgres nor Elasticsearch answered the search")
 
     fused = timings.timed("fuse", lambda: fuse(arms, request.fusion))
-    window = max(request.top_k * 2, request.rerank.window if request.rerank.enabled else 0, 20)
+    # Hydrate enough for the final list: all fused candidates when a per-document cap may
+    # discard many of them, otherwise twice top_k (room for stale drops) or the rerank window.
+    window = (
+        len(fused)
+        if request.per_document_cap is not None
+        else max(request.top_k * 2, request.rerank.window if request.rerank.enabled else 0, 20)
+    )
     with timings.stage("hydrate"):
         candidates, dropped = _hydrate(tenant_id, fused[:window], vector)
     by_arm = {arm: {h.chunk_id: h for h in hits} for arm, hits in arms.items()}

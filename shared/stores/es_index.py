@@ -18,6 +18,8 @@ SCHEMA_VERSION = 1
 
 def index_body(settings: Settings) -> dict[str, Any]:
     text = {"type": "text", "analyzer": settings.es_text_analyzer}
+    # Terms already analyzed in Python (shared/stores/english_analysis.py): split on spaces only.
+    stemmed = {"type": "text", "analyzer": "whitespace"}
     return {
         "settings": {
             "number_of_shards": 1,
@@ -49,6 +51,7 @@ def index_body(settings: Settings) -> dict[str, Any]:
                 "title": text,
                 "section": text,
                 "text": text,
+                "stemmed": {"properties": {"title": stemmed, "section": stemmed, "text": stemmed}},
                 "metadata": {"type": "flattened"},
                 "metadata_num": {"type": "object", "dynamic": True},
                 "bucket": {"type": "integer"},

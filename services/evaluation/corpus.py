@@ -1,0 +1,133 @@
+"""Put a BEIR corpus into a tenant through the real ingest path, and wait until it is served.
+
+Documents go in as upload events on the ingest queue (the path producers use). On a re-run,
+documents whose content is unchanged are not published again, and documents of the tenant that
+are no longer wanted (e.g. withheld for the unanswerable variant) are deleted (tombstoned)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+
+from shared.db import unit_of_work
+from shared.ingest.repository import live_job_states
+from shared.ingest.service import Upload, content_hash, delete_document
+from shared.ingest.upload_event import build_upload_event
+from shared.models import Chunk, Document, EsOutbox
+from shared.queue import publish_upload_event
+from shared.settings import get_settings
+from shared.stores.elastic import get_es
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+FINAL_STATES = {"indexed", "failed", "dead_lettered"}
+
+
+@dataclass
+class SyncResult:
+    published: int = 0
+    unchanged: int = 0
+    deleted: int = 0
+    indexed: int = 0
+    failed: dict[str, str] | None = None  # external id -> job state, for the ones not indexed
+
+
+def upload_of(tenant_id: str, record: dict[str, Any]) -> Upload:
+    text = str(record.get("text") or "").strip() or str(record.get("title") or "")
+    return Upload(
+        tenant_id=tenant_id,
+        external_id=record["_id"],
+        raw=text.encode(),
+        content_type="text/plain",
+        title=str(record.get("title") or ""),
+        metadata={},
+    )
+
+
+def sync_corpus(
+    tenant_id: str, records: Iterable[dict[str, Any]], progress: Progress, timeout_s: float
+) -> SyncResult:
+    records = list(records)
+    result = SyncResult()
+    with unit_of_work() as uow:
+        existing = {
+            external_id: (doc_id, digest)
+            for doc_id, external_id, digest in uow.session.execute(
+                select(Document.id, Document.external_id, Document.content_hash).where(
+                    Document.tenant_id == tenant_id, Document.deleted.is_(False)
+                )
+            )
+        }
+    wanted = {r["_id"] for r in records}
+    for i, record in enumerate(records, start=1):
+        upload = upload_of(tenant_id, record)
+        if existing.get(upload.external_id, (None, None))[1] == content_hash(upload):
+            result.unchanged += 1
+        else:
+            publish_upload_event(
+                build_upload_event(
+                    tenant_id=tenant_id,
+                    external_id=upload.external_id,
+                    raw=upload.raw,
+                    content_type=upload.content_type,
+                    title=upload.title,
+                )
+            )
+            result.published += 1
+        if i % 200 == 0 or i == len(records):
+            progress("publish", i, len(records))
+    for external_id, (doc_id, _) in existing.items():
+        if external_id not in wanted:
+            with unit_of_work() as uow:
+                delete_document(uow, tenant_id, doc_id)
+            result.deleted += 1
+    states = _wait_jobs(tenant_id, sorted(wanted), progress, timeout_s)
+    result.indexed = sum(1 for s in states.values() if s == "indexed")
+    result.failed = {
+        e: states.get(e, "never accepted") for e in wanted if states.get(e) != "indexed"
+    }
+    _wait_elasticsearch(tenant_id, timeout_s)
+    return result
+
+
+def _wait_jobs(
+    tenant_id: str, external_ids: list[str], progress: Progress, timeout_s: float
+) -> dict[str, str]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with unit_of_work() as uow:
+            states = live_job_states(uow.session, tenant_id, external_ids)
+        done = sum(1 for s in states.values() if s in FINAL_STATES)
+        progress("index", done, len(external_ids))
+        if done == len(external_ids):
+            return states
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(external_ids) - done} documents not indexed in {timeout_s} s")
+        time.sleep(1.0)
+
+
+def _wait_elasticsearch(tenant_id: str, timeout_s: float) -> None:
+    """Until the relay has drained the tenant's outbox and Elasticsearch holds every chunk."""
+    es = get_es()
+    alias = get_settings().es_chunks_alias()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with unit_of_work() as uow:
+            backlog = uow.session.scalar(
+                select(func.count()).select_from(EsOutbox).where(EsOutbox.tenant_id == tenant_id)
+            )
+            chunks = uow.session.scalar(
+                select(func.count()).select_from(Chunk).where(Chunk.tenant_id == tenant_id)
+            )
+        es.indices.refresh(index=alias)
+        in_es = es.count(index=alias, query={"term": {"tenant_id": tenant_id}})["count"]
+        if not backlog and in_es == chunks:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"Elasticsearch holds {in_es} of {chunks} chunks; {backlog} outbox rows left"
+            )
+        time.sleep(0.5)

@@ -1,0 +1,86 @@
+"""Search profiles: named, per-tenant search settings (``concord tune`` writes them).
+
+A profile holds any fields of a search request except the query itself; a request that names
+a profile starts from the profile's fields, and the fields the request sets replace them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from shared.errors import BadRequest, NotFound
+from shared.ingest import repository as ingest_repo
+from shared.ingest.repository import now
+from shared.models import SearchProfile
+from shared.search.schemas import SearchRequest
+
+NOT_IN_PROFILE = {"query", "profile", "explain"}
+
+
+def validate_profile_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """A profile's settings must form a valid request once a query is added."""
+    misplaced = NOT_IN_PROFILE & set(settings)
+    if misplaced:
+        raise BadRequest(f"a profile cannot set {', '.join(sorted(misplaced))}")
+    try:
+        request = SearchRequest.model_validate({"query": "profile check", **settings})
+    except ValueError as e:
+        raise BadRequest(f"invalid profile settings: {e}") from e
+    return request.model_dump(mode="json", by_alias=True, include=set(settings))
+
+
+def save_profile(
+    session: Session, tenant_id: str, name: str, settings: dict[str, Any], description: str = ""
+) -> SearchProfile:
+    clean = validate_profile_settings(settings)
+    ingest_repo.ensure_tenant(session, tenant_id)
+    profile = session.get(SearchProfile, (tenant_id, name))
+    if profile is None:
+        profile = SearchProfile(tenant_id=tenant_id, name=name, settings=clean)
+        session.add(profile)
+    profile.settings = clean
+    profile.description = description
+    profile.updated_at = now(session)
+    session.flush()
+    return profile
+
+
+def get_profile(session: Session, tenant_id: str, name: str) -> SearchProfile:
+    profile = session.get(SearchProfile, (tenant_id, name))
+    if profile is None:
+        raise NotFound(f"no search profile {name!r}")
+    return profile
+
+
+def list_profiles(session: Session, tenant_id: str) -> list[SearchProfile]:
+    return list(
+        session.scalars(
+            select(SearchProfile)
+            .where(SearchProfile.tenant_id == tenant_id)
+            .order_by(SearchProfile.name)
+        )
+    )
+
+
+def delete_profile(session: Session, tenant_id: str, name: str) -> None:
+    session.delete(get_profile(session, tenant_id, name))
+
+
+def profile_dict(profile: SearchProfile) -> dict[str, Any]:
+    return {
+        "name": profile.name,
+        "settings": profile.settings,
+        "description": profile.description,
+        "updated_at": profile.updated_at.isoformat(),
+    }
+
+
+def resolve_profile(session: Session, tenant_id: str, request: SearchRequest) -> SearchRequest:
+    """The request with its profile's settings filled in (the request's own fields win)."""
+    if request.profile is None:
+        return request
+    profile = get_profile(session, tenant_id, request.profile)
+    own = request.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    return SearchRequest.model_validate({**profile.settings, **own})

@@ -1,0 +1,39 @@
+"""English analysis for the BM25 index, done in Python.
+
+The Elasticsearch integ-test distribution ships no ``analysis-common`` module, so it has no
+``english`` analyzer and no stemmer. Concord therefore analyzes text itself the way Lucene's
+EnglishAnalyzer does (lowercase, possessive ``'s`` removed, Lucene's English stop words,
+Porter stemmer) and indexes the result in ``stemmed.*`` fields with Elasticsearch's
+``whitespace`` analyzer; queries go through the same function. With a full Elasticsearch set
+``CONCORD_LEXICAL_ANALYSIS=elasticsearch`` and ``CONCORD_ES_TEXT_ANALYZER=english`` instead.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+import Stemmer
+
+# org.apache.lucene.analysis.en.EnglishAnalyzer.ENGLISH_STOP_WORDS_SET
+STOP_WORDS = frozenset(
+    {
+        "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into",
+        "is", "it", "no", "not", "of", "on", "or", "such", "that", "the", "their", "then",
+        "there", "these", "they", "this", "to", "was", "will", "with",
+    }
+)  # fmt: skip
+_TOKEN = re.compile(r"\w+(?:['\u2019]\w+)*")
+_POSSESSIVE = re.compile(r"['\u2019]s$")
+
+
+@lru_cache(maxsize=1)
+def _stemmer() -> Stemmer.Stemmer:
+    return Stemmer.Stemmer("porter")
+
+
+def analyze(text: str) -> str:
+    """Space-separated stemmed terms of ``text`` (stop words dropped)."""
+    tokens = (_POSSESSIVE.sub("", t) for t in _TOKEN.findall(text.lower()))
+    kept = [t for t in tokens if t and t not in STOP_WORDS]
+    return " ".join(_stemmer().stemWords(kept))
