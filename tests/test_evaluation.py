@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from fastapi.testclient import TestClient
@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from services.evaluation import abstain, beir, metrics
 from services.evaluation.harness import EvalOptions, eval_tenant, run_eval
+from services.evaluation.runner import HttpPoster
 from services.evaluation.tune import TuningRefused, tune
 
 TINY = Path(__file__).parent / "data" / "tiny-beir"
@@ -118,6 +119,10 @@ def test_dataset_errors_are_clear(tmp_path: Path) -> None:
 # --- end to end through the real stack --------------------------------------------------
 
 
+def poster(client: TestClient) -> HttpPoster:
+    return cast(HttpPoster, client)  # a TestClient is an httpx client in all but its stubs
+
+
 def _progress_log() -> tuple[list[tuple[str, int, int]], Any]:
     log: list[tuple[str, int, int]] = []
     return log, lambda stage, done, total: log.append((stage, done, total))
@@ -127,7 +132,7 @@ def _progress_log() -> tuple[list[tuple[str, int, int]], Any]:
 def test_eval_end_to_end_on_a_tiny_dataset(client: TestClient, tmp_path: Path) -> None:
     log, progress = _progress_log()
     options = EvalOptions(peer=False, rerank_window=5, depth=30)
-    paths = run_eval(TINY, tmp_path / "first", options, progress, http=client)
+    paths = run_eval(TINY, tmp_path / "first", options, progress, http=poster(client))
 
     report = json.loads(paths["json"].read_text())
     rows = {c["name"]: c for c in report["configs"]}
@@ -158,7 +163,7 @@ def test_eval_end_to_end_on_a_tiny_dataset(client: TestClient, tmp_path: Path) -
 
     # A re-run publishes nothing: every document is unchanged.
     quick = EvalOptions(peer=False, rerank=False, abstain=False)
-    again = run_eval(TINY, tmp_path / "second", quick, progress, http=client)
+    again = run_eval(TINY, tmp_path / "second", quick, progress, http=poster(client))
     second = json.loads(again["json"].read_text())
     assert second["ingest"]["published"] == 0 and second["ingest"]["unchanged"] == 24
 
@@ -199,7 +204,7 @@ def test_tune_writes_a_profile_that_search_and_eval_use(client: TestClient, tmp_
     assert missing.status_code == 404
 
     with_profile = EvalOptions(peer=False, rerank=False, profile="tuned")
-    paths = run_eval(TINY, tmp_path, with_profile, progress, http=client)
+    paths = run_eval(TINY, tmp_path, with_profile, progress, http=poster(client))
     report = json.loads(paths["json"].read_text())
     assert report["configs"][-2]["name"] == "profile:tuned"
     assert report["configs"][-2]["metrics"]["queries"] == 8

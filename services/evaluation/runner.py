@@ -4,7 +4,7 @@ configuration by configuration, plus the exact (sequential-scan) dense baseline.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -72,7 +72,9 @@ def standard_configs(
 class HttpPoster(Protocol):
     """What the harness needs of an HTTP client: httpx.Client, or the tests' TestClient."""
 
-    def post(self, url: str, **kwargs: Any) -> httpx.Response: ...
+    def post(
+        self, url: str, *, json: Any | None = ..., headers: Mapping[str, str] | None = ...
+    ) -> httpx.Response: ...
 
 
 class SearchClient:
