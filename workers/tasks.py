@@ -12,6 +12,7 @@ from shared.errors import BadRequest, UnsupportedMediaType
 from shared.ingest import pipeline, relay, sweep
 from shared.ingest.service import accept_upload, reject_upload_event
 from shared.ingest.upload_event import parse_upload_event
+from shared.logs import job_context
 from shared.queue import (
     ACCEPT_EVENT_TASK,
     INGEST_QUEUE,
@@ -30,7 +31,8 @@ from workers.base import concord_task, is_retriable, retry_delay
 @concord_task(PROCESS_JOB_TASK, INGEST_QUEUE)
 def process_job(self: Task, job_id: str) -> dict[str, Any]:
     try:
-        outcome = pipeline.process_job(uuid.UUID(job_id))
+        with job_context(job_id, None):
+            outcome = pipeline.process_job(uuid.UUID(job_id))
     except Exception as e:
         retries = self.request.retries or 0
         if is_retriable(e) and retries < (self.max_retries or 0):

@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import lru_cache
+from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from services.api.readiness import readiness_checks
 from services.api.routes import admin, documents, jobs, search
 from shared.errors import ConcordError
-from shared.metrics import SystemCollector
+from shared.logs import configure_json_logging, new_request_id, request_id_var
+from shared.metrics import API_REQUEST_SECONDS, SystemCollector
+from shared.settings import get_settings
+
+CONSOLE_DIR = Path(__file__).resolve().parent / "console"
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +55,7 @@ def _warm_up() -> None:
 
 
 def create_app() -> FastAPI:
+    configure_json_logging()
     _register_system_metrics()
     app = FastAPI(
         lifespan=_lifespan,
@@ -57,10 +67,34 @@ def create_app() -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(search.router)
     app.include_router(admin.router)
+    app.mount("/console", StaticFiles(directory=CONSOLE_DIR, html=True), name="console")
+
+    @app.middleware("http")
+    async def _request_context(request: Request, call_next: Any) -> Response:
+        """A request id for the logs (and the jobs it creates), echoed in X-Request-ID, and
+        the route's latency under its template (``/v1/documents/{document_id}``)."""
+        request_id = new_request_id(request.headers.get("x-request-id"))
+        token = request_id_var.set(request_id)
+        started = time.perf_counter()
+        status = 500
+        try:
+            response: Response = await call_next(request)
+            status = response.status_code
+            response.headers["X-Request-ID"] = request_id
+            return response
+        finally:
+            route = request.scope.get("route")
+            template = getattr(route, "path", "unmatched")
+            API_REQUEST_SECONDS.labels(request.method, template, f"{status // 100}xx").observe(
+                time.perf_counter() - started
+            )
+            request_id_var.reset(token)
 
     @app.exception_handler(ConcordError)
     async def _concord_error(_: Request, exc: ConcordError) -> JSONResponse:
-        return error_body(exc.code, exc.message, exc.status_code)
+        response = error_body(exc.code, exc.message, exc.status_code)
+        response.headers.update(exc.headers)
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -71,7 +105,18 @@ def create_app() -> FastAPI:
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:
+        """The process is up (no store is asked)."""
         return {"status": "ok"}
+
+    @app.get("/readyz", include_in_schema=False)
+    def readyz() -> JSONResponse:
+        """Ready to serve: Postgres, Elasticsearch and Redis answer and migrations are current."""
+        checks = readiness_checks(get_settings())
+        ready = all(c["ok"] for c in checks.values())
+        return JSONResponse(
+            {"status": "ready" if ready else "unready", "checks": checks},
+            status_code=200 if ready else 503,
+        )
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> PlainTextResponse:

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header
 
+from shared import ratelimit
 from shared.auth import Principal, authenticate
 from shared.db import unit_of_work
 from shared.settings import Settings, get_settings
@@ -23,7 +24,9 @@ def current_principal(
     x_api_key: Annotated[str | None, Header()] = None,
 ) -> Principal:
     with unit_of_work() as uow:
-        return authenticate(uow.session, _bearer(authorization) or x_api_key)
+        principal = authenticate(uow.session, _bearer(authorization) or x_api_key)
+    ratelimit.enforce(principal.key_id)
+    return principal
 
 
 def reader(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:

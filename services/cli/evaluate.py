@@ -15,6 +15,7 @@ from services.evaluation.beir import DatasetError
 from shared.errors import NotFound
 
 console = Console()
+progress_console = Console(stderr=True)  # progress on stderr: stdout stays the result
 
 
 @contextmanager
@@ -25,7 +26,7 @@ def stage_progress() -> Iterator[object]:
         BarColumn(),
         MofNCompleteColumn(),
         TimeRemainingColumn(),
-        console=console,
+        console=progress_console,
     ) as bars:
         tasks: dict[str, object] = {}
 

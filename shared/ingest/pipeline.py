@@ -31,6 +31,7 @@ from shared.ingest import repository as repo
 from shared.ingest.chunking import Chunker, TextChunk
 from shared.ingest.embedding import Embedder, get_embedder
 from shared.ingest.parsing import parse
+from shared.logs import job_context
 from shared.models import IngestJob, JobState, OutboxOp
 from shared.queue import publish_ingest_job, publish_relay
 from shared.settings import Settings, get_settings
@@ -61,6 +62,7 @@ class _Claim:
     version: int
     raw: bytes
     content_type: str
+    request_id: str | None = None  # of the upload that created the job, for the logs
     timings: dict[str, float] = field(default_factory=dict)
     pieces: list[TextChunk] = field(default_factory=list)
     hashes: list[str] = field(default_factory=list)
@@ -163,7 +165,13 @@ def _start(session: Session, job: IngestJob, now: datetime, settings: Settings) 
     job.started_at = now
     repo.extend_lease(job, now, settings.job_lease_seconds)
     return _Claim(
-        job.id, job.tenant_id, job.document_id, job.version, version.raw, version.content_type
+        job.id,
+        job.tenant_id,
+        job.document_id,
+        job.version,
+        version.raw,
+        version.content_type,
+        request_id=(job.detail or {}).get("request_id"),
     )
 
 
@@ -271,11 +279,18 @@ def _write(uow: UnitOfWork, claim: _Claim) -> JobOutcome:
     job.finished_at = repo.now(session)
     job.lease_expires_at = None
     job.error_stage = job.error_class = job.error_message = None
+    if claim.request_id:
+        detail["request_id"] = claim.request_id
     job.detail = detail
     job.stage_timings = {
         **claim.timings,
         "write": round(time.perf_counter() - write_started, 4),
     }
+    with job_context(str(claim.job_id), claim.request_id):
+        log.info(
+            "job indexed: document %s version %s, %s chunks, stages %s",
+            claim.document_id, claim.version, len(rows), job.stage_timings,
+        )  # fmt: skip
     return JobOutcome(str(claim.job_id), JobState.INDEXED, detail)
 
 

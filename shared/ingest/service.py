@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from shared.db import UnitOfWork, unit_of_work
 from shared.errors import ConcordError, NotFound
 from shared.ingest import repository as repo
+from shared.logs import current_request_id
 from shared.models import Document, DocumentVersion, IngestJob, JobState, OutboxOp
 from shared.queue import publish_ingest_job, publish_relay
 from shared.settings import Settings
@@ -54,6 +55,7 @@ def accept_upload(uow: UnitOfWork, settings: Settings, upload: Upload) -> Upload
     Re-uploading unchanged content is a no-op that reports ``unchanged``; changed content
     becomes the next version."""
     session = uow.session
+    request_id = current_request_id()
     repo.ensure_tenant(session, upload.tenant_id)
     repo.lock_key(session, f"external:{upload.tenant_id}:{upload.external_id}")
     digest = content_hash(upload)
@@ -105,7 +107,7 @@ def accept_upload(uow: UnitOfWork, settings: Settings, upload: Upload) -> Upload
         # If the message never reaches a worker, the sweep re-publishes after the lease.
         lease_expires_at=repo.now(session) + timedelta(seconds=settings.job_lease_seconds),
         stage_timings={},
-        detail={},
+        detail={"request_id": request_id} if request_id else {},
     )
     session.add(job)
     job_id = job.id

@@ -51,7 +51,9 @@ def live_chunks(
     session: Session, tenant_id: str, ids: Sequence[str], vector: list[float] | None
 ) -> dict[str, Any]:
     """The chunks among ``ids`` that are live (document exists, not deleted, chunk at the
-    document's version), with provenance, embedding and cosine similarity to ``vector``."""
+    document's version), with provenance and cosine similarity to ``vector``. Embeddings are
+    not loaded here (see ``chunk_embeddings``): only the few results that need them pay for
+    transferring and decoding 384 floats each."""
     if not ids:
         return {}
     columns: list[Any] = [
@@ -64,7 +66,6 @@ def live_chunks(
         Chunk.char_end,
         Chunk.token_count,
         Chunk.updated_at,
-        Chunk.embedding,
         Document.external_id,
         Document.title,
     ]
@@ -82,6 +83,17 @@ def live_chunks(
         )
     ).all()
     return {row.id: row for row in rows}
+
+
+def chunk_embeddings(session: Session, tenant_id: str, ids: Sequence[str]) -> dict[str, Any]:
+    if not ids:
+        return {}
+    rows = session.execute(
+        select(Chunk.id, Chunk.embedding).where(
+            Chunk.id.in_(list(ids)), Chunk.tenant_id == tenant_id
+        )
+    ).all()
+    return {cid: embedding for cid, embedding in rows}
 
 
 def queue_repair(session: Session, tenant_id: str, stale_ids: Sequence[str]) -> None:

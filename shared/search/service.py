@@ -24,7 +24,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from shared.db import unit_of_work
 from shared.errors import StoreUnavailable
 from shared.ingest.embedding import get_embedder
-from shared.metrics import DEGRADED_QUERIES, SEARCH_SECONDS, STALE_HITS_DROPPED
+from shared.metrics import (
+    DEGRADED_QUERIES,
+    SEARCH_SECONDS,
+    SEARCH_STAGE_SECONDS,
+    STALE_HITS_DROPPED,
+)
 from shared.search import repository as search_repo
 from shared.search.filters import es_filters, sql_conditions
 from shared.search.fusion import ArmHit, fuse
@@ -82,7 +87,8 @@ def dense_arm(
             tenant_id,
             vector,
             request.candidate_depth.dense,
-            settings.hnsw_ef_search,
+            # One HNSW scan yields at most ef_search rows: never ask for more than it finds.
+            max(settings.hnsw_ef_search, request.candidate_depth.dense),
             sql_conditions(request.filters),
         )
     return [
@@ -132,16 +138,20 @@ def search(
     if request.profile is not None:
         with unit_of_work() as uow:
             request = resolve_profile(uow.session, tenant_id, request)
+    timings = Timings()
     with SEARCH_SECONDS.labels(request.mode).time():
-        response = _search(tenant_id, request, settings)
+        response = _search(tenant_id, request, settings, timings)
+    for stage, ms in timings.ms.items():
+        SEARCH_STAGE_SECONDS.labels(stage).observe(ms / 1e3)
     for reason in response["degraded"]:
         DEGRADED_QUERIES.labels(reason).inc()
     STALE_HITS_DROPPED.inc(response["dropped_stale"])
     return response
 
 
-def _search(tenant_id: str, request: SearchRequest, settings: Settings) -> dict[str, Any]:
-    timings = Timings()
+def _search(
+    tenant_id: str, request: SearchRequest, settings: Settings, timings: Timings
+) -> dict[str, Any]:
     futures = {}
     with timings.stage("retrieve"):
         # BM25 needs no vector: it starts first and overlaps the query embedding.
@@ -188,10 +198,12 @@ def _search(tenant_id: str, request: SearchRequest, settings: Settings) -> dict[
         if rerank_error:
             degraded.append("rerank_unavailable")
     if request.mmr is not None:
-        candidates = timings.timed(
-            "mmr", lambda: _mmr(candidates, request.mmr.lambda_ if request.mmr else 0.0)
-        )
+        with timings.stage("mmr"):
+            _attach_embeddings(tenant_id, candidates)
+            candidates = _mmr(candidates, request.mmr.lambda_)
     results = _cap_per_document(candidates, request.per_document_cap)[: request.top_k]
+    # The policy's near-duplicate suppression compares the results' embeddings.
+    timings.timed("hydrate", lambda: _attach_embeddings(tenant_id, results))
 
     with timings.stage("policy"):
         policy = apply_policy(
@@ -255,11 +267,22 @@ def _hydrate(
                 indexed_at=row.updated_at.isoformat(),
                 text=row.text,
                 token_count=row.token_count,
-                embedding=np.asarray(row.embedding, dtype=np.float32),
+                embedding=None,  # loaded for the candidates that need it (_attach_embeddings)
                 scores={"dense_cosine": round(float(row.cosine), 6)},
             )
         )
     return candidates, len(stale)
+
+
+def _attach_embeddings(tenant_id: str, candidates: list[Candidate]) -> None:
+    missing = [c.chunk_id for c in candidates if c.embedding is None]
+    if not missing:
+        return
+    with unit_of_work() as uow:
+        found = search_repo.chunk_embeddings(uow.session, tenant_id, missing)
+    for c in candidates:
+        if c.embedding is None and c.chunk_id in found:
+            c.embedding = np.asarray(found[c.chunk_id], dtype=np.float32)
 
 
 def _rerank(

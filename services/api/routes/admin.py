@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -10,7 +11,9 @@ from pydantic import BaseModel
 
 from services.api.deps import Admin
 from shared import admin as ops
+from shared.auth import create_key, list_keys, revoke_key
 from shared.db import unit_of_work
+from shared.errors import NotFound
 from shared.reconcile.service import reconcile, reconcile_and_verify
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
@@ -40,19 +43,16 @@ def jobs_route(
 ) -> list[dict[str, Any]]:
     with unit_of_work() as uow:
         rows = ops.list_jobs(uow.session, state=state, stuck=stuck, tenant_id=tenant, limit=limit)
-        return [
-            {
-                "id": str(j.id),
-                "tenant_id": j.tenant_id,
-                "document_id": str(j.document_id),
-                "version": j.version,
-                "state": j.state,
-                "attempts": j.attempts,
-                "error": j.error_message,
-                "created_at": j.created_at.isoformat(),
-            }
-            for j in rows
-        ]
+        return [ops.job_dict(j) for j in rows]
+
+
+@router.get("/reconcile-runs")
+def reconcile_runs_route(
+    _: Admin, tenant: str | None = None, limit: Annotated[int, Query(ge=1, le=500)] = 50
+) -> list[dict[str, Any]]:
+    """Recent reconcile runs (dry runs and repairs, the beat's too), newest first."""
+    with unit_of_work() as uow:
+        return ops.list_reconcile_runs(uow.session, tenant_id=tenant, limit=limit)
 
 
 @router.get("/dead-letters")
@@ -88,3 +88,35 @@ def discard_route(letter_id: int, _: Admin) -> dict[str, bool]:
 @router.get("/stats")
 def stats_route(_: Admin) -> dict[str, Any]:
     return ops.system_stats()
+
+
+class KeyRequest(BaseModel):
+    tenant: str
+    scopes: list[str] = ["read"]
+    name: str = "api"
+
+
+@router.post("/keys", status_code=201)
+def create_key_route(body: KeyRequest, _: Admin) -> dict[str, Any]:
+    """A new key for a tenant; the secret is in this response only and never stored."""
+    with unit_of_work() as uow:
+        key, secret = create_key(uow.session, body.tenant, body.name, body.scopes)
+        return {
+            "id": str(key.id),
+            "tenant_id": key.tenant_id,
+            "scopes": key.scopes,
+            "secret": secret,
+        }
+
+
+@router.get("/keys")
+def list_keys_route(_: Admin) -> list[dict[str, Any]]:
+    with unit_of_work() as uow:
+        return list_keys(uow.session)
+
+
+@router.delete("/keys/{key_id}", status_code=204)
+def revoke_key_route(key_id: uuid.UUID, _: Admin) -> None:
+    with unit_of_work() as uow:
+        if not revoke_key(uow.session, key_id):
+            raise NotFound(f"no key {key_id}")

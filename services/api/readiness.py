@@ -1,0 +1,49 @@
+"""Readiness: every store the API needs answers, and the schema is at the latest migration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alembic.script import ScriptDirectory
+from sqlalchemy import text
+
+from shared.db import unit_of_work
+from shared.migrate import alembic_config
+from shared.settings import Settings
+from shared.stores.elastic import get_es
+
+
+def _postgres(settings: Settings) -> dict[str, Any]:
+    head = ScriptDirectory.from_config(alembic_config(settings)).get_current_head()
+    with unit_of_work() as uow:
+        current = uow.session.scalar(text("SELECT version_num FROM alembic_version"))
+    if current != head:
+        return {"ok": False, "detail": f"schema at {current}, latest migration is {head}"}
+    return {"ok": True, "detail": f"schema at {current}"}
+
+
+def _elasticsearch(settings: Settings) -> dict[str, Any]:
+    health = get_es().options(request_timeout=2).cluster.health()
+    return {"ok": health["status"] in ("green", "yellow"), "detail": f"cluster {health['status']}"}
+
+
+def _redis(settings: Settings) -> dict[str, Any]:
+    import redis
+
+    client = redis.Redis.from_url(settings.redis_url(), socket_timeout=2, socket_connect_timeout=2)
+    try:
+        client.ping()
+    finally:
+        client.close()
+    return {"ok": True, "detail": "ping"}
+
+
+def readiness_checks(settings: Settings) -> dict[str, dict[str, Any]]:
+    checks = {}
+    for name, check in (("postgres", _postgres), ("elasticsearch", _elasticsearch),
+                        ("redis", _redis)):  # fmt: skip
+        try:
+            checks[name] = check(settings)
+        except Exception as e:  # unready, with the reason; never a 500
+            checks[name] = {"ok": False, "detail": f"{type(e).__name__}: {str(e)[:200]}"}
+    return checks

@@ -1,0 +1,248 @@
+"""The operator console in headless Chromium (Debian's, driven by Playwright), against the API
+served over real HTTP; plus /readyz, /metrics and request ids carried into the worker's logs.
+
+Screenshots of each page go to ``$CONCORD_TEST_ARTIFACTS/console`` (default
+``test-artifacts/console``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from services.cli.stack import ElasticsearchService
+from shared.db import unit_of_work
+from shared.ingest import sweep
+from shared.models import DeadLetter
+from shared.settings import get_settings
+from shared.stores.elastic import get_es
+from tests.conftest import CeleryProcess, wait_for
+from tests.helpers import exhaust_attempts, paused, upload_text, wait_converged, wait_job
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(os.environ.get("CONCORD_TEST_ARTIFACTS", "test-artifacts")) / "console"
+# Without these, Chromium tries Google's hosts at start-up; this machine's network refuses them.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="module")
+def live_api() -> Iterator[str]:
+    """The API app served by uvicorn on a free port, in this process (a browser needs HTTP)."""
+    from services.api.app import create_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, 120, what="uvicorn to start")
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=15)
+
+
+@pytest.fixture
+def admin_key(tenant: str) -> str:
+    from shared.auth import create_key
+
+    with unit_of_work() as uow:
+        _, secret = create_key(uow.session, tenant, "console", ["admin"])
+    return secret
+
+
+@pytest.fixture
+def page(live_api: str) -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.fail("Debian chromium is not installed (scripts/setup.sh installs it)")
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        tab.on("pageerror", lambda e: errors.append(str(e)))
+        tab.console_errors = errors  # type: ignore[attr-defined]
+        yield tab
+        browser.close()
+
+
+def shot(page: Any, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def test_console_upload_search_trace_reconcile_and_replay(
+    page: Any,
+    live_api: str,
+    admin_key: str,
+    tenant: str,
+    client: TestClient,
+    worker: CeleryProcess,
+    tmp_path: Path,
+) -> None:
+    auth = {"Authorization": f"Bearer {admin_key}"}
+    page.goto(f"{live_api}/console/#ingestion")
+    page.fill("#api-key", admin_key)
+    page.click("#key-form button")
+    page.wait_for_selector("#key-state:has-text('key set')")
+
+    # Upload a document from the page and watch its job reach `indexed`.
+    doc = tmp_path / "quokka.txt"
+    doc.write_text(
+        "The quokka is a small marsupial that lives on Rottnest Island. "
+        "Quokkas are nocturnal and eat grasses and shrubs."
+    )
+    page.set_input_files("#upload-file", str(doc))
+    page.fill("#upload-title", "Island marsupials")
+    page.click("#upload-form button")
+    page.wait_for_selector("#job-state:has-text('indexed')", timeout=90_000)
+    wait_converged(tenant)
+    page.click("#refresh-jobs")
+    page.wait_for_selector("#jobs td:has-text('indexed')")
+    shot(page, "ingestion")
+
+    # Search for it; the matched words are highlighted; open its trace.
+    page.goto(f"{live_api}/console/#search")
+    page.fill("#q", "quokka marsupial island")
+    page.click("#search-form button")
+    page.wait_for_selector("#results li")
+    first = page.locator("#results li").first
+    assert "Island marsupials" in first.inner_text()
+    assert first.locator("mark").count() >= 2
+    assert "answerable" in page.inner_text("#decision")
+    first.locator(".show-trace").click()
+    trace = first.locator(".trace")
+    assert trace.is_visible()
+    assert "fused" in trace.inner_text() and "policy: included" in trace.inner_text()
+    shot(page, "search")
+
+    # Inject drift (the Elasticsearch copy is lost) and find it with a dry run from the page.
+    alias = get_settings().es_chunks_alias()
+    hit = get_es().search(index=alias, query={"term": {"tenant_id": tenant}}, size=1)
+    get_es().delete(index=alias, id=hit["hits"]["hits"][0]["_id"], refresh=True)
+    page.goto(f"{live_api}/console/#consistency")
+    page.fill("#reconcile-tenant", tenant)
+    page.click("#reconcile-form button")
+    page.wait_for_selector("#reconcile-report #total-drift", timeout=60_000)
+    assert page.inner_text("#reconcile-report #total-drift") == "1"
+    assert "missing 1" in page.inner_text("#reconcile-report")
+    page.wait_for_selector("#drift-chart svg circle")
+    assert page.locator("#drift-chart circle title", has_text="missing: 1").count() >= 1
+    shot(page, "consistency")
+
+    # A dead letter, replayed with the page's button, runs again to `indexed`.
+    with paused(worker):
+        up = upload_text(client, auth, "phoenix.txt", "The phoenix rises again from its ashes.")
+        exhaust_attempts(up["job_id"])
+        sweep.sweep_expired_jobs()
+    assert wait_job(client, auth, up["job_id"], state="dead_lettered")
+    with unit_of_work() as uow:
+        letter_id = uow.session.scalar(select(DeadLetter.id).where(DeadLetter.ref == up["job_id"]))
+    page.goto(f"{live_api}/console/#ingestion")
+    page.wait_for_selector(f"button.replay[data-id='{letter_id}']")
+    shot(page, "dead-letters")
+    page.click(f"button.replay[data-id='{letter_id}']")
+    page.wait_for_selector(f"#message:has-text('dead letter {letter_id} replayed')")
+    assert wait_job(client, auth, up["job_id"])["state"] == "indexed"
+
+    page.goto(f"{live_api}/console/#stats")
+    page.wait_for_selector("#stats td:has-text('chunks_postgres')")
+    assert "queue_depth" in page.inner_text("#stats")
+    shot(page, "stats")
+
+    assert page.console_errors == []
+    for name in ("ingestion", "search", "consistency", "dead-letters", "stats"):
+        assert (ARTIFACTS / f"{name}.png").stat().st_size > 10_000, name
+
+
+def test_console_without_a_key_shows_the_api_error(page: Any, live_api: str) -> None:
+    page.goto(f"{live_api}/console/#search")
+    page.fill("#q", "anything")
+    page.click("#search-form button")
+    page.wait_for_selector("#message.error")
+    assert "401" in page.inner_text("#message")
+
+
+def test_readyz_follows_elasticsearch(client: TestClient, es_service: ElasticsearchService) -> None:
+    ready = client.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    assert set(ready.json()["checks"]) == {"postgres", "elasticsearch", "redis"}
+    es_service.down()
+    try:
+        unready = client.get("/readyz")
+        assert unready.status_code == 503
+        checks = unready.json()["checks"]
+        assert not checks["elasticsearch"]["ok"] and checks["postgres"]["ok"]
+        assert client.get("/healthz").status_code == 200  # the process itself is fine
+    finally:
+        es_service.up()
+    wait_for(lambda: client.get("/readyz").status_code == 200, 60, what="ready again")
+
+
+def test_request_id_reaches_the_job_and_the_worker_log(
+    client: TestClient, auth: dict[str, str], worker: CeleryProcess
+) -> None:
+    request_id = f"req-{uuid.uuid4().hex[:12]}"
+    response = client.post(
+        "/v1/documents",
+        headers={**auth, "X-Request-ID": request_id},
+        json={"external_id": "traced.txt", "text": "A traced upload about tardigrades."},
+    )
+    assert response.headers["X-Request-ID"] == request_id
+    job = wait_job(client, auth, response.json()["job_id"])
+    assert job["detail"]["request_id"] == request_id
+
+    def logged() -> dict[str, Any] | None:
+        for line in worker.log.read_text(errors="replace").splitlines():
+            if request_id in line and line.startswith("{"):
+                entry: dict[str, Any] = json.loads(line)
+                return entry
+        return None
+
+    entry = wait_for(logged, 30, what="the worker's JSON log line")
+    assert entry["request_id"] == request_id and entry["job_id"] == job["id"]
+    # A caller's id that is not a plain token is replaced, never copied into the logs.
+    odd = client.get("/healthz", headers={"X-Request-ID": "bad id\nwith newline"})
+    assert odd.headers["X-Request-ID"] != "bad id\nwith newline"
+
+
+def test_metrics_cover_routes_stages_and_system_figures(
+    client: TestClient, auth: dict[str, str]
+) -> None:
+    client.post("/v1/search", headers=auth, json={"query": "metrics probe"})
+    text = client.get("/metrics").text
+    assert (
+        'concord_api_request_seconds_count{method="POST",route="/v1/search",status="2xx"}' in text
+    )
+    for stage in ("embed", "hydrate", "policy"):
+        assert f'concord_search_stage_seconds_count{{stage="{stage}"}}' in text, stage
+    for family in (
+        "concord_queue_depth",
+        "concord_outbox_backlog",
+        "concord_dead_letters",
+        "concord_ingest_stage_seconds",
+        "concord_degraded_queries_total",
+    ):
+        assert family in text, family
