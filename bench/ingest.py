@@ -27,13 +27,13 @@ from sqlalchemy import delete, func, select
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from services.evaluation.corpus import wait_elasticsearch  # noqa: E402
 from shared.db import unit_of_work  # noqa: E402
 from shared.ingest.embedding import get_embedder  # noqa: E402
 from shared.ingest.upload_event import build_upload_event  # noqa: E402
-from shared.models import Chunk, EmbeddingCache, EsOutbox, IngestJob  # noqa: E402
+from shared.models import Chunk, EmbeddingCache, IngestJob  # noqa: E402
 from shared.queue import publish_upload_event  # noqa: E402
 from shared.settings import get_settings  # noqa: E402
-from shared.stores.elastic import get_es  # noqa: E402
 
 
 def load_corpus(dataset: Path, limit: int) -> list[dict[str, Any]]:
@@ -71,23 +71,6 @@ def wait_indexed(tenant: str, total: int, started: float, timeout: float) -> Non
             return
         time.sleep(0.5)
     raise SystemExit(f"timed out; job states: {states}")
-
-
-def wait_elasticsearch(tenant: str, chunks: int, timeout: float) -> None:
-    es = get_es()
-    alias = get_settings().es_chunks_alias()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with unit_of_work() as uow:
-            backlog = uow.session.scalar(
-                select(func.count()).select_from(EsOutbox).where(EsOutbox.tenant_id == tenant)
-            )
-        es.indices.refresh(index=alias)
-        in_es = es.count(index=alias, query={"term": {"tenant_id": tenant}})["count"]
-        if not backlog and in_es == chunks:
-            return
-        time.sleep(0.25)
-    raise SystemExit("Elasticsearch did not catch up in time")
 
 
 def stage_shares(tenant: str) -> dict[str, float]:
@@ -145,7 +128,7 @@ def main() -> None:
                 .order_by(Chunk.document_id, Chunk.ordinal)
             )
         )
-    wait_elasticsearch(tenant, len(texts), args.timeout)
+    wait_elasticsearch(tenant, args.timeout)
     end_to_end_s = time.monotonic() - started
 
     embedder.model()  # loaded before timing, as in a worker

@@ -208,3 +208,19 @@ def index_orphan(tenant: str, text: str = "ghost", title: str = "") -> str:
         },
     )
     return ghost
+
+
+def dead_lettered_upload(client: Any, auth: dict[str, str], worker: Any) -> tuple[str, int]:
+    """Upload a document whose job then runs out of attempts: (job id, dead letter id)."""
+    from shared.ingest import sweep
+    from shared.models import DeadLetter
+
+    with paused(worker):
+        up = upload_text(client, auth, "phoenix.txt", "The phoenix rises again from its ashes.")
+        exhaust_attempts(up["job_id"])
+        sweep.sweep_expired_jobs()
+    assert wait_job(client, auth, up["job_id"], state="dead_lettered")
+    with unit_of_work() as uow:
+        letter_id = uow.session.scalar(select(DeadLetter.id).where(DeadLetter.ref == up["job_id"]))
+    assert letter_id is not None
+    return up["job_id"], letter_id

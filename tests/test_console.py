@@ -18,16 +18,13 @@ from typing import Any
 import pytest
 import uvicorn
 from fastapi.testclient import TestClient
-from sqlalchemy import select
 
 from services.cli.stack import ElasticsearchService
 from shared.db import unit_of_work
-from shared.ingest import sweep
-from shared.models import DeadLetter
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
 from tests.conftest import CeleryProcess, wait_for
-from tests.helpers import exhaust_attempts, paused, upload_text, wait_converged, wait_job
+from tests.helpers import dead_lettered_upload, wait_converged, wait_job
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(os.environ.get("CONCORD_TEST_ARTIFACTS", "test-artifacts")) / "console"
@@ -153,19 +150,13 @@ def test_console_upload_search_trace_reconcile_and_replay(
     shot(page, "consistency")
 
     # A dead letter, replayed with the page's button, runs again to `indexed`.
-    with paused(worker):
-        up = upload_text(client, auth, "phoenix.txt", "The phoenix rises again from its ashes.")
-        exhaust_attempts(up["job_id"])
-        sweep.sweep_expired_jobs()
-    assert wait_job(client, auth, up["job_id"], state="dead_lettered")
-    with unit_of_work() as uow:
-        letter_id = uow.session.scalar(select(DeadLetter.id).where(DeadLetter.ref == up["job_id"]))
+    job_id, letter_id = dead_lettered_upload(client, auth, worker)
     page.goto(f"{live_api}/console/#ingestion")
     page.wait_for_selector(f"button.replay[data-id='{letter_id}']")
     shot(page, "dead-letters")
     page.click(f"button.replay[data-id='{letter_id}']")
     page.wait_for_selector(f"#message:has-text('dead letter {letter_id} replayed')")
-    assert wait_job(client, auth, up["job_id"])["state"] == "indexed"
+    assert wait_job(client, auth, job_id)["state"] == "indexed"
 
     page.goto(f"{live_api}/console/#stats")
     page.wait_for_selector("#stats td:has-text('chunks_postgres')")

@@ -232,7 +232,6 @@ def test_unparseable_files_fail_with_a_reason_and_others_proceed(
     client: TestClient, auth, tenant, worker
 ):
     bad = {
-        "broken.pdf": (b"%PDF-1.4\n1 0 obj << /Type /Catalog >> garbage", "application/pdf", "PDF"),
         "empty.html": (
             b"<html><body><script>x()</script><nav>Menu</nav></body></html>",
             "text/html",
@@ -247,9 +246,18 @@ def test_unparseable_files_fail_with_a_reason_and_others_proceed(
         )
         assert response.status_code == 202, response.text
         jobs[name] = response.json()["job_id"]
-    # A 0-byte file arriving as an upload event reaches a job, which fails with a reason.
+    # Upload events skip the API's intake screening: a 0-byte file and a broken PDF reach a
+    # job, which fails with a reason.
     publish_upload_event(
         build_upload_event(tenant_id=tenant, external_id="zero.txt", raw=b"", filename="zero.txt")
+    )
+    publish_upload_event(
+        build_upload_event(
+            tenant_id=tenant,
+            external_id="broken.pdf",
+            raw=b"%PDF-1.4\n1 0 obj << /Type /Catalog >> garbage",
+            filename="broken.pdf",
+        )
     )
     good = upload_text(client, auth, "good.txt", "Gannets dive from thirty metres.")
     wait_job(client, auth, good["job_id"])
@@ -258,11 +266,12 @@ def test_unparseable_files_fail_with_a_reason_and_others_proceed(
         assert body["error"]["stage"] == "parse"
         assert bad[name][2] in body["error"]["message"]
 
-    def zero_failed() -> bool:
+    def events_failed() -> bool:
         with unit_of_work() as uow:
-            return live_job_states(uow.session, tenant, ["zero.txt"]).get("zero.txt") == "failed"
+            states = live_job_states(uow.session, tenant, ["zero.txt", "broken.pdf"])
+        return set(states.values()) == {"failed"} and len(states) == 2
 
-    wait_for(zero_failed, 30, what="the 0-byte upload's job to fail")
+    wait_for(events_failed, 30, what="the 0-byte and broken PDF events' jobs to fail")
     assert len(wait_converged(tenant)) == 1
 
 

@@ -74,6 +74,18 @@ def test_rare_code_via_bm25_paraphrase_via_dense_and_trace(client, auth, corpus)
     assert set(hybrid["timings_ms"]) >= {"embed", "dense", "lexical", "fuse", "hydrate", "policy"}
 
 
+@pytest.fixture(params=["exact", "hnsw"])
+def dense_method(request, monkeypatch) -> str:
+    """Run a test with the small-tenant exact scan and with the shared HNSW graph."""
+    from shared.search import service
+
+    monkeypatch.setattr(
+        get_settings(), "dense_exact_max_chunks", 10**9 if request.param == "exact" else 0
+    )
+    monkeypatch.setattr(service, "_tenant_sizes", {})
+    return str(request.param)
+
+
 @pytest.mark.parametrize(
     ("filters", "allowed"),
     [
@@ -85,7 +97,7 @@ def test_rare_code_via_bm25_paraphrase_via_dense_and_trace(client, auth, corpus)
     ],
 )
 @pytest.mark.parametrize("mode", ["dense", "lexical", "hybrid"])
-def test_results_never_violate_filters(client, auth, corpus, filters, allowed, mode):
+def test_results_never_violate_filters(client, auth, corpus, filters, allowed, mode, dense_method):
     body = search(
         client, auth, "animals pumps kettles bees stripes water flowers", mode=mode, filters=filters
     )
@@ -96,7 +108,7 @@ def test_results_never_violate_filters(client, auth, corpus, filters, allowed, m
 
 
 def test_document_id_filter_and_a_rare_filter_still_fills_the_dense_arm(
-    client, auth, tenant, corpus, worker
+    client, auth, tenant, corpus, worker, dense_method
 ):
     for i in range(40):
         upload_text(

@@ -10,17 +10,17 @@ import uuid
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import delete, select
+from sqlalchemy import delete
 
 from shared.db import unit_of_work
-from shared.ingest import pipeline, sweep
+from shared.ingest import pipeline
 from shared.models import DeadLetter, EsOutbox
 from shared.reconcile.service import reconcile, reconcile_and_verify
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
 from tests.helpers import (
+    dead_lettered_upload,
     es_chunks,
-    exhaust_attempts,
     index_orphan,
     paused,
     pg_chunks,
@@ -137,13 +137,7 @@ def test_reconcile_cli_reports_and_exits_nonzero_while_drift_remains(client, aut
 
 
 def test_dlq_replay_reruns_a_dead_lettered_job(client, auth, tenant, worker):
-    with paused(worker):
-        up = upload_text(client, auth, "phoenix.txt", "The phoenix rises again from ashes.")
-        exhaust_attempts(up["job_id"])
-        sweep.sweep_expired_jobs()
-    assert wait_job(client, auth, up["job_id"], state="dead_lettered")
-    with unit_of_work() as uow:
-        letter_id = uow.session.scalar(select(DeadLetter.id).where(DeadLetter.ref == up["job_id"]))
+    job_id, letter_id = dead_lettered_upload(client, auth, worker)
     result = subprocess.run(
         [sys.executable, "-m", "services.cli.main", "dlq", "replay", str(letter_id)],
         capture_output=True,
@@ -152,7 +146,7 @@ def test_dlq_replay_reruns_a_dead_lettered_job(client, auth, tenant, worker):
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    job = wait_job(client, auth, up["job_id"])
+    job = wait_job(client, auth, job_id)
     assert job["attempts"] == 1
     wait_converged(tenant)
     with unit_of_work() as uow:

@@ -89,7 +89,7 @@ def sync_corpus(
     result.failed = {
         e: states.get(e, "never accepted") for e in wanted if states.get(e) != "indexed"
     }
-    _wait_elasticsearch(tenant_id, timeout_s)
+    wait_elasticsearch(tenant_id, timeout_s)
     return result
 
 
@@ -109,7 +109,7 @@ def _wait_jobs(
         time.sleep(1.0)
 
 
-def _wait_elasticsearch(tenant_id: str, timeout_s: float) -> None:
+def wait_elasticsearch(tenant_id: str, timeout_s: float) -> None:
     """Until the relay has drained the tenant's outbox and Elasticsearch holds every chunk."""
     es = get_es()
     alias = get_settings().es_chunks_alias()

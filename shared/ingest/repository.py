@@ -58,6 +58,21 @@ def document_for_tenant(
     return session.scalar(query.with_for_update() if for_update else query)
 
 
+def list_documents(
+    session: Session, tenant_id: str, limit: int, after: str | None = None
+) -> Sequence[Document]:
+    """The tenant's live documents in external-id order, ``limit`` after ``after``."""
+    query = (
+        select(Document)
+        .where(Document.tenant_id == tenant_id, Document.deleted.is_(False))
+        .order_by(Document.external_id)
+        .limit(limit)
+    )
+    if after is not None:
+        query = query.where(Document.external_id > after)
+    return session.scalars(query).all()
+
+
 def document_version(
     session: Session, document_id: uuid.UUID, version: int
 ) -> DocumentVersion | None:

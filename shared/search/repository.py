@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, select, text
+from sqlalchemy import ColumnElement, func, select, text
 from sqlalchemy.orm import Session
 
 from shared.ingest import repository as ingest_repo
@@ -20,12 +20,28 @@ def nearest_chunks(
     limit: int,
     ef_search: int,
     conditions: Sequence[ColumnElement[bool]] = (),
+    exact: bool = False,
 ) -> Sequence[Any]:
-    """HNSW cosine top-``limit`` among the tenant's chunks that satisfy ``conditions``.
+    """Cosine top-``limit`` among the tenant's chunks that satisfy ``conditions``.
 
-    With filters, an HNSW walk can run out of candidates before it finds ``limit`` matches;
-    the iterative scan keeps walking until it does (up to hnsw.max_scan_tuples). Relaxed order
-    is cheaper, so the materialized result is re-sorted by exact distance."""
+    ``exact``: scan the tenant's own rows (through the tenant index) and sort them all. For a
+    small tenant this is both exact and faster than the shared HNSW graph, whose walk also
+    visits every other tenant's vectors (identical texts in two tenants make it much worse).
+
+    Otherwise HNSW: with filters, an HNSW walk can run out of candidates before it finds
+    ``limit`` matches; the iterative scan keeps walking until it does (up to
+    hnsw.max_scan_tuples). Relaxed order is cheaper, so the result is re-sorted exactly."""
+    distance = Chunk.embedding.cosine_distance(vector).label("distance")
+    if exact:
+        # Plain index scans off: the HNSW index cannot serve the ORDER BY; the tenant index
+        # still finds the rows (as a bitmap scan).
+        session.execute(text("SELECT set_config('enable_indexscan', 'off', true)"))
+        return session.execute(
+            select(Chunk.id, distance)
+            .where(Chunk.tenant_id == tenant_id, *conditions)
+            .order_by(distance)
+            .limit(limit)
+        ).all()
     session.execute(
         text(
             "SELECT set_config('hnsw.ef_search', :ef, true), "
@@ -33,7 +49,6 @@ def nearest_chunks(
         ),
         {"ef": str(int(ef_search))},
     )
-    distance = Chunk.embedding.cosine_distance(vector).label("distance")
     relaxed = (
         select(Chunk.id, distance)
         .where(Chunk.tenant_id == tenant_id, *conditions)
@@ -45,6 +60,13 @@ def nearest_chunks(
     return session.execute(
         select(relaxed.c.id, relaxed.c.distance).order_by(relaxed.c.distance)
     ).all()
+
+
+def tenant_chunk_count(session: Session, tenant_id: str) -> int:
+    return (
+        session.scalar(select(func.count()).select_from(Chunk).where(Chunk.tenant_id == tenant_id))
+        or 0
+    )
 
 
 def live_chunks(

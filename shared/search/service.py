@@ -78,10 +78,24 @@ def query_vector(query: str, settings: Settings) -> list[float]:
     return list(_query_cache(settings.query_cache_size)(query))
 
 
+_tenant_sizes: dict[str, tuple[float, int]] = {}  # tenant -> (checked at, live chunks)
+TENANT_SIZE_TTL_S = 30.0
+
+
+def _tenant_size(session: Any, tenant_id: str) -> int:
+    """The tenant's chunk count, re-counted at most every 30 s per process."""
+    checked_at, size = _tenant_sizes.get(tenant_id, (0.0, 0))
+    if time.monotonic() - checked_at > TENANT_SIZE_TTL_S:
+        size = search_repo.tenant_chunk_count(session, tenant_id)
+        _tenant_sizes[tenant_id] = (time.monotonic(), size)
+    return size
+
+
 def dense_arm(
     tenant_id: str, vector: list[float], request: SearchRequest, settings: Settings
 ) -> list[ArmHit]:
     with unit_of_work() as uow:
+        exact = _tenant_size(uow.session, tenant_id) <= settings.dense_exact_max_chunks
         rows = search_repo.nearest_chunks(
             uow.session,
             tenant_id,
@@ -90,6 +104,7 @@ def dense_arm(
             # One HNSW scan yields at most ef_search rows: never ask for more than it finds.
             max(settings.hnsw_ef_search, request.candidate_depth.dense),
             sql_conditions(request.filters),
+            exact=exact,
         )
     return [
         ArmHit(cid, rank, 1.0 - float(distance))

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 from elasticsearch import ApiError, TransportError
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 from starlette.datastructures import UploadFile
@@ -15,6 +15,7 @@ from shared.db import unit_of_work
 from shared.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from shared.ingest import repository as repo
 from shared.ingest.parsing import resolve_content_type
+from shared.ingest.screening import check_filename, screen_upload
 from shared.ingest.service import Upload, accept_upload, delete_document, get_document
 from shared.search import repository as search_repo
 from shared.settings import Settings
@@ -66,11 +67,13 @@ async def _upload_from_request(request: Request, tenant_id: str, settings: Setti
         raw = doc.text.encode()
         if len(raw) > limit:
             raise PayloadTooLarge(f"text is {len(raw)} bytes; the limit is {limit}")
+        content_type = resolve_content_type(doc.content_type, None, raw)
+        screen_upload(raw, content_type)
         return Upload(
             tenant_id=tenant_id,
             external_id=doc.external_id,
             raw=raw,
-            content_type=resolve_content_type(doc.content_type, None, raw),
+            content_type=content_type,
             title=doc.title,
             metadata=doc.metadata,
         )
@@ -86,15 +89,18 @@ async def _upload_from_request(request: Request, tenant_id: str, settings: Setti
         if not raw:
             raise BadRequest("the uploaded file is empty")
         filename = file.filename or None
+        check_filename(filename)
         external_id = str(form.get("external_id") or filename or "")
         if not external_id:
             raise BadRequest("external_id is required when the file has no name")
         metadata = _metadata_field(form.get("metadata"))
+        content_type = resolve_content_type(file.content_type, filename, raw)
+        screen_upload(raw, content_type, filename)
         return Upload(
             tenant_id=tenant_id,
             external_id=external_id,
             raw=raw,
-            content_type=resolve_content_type(file.content_type, filename, raw),
+            content_type=content_type,
             title=str(form.get("title") or ""),
             filename=filename,
             metadata=metadata,
@@ -130,6 +136,25 @@ async def upload_document(
         "status": result.status,
     }
     return JSONResponse(body, status_code=202 if result.status == "accepted" else 200)
+
+
+@router.get("")
+def list_documents(
+    principal: Reader,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    after: Annotated[str | None, Query(max_length=512)] = None,
+) -> dict[str, Any]:
+    """The caller's live documents by external id; pass the last one as ``after`` for more."""
+    with unit_of_work() as uow:
+        docs = repo.list_documents(uow.session, principal.tenant_id, limit, after)
+        items = [
+            {"id": str(d.id), "external_id": d.external_id, "title": d.title, "version": d.version}
+            for d in docs
+        ]
+    return {
+        "documents": items,
+        "next_after": items[-1]["external_id"] if len(items) == limit else None,
+    }
 
 
 @router.get("/{document_id}")
