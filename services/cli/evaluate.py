@@ -56,7 +56,10 @@ def eval_command(
     from services.evaluation.harness import EvalOptions, run_eval
 
     if split != "test" and profile:
-        console.print("[yellow]note:[/] a profile tuned on this split is being evaluated on it")
+        console.print(
+            f"[yellow]note:[/] evaluating on the {split} split; if the profile was tuned on "
+            "it, its figures are optimistic"
+        )
     options = EvalOptions(
         split=split,
         depth=depth,
