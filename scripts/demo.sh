@@ -25,3 +25,5 @@ API=$(.venv/bin/python -c "from shared.settings import get_settings; print(get_s
 echo
 echo "API: $API (OpenAPI docs at $API/docs); demo tenant key in $KEY_FILE"
 echo "try: CONCORD_API_KEY=\$(cat $KEY_FILE) .venv/bin/concord search 'pumice'"
+echo "console: $API/console/ (operator pages need an admin key:"
+echo "  .venv/bin/concord keys create --tenant demo --scopes admin --name console)"
