@@ -234,3 +234,12 @@ def test_profiles_reject_invalid_settings(client: TestClient) -> None:
     assert good.status_code == 200 and good.json()["settings"] == {"mode": "lexical"}
     assert client.delete("/v1/profiles/p1", headers=headers).status_code == 204
     assert client.get("/v1/profiles/p1", headers=headers).status_code == 404
+
+
+def test_threshold_simulation_keeps_documents_in_rank_order() -> None:
+    from services.evaluation.tune import first_chunk_per_document
+
+    ranking = ["c1", "c2", "c3", "c4"]
+    doc_of = {"c1": "d1", "c2": "d2", "c3": "d1", "c4": "d3"}
+    first = first_chunk_per_document(ranking, doc_of)
+    assert list(first.items()) == [("d1", "c1"), ("d2", "c2"), ("d3", "c4")]

@@ -22,7 +22,7 @@ from sqlalchemy import select
 from services.evaluation import beir
 from services.evaluation.corpus import sync_corpus
 from services.evaluation.harness import eval_tenant
-from services.evaluation.metrics import ndcg_at_k
+from services.evaluation.metrics import ndcg_at_k, unique
 from services.evaluation.runner import Progress
 from shared.db import unit_of_work
 from shared.models import Chunk, Document
@@ -201,7 +201,17 @@ def _collect_arms(
 
 
 def _docs(chunk_ids: list[str], doc_of: dict[str, str]) -> list[str]:
-    return list(dict.fromkeys(doc_of[c] for c in chunk_ids if c in doc_of))
+    return unique(doc_of[c] for c in chunk_ids if c in doc_of)
+
+
+def first_chunk_per_document(chunk_ids: list[str], doc_of: dict[str, str]) -> dict[str, str]:
+    """Document -> its best-ranked chunk, documents in rank order (one chunk per document, as
+    the evaluation asks the service for)."""
+    first: dict[str, str] = {}
+    for c in chunk_ids:
+        if c in doc_of:
+            first.setdefault(doc_of[c], c)
+    return first
 
 
 def _choose_threshold(
@@ -216,11 +226,9 @@ def _choose_threshold(
     with_answer, without_answer = [], []
     for qa in arms:
         relevant = {d for d, r in qrels[qa.qid].items() if r > 0}
-        first_per_doc = list({doc_of[c]: c for c in reversed(rank(qa)) if c in doc_of}.items())[
-            ::-1
-        ]
-        present = [c for _, c in first_per_doc][:POLICY_TOP_K]
-        absent = [c for d, c in first_per_doc if d not in relevant][:POLICY_TOP_K]
+        first_chunk = first_chunk_per_document(rank(qa), doc_of)
+        present = list(first_chunk.values())[:POLICY_TOP_K]
+        absent = [c for d, c in first_chunk.items() if d not in relevant][:POLICY_TOP_K]
         with_answer.append(_top_cosine(present, qa.vector, row_of, embeddings))
         without_answer.append(_top_cosine(absent, qa.vector, row_of, embeddings))
     best = {"threshold": 0.0, "abstain_recall": 0.0, "false_abstain": 0.0}
