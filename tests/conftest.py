@@ -176,12 +176,9 @@ def tenant() -> str:
 
 @pytest.fixture
 def api_key(tenant: str) -> str:
-    from shared.auth import create_key
-    from shared.db import unit_of_work
+    from tests.helpers import new_key
 
-    with unit_of_work() as uow:
-        _, secret = create_key(uow.session, tenant, "test", ["read", "write"])
-    return secret
+    return new_key(tenant, ["read", "write"])
 
 
 @pytest.fixture

@@ -224,3 +224,16 @@ def dead_lettered_upload(client: Any, auth: dict[str, str], worker: Any) -> tupl
         letter_id = uow.session.scalar(select(DeadLetter.id).where(DeadLetter.ref == up["job_id"]))
     assert letter_id is not None
     return up["job_id"], letter_id
+
+
+def new_key(tenant: str, scopes: list[str]) -> str:
+    """The secret of a new API key of ``tenant`` with ``scopes``."""
+    from shared.auth import create_key
+
+    with unit_of_work() as uow:
+        _, secret = create_key(uow.session, tenant, "test", scopes)
+    return secret
+
+
+def key_headers(tenant: str, scopes: list[str]) -> dict[str, str]:
+    return {"Authorization": f"Bearer {new_key(tenant, scopes)}"}

@@ -20,11 +20,10 @@ import uvicorn
 from fastapi.testclient import TestClient
 
 from services.cli.stack import ElasticsearchService
-from shared.db import unit_of_work
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
 from tests.conftest import CeleryProcess, wait_for
-from tests.helpers import dead_lettered_upload, wait_converged, wait_job
+from tests.helpers import dead_lettered_upload, new_key, wait_converged, wait_job
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(os.environ.get("CONCORD_TEST_ARTIFACTS", "test-artifacts")) / "console"
@@ -61,11 +60,7 @@ def live_api() -> Iterator[str]:
 
 @pytest.fixture
 def admin_key(tenant: str) -> str:
-    from shared.auth import create_key
-
-    with unit_of_work() as uow:
-        _, secret = create_key(uow.session, tenant, "console", ["admin"])
-    return secret
+    return new_key(tenant, ["admin"])
 
 
 @pytest.fixture

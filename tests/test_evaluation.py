@@ -16,6 +16,7 @@ from services.evaluation import abstain, beir, metrics
 from services.evaluation.harness import EvalOptions, eval_tenant, run_eval
 from services.evaluation.runner import HttpPoster
 from services.evaluation.tune import TuningRefused, tune
+from tests.helpers import key_headers
 
 TINY = Path(__file__).parent / "data" / "tiny-beir"
 
@@ -170,9 +171,6 @@ def test_eval_end_to_end_on_a_tiny_dataset(client: TestClient, tmp_path: Path) -
 
 @pytest.mark.usefixtures("worker")
 def test_tune_writes_a_profile_that_search_and_eval_use(client: TestClient, tmp_path: Path) -> None:
-    from shared.auth import create_key
-    from shared.db import unit_of_work
-
     _, progress = _progress_log()
     with pytest.raises(TuningRefused, match="test split"):
         tune(TINY, "test", "tuned", progress)
@@ -183,9 +181,7 @@ def test_tune_writes_a_profile_that_search_and_eval_use(client: TestClient, tmp_
     assert 0.0 <= result["threshold"]["false_abstain"] <= 0.05
 
     tenant = eval_tenant(beir.load(TINY))
-    with unit_of_work() as uow:
-        _, secret = create_key(uow.session, tenant, "test", ["read"])
-    headers = {"Authorization": f"Bearer {secret}"}
+    headers = key_headers(tenant, ["read"])
     profile = client.get("/v1/profiles/tuned", headers=headers).json()
     assert profile["settings"]["fusion"] == result["settings"]["fusion"]
 
@@ -220,12 +216,7 @@ def test_eval_command_reports_a_bad_dataset_clearly(tmp_path: Path) -> None:
 
 
 def test_profiles_reject_invalid_settings(client: TestClient) -> None:
-    from shared.auth import create_key
-    from shared.db import unit_of_work
-
-    with unit_of_work() as uow:
-        _, admin_key = create_key(uow.session, "profile-tenant", "test", ["admin"])
-    headers = {"Authorization": f"Bearer {admin_key}"}
+    headers = key_headers("profile-tenant", ["admin"])
     bad = client.put("/v1/profiles/p1", json={"settings": {"top_k": 0}}, headers=headers)
     assert bad.status_code == 400 and "top_k" in bad.text
     misplaced = client.put("/v1/profiles/p1", json={"settings": {"query": "x"}}, headers=headers)

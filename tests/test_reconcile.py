@@ -22,6 +22,7 @@ from tests.helpers import (
     dead_lettered_upload,
     es_chunks,
     index_orphan,
+    key_headers,
     paused,
     pg_chunks,
     upload_text,
@@ -224,11 +225,7 @@ def test_an_interrupted_reindex_resumes_where_it_stopped(client, auth, tenant, w
 
 
 def test_admin_endpoints_need_the_admin_scope(client, auth, tenant):
-    from shared.auth import create_key
-
-    with unit_of_work() as uow:
-        _, admin_key = create_key(uow.session, tenant, "ops", ["admin"])
-    admin = {"Authorization": f"Bearer {admin_key}"}
+    admin = key_headers(tenant, ["admin"])
     assert client.get("/v1/admin/stats", headers=auth).status_code == 403
     assert client.get("/v1/admin/stats").status_code == 401
     stats = client.get("/v1/admin/stats", headers=admin)

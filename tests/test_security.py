@@ -9,9 +9,8 @@ import uuid
 import pytest
 from fastapi.testclient import TestClient
 
-from shared.auth import create_key
-from shared.db import unit_of_work
 from shared.settings import get_settings
+from tests.helpers import key_headers
 
 PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc"}
 
@@ -23,7 +22,7 @@ def _concrete(path: str) -> str:
     )
 
 
-def test_every_protected_route_answers_401_without_a_key(client: TestClient) -> None:
+def test_every_protected_route_answers_401_without_akey_headers(client: TestClient) -> None:
     from services.api.app import create_app
 
     # Every route the API documents (health, readiness and metrics are not in the schema).
@@ -41,20 +40,14 @@ def test_every_protected_route_answers_401_without_a_key(client: TestClient) -> 
             assert response.json()["error"]["code"] == "unauthorized"
 
 
-def _key(tenant: str, scopes: list[str]) -> dict[str, str]:
-    with unit_of_work() as uow:
-        _, secret = create_key(uow.session, tenant, "test", scopes)
-    return {"Authorization": f"Bearer {secret}"}
-
-
 def test_at_twice_the_rate_limit_the_excess_gets_429_and_other_tenants_do_not(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = get_settings()
     monkeypatch.setattr(settings, "rate_limit_per_second", 5.0)
     monkeypatch.setattr(settings, "rate_limit_burst", 5)
-    noisy = _key(f"t-{uuid.uuid4().hex[:10]}", ["read"])
-    quiet = _key(f"t-{uuid.uuid4().hex[:10]}", ["read"])
+    noisy = key_headers(f"t-{uuid.uuid4().hex[:10]}", ["read"])
+    quiet = key_headers(f"t-{uuid.uuid4().hex[:10]}", ["read"])
     noisy_statuses, quiet_statuses, retry_after = [], [], []
     for i in range(10):  # twice the burst, faster than the refill
         response = client.get("/v1/profiles", headers=noisy)
@@ -73,7 +66,7 @@ def test_a_canary_key_never_reaches_logs_or_error_bodies(
     client: TestClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     canary = "ck_CANARY" + uuid.uuid4().hex
-    valid = _key(f"t-{uuid.uuid4().hex[:10]}", ["read", "write"])
+    valid = key_headers(f"t-{uuid.uuid4().hex[:10]}", ["read", "write"])
     with caplog.at_level(logging.DEBUG):
         bodies = [
             client.post("/v1/search", headers={"Authorization": f"Bearer {canary}"},
@@ -87,8 +80,8 @@ def test_a_canary_key_never_reaches_logs_or_error_bodies(
 
 
 def test_admin_key_endpoints_create_list_and_revoke(client: TestClient) -> None:
-    admin = _key(f"t-{uuid.uuid4().hex[:10]}", ["admin"])
-    reader = _key(f"t-{uuid.uuid4().hex[:10]}", ["read"])
+    admin = key_headers(f"t-{uuid.uuid4().hex[:10]}", ["admin"])
+    reader = key_headers(f"t-{uuid.uuid4().hex[:10]}", ["read"])
     tenant = f"t-{uuid.uuid4().hex[:10]}"
     assert client.post("/v1/admin/keys", headers=reader, json={"tenant": tenant}).status_code == 403
     created = client.post(

@@ -15,9 +15,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.auth import create_key
-from shared.db import unit_of_work
-from tests.helpers import upload_text, wait_converged, wait_job
+from tests.helpers import key_headers, upload_text, wait_converged, wait_job
 
 DOCS = {
     "handbook.md": "# Safety\nWear goggles in the lab. Report spills at once.\n# Leave\nAsk HR.",
@@ -44,9 +42,7 @@ HOSTILE_QUERIES = [
 
 def _tenant_with_docs(client: TestClient) -> dict[str, Any]:
     tenant = f"iso-{uuid.uuid4().hex[:10]}"
-    with unit_of_work() as uow:
-        _, secret = create_key(uow.session, tenant, "isolation", ["read", "write"])
-    auth = {"Authorization": f"Bearer {secret}"}
+    auth = key_headers(tenant, ["read", "write"])
     documents, jobs = [], []
     for name, text in DOCS.items():
         up = upload_text(client, auth, name, text, title="Shared title")

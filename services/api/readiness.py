@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 
 from shared.db import unit_of_work
-from shared.migrate import alembic_config
+from shared.migrate import ROOT
 from shared.settings import Settings
 from shared.stores.elastic import get_es
 
+MIGRATIONS = ROOT / "migrations"
+
+
+@lru_cache(maxsize=1)
+def _latest_migration() -> str | None:
+    """The migration scripts ship with the code: read once per process, not per probe."""
+    return ScriptDirectory(str(MIGRATIONS)).get_current_head()
+
 
 def _postgres(settings: Settings) -> dict[str, Any]:
-    head = ScriptDirectory.from_config(alembic_config(settings)).get_current_head()
+    head = _latest_migration()
     with unit_of_work() as uow:
         current = uow.session.scalar(text("SELECT version_num FROM alembic_version"))
     if current != head:

@@ -3,13 +3,20 @@ and tune a search profile on its train judgements."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
 from services.evaluation.beir import DatasetError
 from shared.errors import NotFound
@@ -19,7 +26,7 @@ progress_console = Console(stderr=True)  # progress on stderr: stdout stays the 
 
 
 @contextmanager
-def stage_progress() -> Iterator[object]:
+def stage_progress() -> Iterator[Callable[[str, int, int], None]]:
     """A progress bar per stage; the harness reports (stage, done, total)."""
     with Progress(
         TextColumn("{task.description:<28}"),
@@ -28,12 +35,12 @@ def stage_progress() -> Iterator[object]:
         TimeRemainingColumn(),
         console=progress_console,
     ) as bars:
-        tasks: dict[str, object] = {}
+        tasks: dict[str, TaskID] = {}
 
         def report(stage: str, done: int, total: int) -> None:
             if stage not in tasks:
                 tasks[stage] = bars.add_task(stage, total=total)
-            bars.update(tasks[stage], completed=done, total=total)  # type: ignore[arg-type]
+            bars.update(tasks[stage], completed=done, total=total)
 
         yield report
 
@@ -74,7 +81,7 @@ def eval_command(
     )
     try:
         with stage_progress() as progress:
-            paths = run_eval(dataset, out, options, progress)  # type: ignore[arg-type]
+            paths = run_eval(dataset, out, options, progress)
     except (DatasetError, NotFound) as e:
         console.print(f"[red]{e}[/]")
         raise typer.Exit(2) from e
@@ -95,7 +102,7 @@ def tune_command(
 
     try:
         with stage_progress() as progress:
-            result = tune(dataset, split, name, progress, max_queries)  # type: ignore[arg-type]
+            result = tune(dataset, split, name, progress, max_queries)
     except (DatasetError, TuningRefused) as e:
         console.print(f"[red]{e}[/]")
         raise typer.Exit(2) from e

@@ -32,24 +32,22 @@ def bucket_stats(session: Session, tenant_id: str) -> dict[int, tuple[int, int, 
 def chunks_in_buckets(
     session: Session, tenant_id: str, buckets: Sequence[int]
 ) -> dict[str, tuple[int, str]]:
-    if not buckets:
-        return {}
-    rows = session.execute(
-        select(Chunk.id, Chunk.version, Chunk.text_hash).where(
-            Chunk.tenant_id == tenant_id, Chunk.bucket.in_(list(buckets))
-        )
-    )
-    return {cid: (version, text_hash) for cid, version, text_hash in rows}
+    return _fingerprints(session, tenant_id, Chunk.bucket.in_(list(buckets))) if buckets else {}
 
 
 def chunks_by_ids(
     session: Session, tenant_id: str, ids: Sequence[str]
 ) -> dict[str, tuple[int, str]]:
-    if not ids:
-        return {}
+    return _fingerprints(session, tenant_id, Chunk.id.in_(list(ids))) if ids else {}
+
+
+def _fingerprints(
+    session: Session, tenant_id: str, condition: ColumnElement[bool]
+) -> dict[str, tuple[int, str]]:
+    """chunk id -> (version, text hash) of the tenant's chunks that match ``condition``."""
     rows = session.execute(
         select(Chunk.id, Chunk.version, Chunk.text_hash).where(
-            Chunk.tenant_id == tenant_id, Chunk.id.in_(list(ids))
+            Chunk.tenant_id == tenant_id, condition
         )
     )
     return {cid: (version, text_hash) for cid, version, text_hash in rows}

@@ -38,7 +38,7 @@ def save_profile(
     ingest_repo.ensure_tenant(session, tenant_id)
     profile = session.get(SearchProfile, (tenant_id, name))
     if profile is None:
-        profile = SearchProfile(tenant_id=tenant_id, name=name, settings=clean)
+        profile = SearchProfile(tenant_id=tenant_id, name=name)
         session.add(profile)
     profile.settings = clean
     profile.description = description

@@ -15,7 +15,7 @@ from shared.db import unit_of_work
 from shared.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from shared.ingest import repository as repo
 from shared.ingest.parsing import resolve_content_type
-from shared.ingest.screening import check_filename, screen_upload
+from shared.ingest.screening import screen_upload
 from shared.ingest.service import Upload, accept_upload, delete_document, get_document
 from shared.search import repository as search_repo
 from shared.settings import Settings
@@ -89,7 +89,6 @@ async def _upload_from_request(request: Request, tenant_id: str, settings: Setti
         if not raw:
             raise BadRequest("the uploaded file is empty")
         filename = file.filename or None
-        check_filename(filename)
         external_id = str(form.get("external_id") or filename or "")
         if not external_id:
             raise BadRequest("external_id is required when the file has no name")
