@@ -33,6 +33,7 @@ from shared.stores.elastic import get_es
 def list_jobs(
     session: Session, *, state: str | None, stuck: bool, tenant_id: str | None, limit: int
 ) -> Sequence[IngestJob]:
+    """``tenant_id`` None lists every tenant's jobs: only the operator's CLI passes None."""
     query = select(IngestJob).order_by(IngestJob.created_at.desc()).limit(limit)
     if state:
         if state not in {s.value for s in JobState}:
@@ -94,9 +95,10 @@ def list_dead_letters(
     return session.scalars(query).all()
 
 
-def get_dead_letter(session: Session, letter_id: int) -> DeadLetter:
+def get_dead_letter(session: Session, letter_id: int, tenant_id: str | None = None) -> DeadLetter:
+    """``tenant_id``: only that tenant's letter (the API); None: any (the operator's CLI)."""
     letter = session.get(DeadLetter, letter_id)
-    if letter is None:
+    if letter is None or (tenant_id is not None and letter.tenant_id != tenant_id):
         raise NotFound(f"dead letter {letter_id} not found")
     return letter
 
@@ -116,10 +118,10 @@ def dead_letter_dict(d: DeadLetter) -> dict[str, Any]:
     }
 
 
-def replay_dead_letter(uow: UnitOfWork, letter_id: int) -> str:
+def replay_dead_letter(uow: UnitOfWork, letter_id: int, tenant_id: str | None = None) -> str:
     """Give the work another full set of attempts, then remove the letter."""
     session = uow.session
-    letter = get_dead_letter(session, letter_id)
+    letter = get_dead_letter(session, letter_id, tenant_id)
     if letter.source == "job":
         job = session.get(IngestJob, uuid.UUID(letter.ref))
         if job is None:
@@ -153,29 +155,32 @@ def replay_dead_letter(uow: UnitOfWork, letter_id: int) -> str:
     return what
 
 
-def discard_dead_letter(session: Session, letter_id: int) -> None:
-    get_dead_letter(session, letter_id)
+def discard_dead_letter(session: Session, letter_id: int, tenant_id: str | None = None) -> None:
+    get_dead_letter(session, letter_id, tenant_id)
     session.execute(delete(DeadLetter).where(DeadLetter.id == letter_id))
 
 
-def system_stats() -> dict[str, Any]:
+def system_stats(tenant_id: str | None = None) -> dict[str, Any]:
+    """Counts for one tenant (the API) or all (the operator's CLI); queue depths are shared."""
     settings = get_settings()
+
+    def count(model: Any, *conditions: Any) -> int:
+        if tenant_id is not None:
+            conditions = (*conditions, model.tenant_id == tenant_id)
+        return s.scalar(select(func.count()).select_from(model).where(*conditions)) or 0
+
     with unit_of_work() as uow:
         s = uow.session
         body: dict[str, Any] = {
-            "documents": s.scalar(
-                select(func.count()).select_from(Document).where(Document.deleted.is_(False))
-            ),
-            "deleted_documents": s.scalar(
-                select(func.count()).select_from(Document).where(Document.deleted.is_(True))
-            ),
-            "document_versions": s.scalar(select(func.count()).select_from(DocumentVersion)),
-            "chunks_postgres": s.scalar(select(func.count()).select_from(Chunk)),
-            "outbox_backlog": ingest_repo.outbox_backlog(s),
-            "dead_letters": ingest_repo.dead_letter_count(s),
-            "jobs": ingest_repo.job_state_counts(s),
+            "documents": count(Document, Document.deleted.is_(False)),
+            "deleted_documents": count(Document, Document.deleted.is_(True)),
+            "document_versions": count(DocumentVersion),
+            "chunks_postgres": count(Chunk),
+            "outbox_backlog": ingest_repo.outbox_backlog(s, tenant_id),
+            "dead_letters": ingest_repo.dead_letter_count(s, tenant_id),
+            "jobs": ingest_repo.job_state_counts(s, tenant_id),
         }
-        last = ingest_repo.last_reconcile(s)
+        last = ingest_repo.last_reconcile(s, tenant_id)
         body["last_reconcile"] = (
             None
             if last is None
@@ -191,7 +196,10 @@ def system_stats() -> dict[str, Any]:
     except Exception as e:  # Redis down: say so, answer the rest
         body["queue_depth"] = f"unavailable ({type(e).__name__})"
     try:
-        body["chunks_elasticsearch"] = get_es().count(index=settings.es_chunks_alias())["count"]
+        query = {"term": {"tenant_id": tenant_id}} if tenant_id is not None else None
+        body["chunks_elasticsearch"] = get_es().count(
+            index=settings.es_chunks_alias(), query=query
+        )["count"]
     except (ApiError, TransportError) as e:  # stats must answer when ES is down
         body["chunks_elasticsearch"] = f"unavailable ({type(e).__name__})"
     return body

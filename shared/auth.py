@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, true
 from sqlalchemy.orm import Session
 
 from shared.errors import BadRequest, Forbidden, Unauthorized
@@ -81,7 +81,8 @@ def authenticate(session: Session, secret: str | None) -> Principal:
     return Principal(key.id, key.tenant_id, frozenset(key.scopes))
 
 
-def list_keys(session: Session) -> list[dict[str, Any]]:
+def list_keys(session: Session, tenant_id: str | None = None) -> list[dict[str, Any]]:
+    """One tenant's keys (the API) or every key (the operator's CLI); never the secrets."""
     return [
         {
             "id": str(k.id),
@@ -92,13 +93,17 @@ def list_keys(session: Session) -> list[dict[str, Any]]:
             "created_at": k.created_at.isoformat(),
             "revoked": k.revoked_at is not None,
         }
-        for k in session.scalars(select(ApiKey).order_by(ApiKey.created_at))
+        for k in session.scalars(
+            select(ApiKey)
+            .where(ApiKey.tenant_id == tenant_id if tenant_id is not None else true())
+            .order_by(ApiKey.created_at)
+        )
     ]
 
 
-def revoke_key(session: Session, key_id: uuid.UUID) -> bool:
+def revoke_key(session: Session, key_id: uuid.UUID, tenant_id: str | None = None) -> bool:
     key = session.get(ApiKey, key_id)
-    if key is None:
+    if key is None or (tenant_id is not None and key.tenant_id != tenant_id):
         return False
     if key.revoked_at is None:
         key.revoked_at = ingest_repo.now(session)

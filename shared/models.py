@@ -255,3 +255,37 @@ class SearchProfile(Base):
     description: Mapped[str] = mapped_column(Text, nullable=False, default="")
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
+
+
+class TrainedReranker(Base):
+    """A cross-encoder fine-tuned on one tenant's judgements (``concord reranker train``); a
+    search request or profile selects it by name with ``rerank.model``."""
+
+    __tablename__ = "trained_rerankers"
+
+    tenant_id: Mapped[str] = mapped_column(String(64), ForeignKey("tenants.id"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # A fresh directory per training run, so a process that cached the previous model by path
+    # never mixes it up with the new one.
+    path: Mapped[str] = mapped_column(Text, nullable=False)
+    base_model: Mapped[str] = mapped_column(Text, nullable=False)
+    card: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
+    created_at: Mapped[datetime] = _now()
+
+
+class TrainingJob(Base):
+    """A reranker training run started in the background; the jobs API reports it."""
+
+    __tablename__ = "training_jobs"
+    __table_args__ = (Index("ix_training_jobs_tenant_created", "tenant_id", "created_at"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64), nullable=False)
+    name: Mapped[str] = mapped_column(String(64), nullable=False)
+    state: Mapped[str] = mapped_column(String(16), nullable=False)
+    params: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
+    progress: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, default=dict)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()

@@ -13,6 +13,8 @@ from typing import Any
 
 import redis
 from celery import Celery
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from shared.settings import get_settings
 
@@ -21,18 +23,33 @@ log = logging.getLogger(__name__)
 INGEST_QUEUE = "ingest"
 RELAY_QUEUE = "relay"
 MAINTENANCE_QUEUE = "maintenance"
+TRAINING_QUEUE = "training"
 
 PROCESS_JOB_TASK = "concord.ingest.process_job"
 ACCEPT_EVENT_TASK = "concord.ingest.accept_upload_event"
 RELAY_TASK = "concord.relay.drain_outbox"
 SWEEP_TASK = "concord.maintenance.sweep_expired_jobs"
 RECONCILE_TASK = "concord.maintenance.reconcile"
+TRAIN_RERANKER_TASK = "concord.training.train_reranker"
+
+
+def broker_socket_options() -> dict[str, float]:
+    """Socket timeouts for every connection to the broker: without them a Redis that accepts
+    connections and then stays silent would hold an upload request (or a worker) forever."""
+    settings = get_settings()
+    return {
+        "socket_timeout": settings.redis_socket_timeout_s,
+        "socket_connect_timeout": settings.redis_socket_timeout_s,
+    }
 
 
 @lru_cache
 def get_producer() -> Celery:
     settings = get_settings()
-    return Celery("concord-producer", broker=settings.redis_url(), set_as_current=False)
+    producer = Celery("concord-producer", broker=settings.redis_url(), set_as_current=False)
+    producer.conf.broker_transport_options = broker_socket_options()
+    producer.conf.broker_connection_timeout = settings.redis_socket_timeout_s
+    return producer
 
 
 def _send(name: str, args: list[Any], queue: str) -> bool:
@@ -41,8 +58,10 @@ def _send(name: str, args: list[Any], queue: str) -> bool:
             name,
             args=args,
             queue=queue,
+            # One quick retry for a blip; a longer outage must not hold the request that
+            # publishes (an upload): the sweep republishes from Postgres once Redis is back.
             retry=True,
-            retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5},
+            retry_policy={"max_retries": 1, "interval_start": 0.1, "interval_max": 0.5},
         )
         return True
     except Exception as e:  # kombu/redis raise many types; the sweep is the safety net
@@ -60,6 +79,11 @@ def publish_ingest_job(job_id: uuid.UUID) -> bool:
 
 
 RELAY_PENDING_KEY = "concord:relay-pending"
+
+
+def publish_training_job(job_id: uuid.UUID) -> None:
+    """Unlike ingest there is no sweep behind this: a failure to publish must surface."""
+    get_producer().send_task(TRAIN_RERANKER_TASK, args=[str(job_id)], queue=TRAINING_QUEUE)
 
 
 def publish_relay() -> bool:
@@ -81,7 +105,8 @@ def publish_upload_event(event: dict[str, Any]) -> None:
 def queue_depths() -> dict[str, int]:
     """Messages waiting per queue (Celery's Redis transport keeps each queue as a list)."""
     client = _redis()
-    return {q: int(client.llen(q)) for q in (INGEST_QUEUE, RELAY_QUEUE, MAINTENANCE_QUEUE)}
+    queues = (INGEST_QUEUE, RELAY_QUEUE, MAINTENANCE_QUEUE, TRAINING_QUEUE)
+    return {q: int(client.llen(q)) for q in queues}
 
 
 @lru_cache
@@ -91,6 +116,7 @@ def _redis() -> redis.Redis:
         host=settings.redis_host,
         port=settings.redis_port,
         db=settings.redis_db,
-        socket_timeout=2,
-        socket_connect_timeout=2,
+        socket_timeout=settings.redis_socket_timeout_s,
+        socket_connect_timeout=settings.redis_socket_timeout_s,
+        retry=Retry(NoBackoff(), 0),  # one bounded try: callers fall back (sweep, beat)
     )

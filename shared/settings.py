@@ -29,6 +29,12 @@ class Settings(BaseSettings):
     redis_host: str = "127.0.0.1"
     redis_port: int = 56379
     redis_db: int = 0
+    # Every Redis socket (broker, producer, queue depth) gives up after this long.
+    redis_socket_timeout_s: float = 2.0
+    # Longest wait between attempts to reach a lost broker (kombu's own default grows to 30 s).
+    broker_reconnect_max_interval_s: float = 3.0
+    # How long a new worker process may take to start (it loads the embedding model first).
+    worker_start_timeout_s: float = 120.0
 
     # Elasticsearch (derived BM25 index)
     es_host: str = "127.0.0.1"
@@ -79,6 +85,9 @@ class Settings(BaseSettings):
     task_soft_time_limit_s: int = 240
     task_time_limit_s: int = 280
     broker_visibility_timeout_s: int = 3600
+    # Reranker training runs ack on start (see services/training/jobs.py), so this limit may
+    # exceed the visibility timeout.
+    training_time_limit_s: int = 6 * 3600
 
     # Periodic reconcile-and-repair of every tenant by beat (0 disables it)
     reconcile_interval_seconds: float = 600.0
@@ -110,6 +119,8 @@ class Settings(BaseSettings):
     rerank_model: str = ""
     rerank_max_length: int = 256
     rerank_batch_size: int = 16
+    # int8: dynamically quantized linear layers for cross-encoders on CPU (about 2x faster).
+    rerank_quantize: Literal["none", "int8"] = "none"
 
     # Evidence policy defaults (requests may override within the schema's limits)
     policy_score_type: Literal["dense_cosine", "rerank"] = "dense_cosine"

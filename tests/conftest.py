@@ -92,9 +92,10 @@ def fresh_stores() -> None:
 class CeleryProcess:
     """A real Celery worker (or beat) in its own process group, killable by the tests."""
 
-    def __init__(self, kind: str, log_dir: Path) -> None:
+    def __init__(self, kind: str, log_dir: Path, env: dict[str, str] | None = None) -> None:
         self.kind = kind
         self.log = log_dir / f"{kind}.log"
+        self.env = {**os.environ, **(env or {})}  # e.g. a shorter visibility timeout
         self.proc: subprocess.Popen[bytes] | None = None
 
     def argv(self) -> list[str]:
@@ -106,7 +107,7 @@ class CeleryProcess:
                 "--loglevel=INFO",
                 "--concurrency=1",
                 "-Q",
-                "ingest,relay,maintenance",
+                "ingest,relay,maintenance,training",
                 "-n",
                 f"test-{uuid.uuid4().hex[:6]}@%h",
             ]
@@ -115,7 +116,12 @@ class CeleryProcess:
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                self.argv(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                self.argv(),
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=self.env,
             )
 
     def child_pids(self) -> list[int]:
@@ -219,3 +225,28 @@ def redis_service() -> Iterator[Any]:
     service = RedisService(get_settings())
     yield service
     service.up()
+
+
+@pytest.fixture(scope="module")
+def live_api() -> Iterator[str]:
+    """The API app served by uvicorn on a free port, in this process, for clients that need
+    real HTTP (a browser, schemathesis)."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from services.api.app import create_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, 120, what="uvicorn to start")
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=15)

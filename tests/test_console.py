@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 from services.cli.stack import ElasticsearchService
@@ -37,25 +34,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-
-
-@pytest.fixture(scope="module")
-def live_api() -> Iterator[str]:
-    """The API app served by uvicorn on a free port, in this process (a browser needs HTTP)."""
-    from services.api.app import create_app
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, 120, what="uvicorn to start")
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=15)
 
 
 @pytest.fixture
@@ -135,7 +113,6 @@ def test_console_upload_search_trace_reconcile_and_replay(
     hit = get_es().search(index=alias, query={"term": {"tenant_id": tenant}}, size=1)
     get_es().delete(index=alias, id=hit["hits"]["hits"][0]["_id"], refresh=True)
     page.goto(f"{live_api}/console/#consistency")
-    page.fill("#reconcile-tenant", tenant)
     page.click("#reconcile-form button")
     page.wait_for_selector("#reconcile-report #total-drift", timeout=60_000)
     assert page.inner_text("#reconcile-report #total-drift") == "1"

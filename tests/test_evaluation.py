@@ -218,9 +218,9 @@ def test_eval_command_reports_a_bad_dataset_clearly(tmp_path: Path) -> None:
 def test_profiles_reject_invalid_settings(client: TestClient) -> None:
     headers = key_headers("profile-tenant", ["admin"])
     bad = client.put("/v1/profiles/p1", json={"settings": {"top_k": 0}}, headers=headers)
-    assert bad.status_code == 400 and "top_k" in bad.text
+    assert bad.status_code == 422 and "top_k" in bad.text
     misplaced = client.put("/v1/profiles/p1", json={"settings": {"query": "x"}}, headers=headers)
-    assert misplaced.status_code == 400 and "query" in misplaced.text
+    assert misplaced.status_code == 422 and "query" in misplaced.text
     good = client.put("/v1/profiles/p1", json={"settings": {"mode": "lexical"}}, headers=headers)
     assert good.status_code == 200 and good.json()["settings"] == {"mode": "lexical"}
     assert client.delete("/v1/profiles/p1", headers=headers).status_code == 204

@@ -79,21 +79,31 @@ def test_a_canary_key_never_reaches_logs_or_error_bodies(
     assert get_settings().pg_password not in caplog.text
 
 
-def test_admin_key_endpoints_create_list_and_revoke(client: TestClient) -> None:
-    admin = key_headers(f"t-{uuid.uuid4().hex[:10]}", ["admin"])
-    reader = key_headers(f"t-{uuid.uuid4().hex[:10]}", ["read"])
-    tenant = f"t-{uuid.uuid4().hex[:10]}"
-    assert client.post("/v1/admin/keys", headers=reader, json={"tenant": tenant}).status_code == 403
-    created = client.post(
-        "/v1/admin/keys", headers=admin, json={"tenant": tenant, "scopes": ["read"]}
-    )
+def test_admin_key_endpoints_create_list_and_revoke_for_their_own_tenant(
+    client: TestClient,
+) -> None:
+    tenant, other = f"t-{uuid.uuid4().hex[:10]}", f"t-{uuid.uuid4().hex[:10]}"
+    admin = key_headers(tenant, ["admin"])
+    reader = key_headers(tenant, ["read"])
+    other_admin = key_headers(other, ["admin"])
+    assert client.post("/v1/admin/keys", headers=reader, json={}).status_code == 403
+    created = client.post("/v1/admin/keys", headers=admin, json={"scopes": ["read"]})
     assert created.status_code == 201
     body = created.json()
+    assert body["tenant_id"] == tenant  # an admin key mints keys for its own tenant only
     new = {"Authorization": f"Bearer {body['secret']}"}
     assert client.get("/v1/profiles", headers=new).status_code == 200
     listed = client.get("/v1/admin/keys", headers=admin).json()
     assert any(k["id"] == body["id"] and "secret" not in k for k in listed)
+    assert {k["tenant_id"] for k in listed} == {tenant}
+    # Another tenant's admin neither sees nor revokes it.
+    assert all(
+        k["id"] != body["id"] for k in client.get("/v1/admin/keys", headers=other_admin).json()
+    )
+    assert client.delete(f"/v1/admin/keys/{body['id']}", headers=other_admin).status_code == 404
+    assert client.get("/v1/profiles", headers=new).status_code == 200
     assert client.delete(f"/v1/admin/keys/{body['id']}", headers=admin).status_code == 204
     assert client.get("/v1/profiles", headers=new).status_code == 401
-    bad = client.post("/v1/admin/keys", headers=admin, json={"tenant": "Bad Tenant!"})
-    assert bad.status_code == 400
+    # Naming a tenant is not a field any more: unknown fields are errors, not ignored.
+    smuggled = client.post("/v1/admin/keys", headers=admin, json={"tenant": other})
+    assert smuggled.status_code == 422

@@ -90,3 +90,13 @@ def test_rrf_rewards_agreement_and_respects_weights():
         {"dense": dense, "lexical": lexical}, k=60, weights={"dense": 0.0, "lexical": 1.0}
     )
     assert [cid for cid, _ in weighted][:2] == ["b", "c"]
+
+
+def test_blend_scores_mix_min_max_normalized_rerank_and_fused_scores() -> None:
+    from shared.search.service import blend_scores
+
+    rerank, fused = [3.0, 1.0, 2.0], [0.1, 0.3, 0.2]
+    assert blend_scores(rerank, fused, 1.0) == rerank  # the reranker alone, raw
+    assert blend_scores(rerank, fused, 0.0) == pytest.approx([0.0, 1.0, 0.5])
+    assert blend_scores(rerank, fused, 0.25) == pytest.approx([0.25, 0.75, 0.5])
+    assert blend_scores([], [], 0.3) == []

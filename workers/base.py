@@ -16,6 +16,7 @@ from elasticsearch import ConnectionError as EsConnectionError
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from shared.errors import StoreUnavailable
+from shared.settings import get_settings
 from workers.celery_app import celery_app
 
 RETRIABLE: tuple[type[BaseException], ...] = (
@@ -38,15 +39,26 @@ def retry_delay(retries: int, base: float = 2.0, cap: float = 120.0) -> float:
     return float(min(cap, base * 2**retries) * random.uniform(0.5, 1.0))
 
 
-def concord_task(name: str, queue: str, max_retries: int = 5) -> Callable[[F], Task]:
+def concord_task(
+    name: str, queue: str, max_retries: int = 5, long_running: bool = False
+) -> Callable[[F], Task]:
+    """``long_running``: acknowledged on start and without the global time limits, for work
+    that outlives the broker's visibility timeout and tracks its own state in Postgres."""
+
+    settings = get_settings()
+
     def decorate(fn: F) -> Task:
+        options: dict[str, Any] = (
+            {
+                "acks_late": False,
+                "soft_time_limit": settings.training_time_limit_s - 60,
+                "time_limit": settings.training_time_limit_s,
+            }
+            if long_running
+            else {"acks_late": True, "reject_on_worker_lost": True}
+        )
         task: Task = celery_app.task(
-            name=name,
-            bind=True,
-            queue=queue,
-            acks_late=True,
-            reject_on_worker_lost=True,
-            max_retries=max_retries,
+            name=name, bind=True, queue=queue, max_retries=max_retries, **options
         )(fn)
         return task
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import setup_logging, worker_process_init
+from kombu.connection import Connection
 
 from shared.logs import configure_json_logging
 from shared.queue import (
@@ -20,6 +21,7 @@ from shared.queue import (
     RELAY_QUEUE,
     RELAY_TASK,
     SWEEP_TASK,
+    broker_socket_options,
 )
 from shared.settings import get_settings
 
@@ -34,8 +36,19 @@ def create_celery_app() -> Celery:
         task_ignore_result=True,
         task_soft_time_limit=settings.task_soft_time_limit_s,
         task_time_limit=settings.task_time_limit_s,
-        broker_transport_options={"visibility_timeout": settings.broker_visibility_timeout_s},
+        broker_transport_options={
+            "visibility_timeout": settings.broker_visibility_timeout_s,
+            **broker_socket_options(),
+        },
+        broker_connection_timeout=settings.redis_socket_timeout_s,
         broker_connection_retry_on_startup=True,
+        # Never give up on the broker: after Celery's default 100 attempts a worker exits and
+        # whatever Redis outage outlasted them becomes an outage of the whole pipeline.
+        broker_connection_max_retries=None,
+        # A new pool child loads the embedding model before it reports up; on two busy cores
+        # that takes well over Celery's default 4 s, and a child killed for being slow is
+        # replaced by another that is just as slow, for ever.
+        worker_proc_alive_timeout=settings.worker_start_timeout_s,
         task_default_queue=INGEST_QUEUE,
         task_serializer="json",
         accept_content=["json"],
@@ -64,7 +77,37 @@ def create_celery_app() -> Celery:
     return app
 
 
+def cap_reconnect_backoff(max_interval_s: float) -> None:
+    """Kombu waits 2, 4, 6, ... up to 30 s between attempts to reach a lost broker, and Celery
+    passes no way to change that; after a minute without Redis a worker (or beat) would sit
+    idle for many seconds after Redis is back. Cap the wait, so recovery starts within a
+    sweep period."""
+    original = Connection._ensure_connection
+
+    def ensure(
+        self: Connection,
+        errback: Any = None,
+        max_retries: int | None = None,
+        interval_start: float = 2,
+        interval_step: float = 2,
+        interval_max: float = 30,
+        **kwargs: Any,
+    ) -> Any:
+        return original(  # type: ignore[no-untyped-call]
+            self,
+            errback,
+            max_retries,
+            min(interval_start, max_interval_s),
+            min(interval_step, max_interval_s),
+            min(interval_max, max_interval_s),
+            **kwargs,
+        )
+
+    Connection._ensure_connection = ensure  # type: ignore[method-assign,assignment]
+
+
 celery_app = create_celery_app()
+cap_reconnect_backoff(get_settings().broker_reconnect_max_interval_s)
 
 
 @setup_logging.connect  # type: ignore[untyped-decorator]

@@ -22,6 +22,8 @@ from shared.queue import (
     RELAY_QUEUE,
     RELAY_TASK,
     SWEEP_TASK,
+    TRAIN_RERANKER_TASK,
+    TRAINING_QUEUE,
 )
 from shared.reconcile.service import reconcile
 from shared.settings import get_settings
@@ -82,3 +84,12 @@ def reconcile_all(self: Task) -> dict[str, Any]:
 def sweep_expired_jobs(self: Task) -> dict[str, Any]:
     report = sweep.sweep_expired_jobs()
     return vars(report)
+
+
+@concord_task(TRAIN_RERANKER_TASK, TRAINING_QUEUE, max_retries=0, long_running=True)
+def train_reranker(self: Task, job_id: str) -> dict[str, Any]:
+    """A background ``concord reranker train`` (state and progress in ``training_jobs``)."""
+    from services.training.jobs import run_training_job
+
+    with job_context(job_id, None):
+        return run_training_job(uuid.UUID(job_id))

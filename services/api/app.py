@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import elasticsearch
+import kombu.exceptions
+import redis
+import sqlalchemy.exc
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+from starlette.types import Scope
 
 from services.api.readiness import readiness_checks
 from services.api.routes import admin, documents, jobs, search
@@ -27,6 +34,42 @@ from shared.settings import get_settings
 CONSOLE_DIR = Path(__file__).resolve().parent / "console"
 
 log = logging.getLogger(__name__)
+
+
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def _allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
+    """The methods under which some route fully matches the path (routers nest, so ask each
+    top-level route under each method rather than reading their method sets)."""
+    return [
+        method
+        for method in HTTP_METHODS
+        if any(r.matches({**scope, "method": method})[0] == Match.FULL for r in app.router.routes)
+    ]
+
+
+# A store that cannot be reached (refused, reset, timed out) makes a request fail with 503 and
+# Retry-After, which clients may retry, not a 500. Errors of the request itself stay 4xx.
+STORE_ERRORS: dict[type[Exception], str] = {
+    sqlalchemy.exc.OperationalError: "Postgres",
+    sqlalchemy.exc.InterfaceError: "Postgres",
+    elasticsearch.ConnectionError: "Elasticsearch",
+    elasticsearch.ConnectionTimeout: "Elasticsearch",
+    redis.ConnectionError: "Redis",
+    redis.TimeoutError: "Redis",
+    kombu.exceptions.OperationalError: "Redis",
+}
+
+
+def _store_unavailable(store: str) -> Callable[[Request, Exception], Awaitable[Response]]:
+    async def handler(_: Request, exc: Exception) -> Response:
+        log.warning("%s unavailable: %s: %s", store, type(exc).__name__, exc)
+        response = error_body("store_unavailable", f"{store} is unavailable; retry shortly", 503)
+        response.headers["Retry-After"] = "5"
+        return response
+
+    return handler
 
 
 def error_body(code: str, message: str, status: int) -> JSONResponse:
@@ -95,6 +138,22 @@ def create_app() -> FastAPI:
         response = error_body(exc.code, exc.message, exc.status_code)
         response.headers.update(exc.headers)
         return response
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Routing errors (404 unknown path, 405) in Concord's error shape. Starlette's 405
+        names only the methods of the first route that matched the path; ``Allow`` must list
+        every method the path supports."""
+        code = "method_not_allowed" if exc.status_code == 405 else "http_error"
+        response = error_body(code, str(exc.detail), exc.status_code)
+        if exc.status_code == 405:
+            response.headers["Allow"] = ", ".join(_allowed_methods(app, request.scope))
+        elif exc.headers:
+            response.headers.update(exc.headers)
+        return response
+
+    for error_class, store in STORE_ERRORS.items():
+        app.add_exception_handler(error_class, _store_unavailable(store))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -2,29 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import Depends, Header
+from fastapi import Depends
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
 
 from shared import ratelimit
 from shared.auth import Principal, authenticate
 from shared.db import unit_of_work
 from shared.settings import Settings, get_settings
 
-
-def _bearer(authorization: str | None) -> str | None:
-    if not authorization:
-        return None
-    scheme, _, token = authorization.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else None
+# Declared as security schemes, so the OpenAPI document says which routes need a key and
+# clients (and schemathesis) know how to send one. auto_error=False: a missing or malformed
+# header is answered by ``authenticate`` with Concord's own 401 body.
+_bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`")
+_api_key = APIKeyHeader(name="X-API-Key", auto_error=False, description="An API key")
 
 
 def current_principal(
-    authorization: Annotated[str | None, Header()] = None,
-    x_api_key: Annotated[str | None, Header()] = None,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    api_key: Annotated[str | None, Depends(_api_key)],
 ) -> Principal:
     with unit_of_work() as uow:
-        principal = authenticate(uow.session, _bearer(authorization) or x_api_key)
+        principal = authenticate(uow.session, (bearer.credentials if bearer else None) or api_key)
     ratelimit.enforce(principal.key_id)
     return principal
 
@@ -48,3 +49,46 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 Reader = Annotated[Principal, Depends(reader)]
 Writer = Annotated[Principal, Depends(writer)]
 Admin = Annotated[Principal, Depends(admin)]
+
+
+# Postgres text cannot hold NUL; a value with one is invalid input, not a server error.
+NO_NUL = r"^[^\x00]*$"
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error the API returns: ``{"error": {"code": ..., "message": ...}}``."""
+
+    error: ErrorDetail
+
+
+def _error(description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "model": ErrorBody,
+        "description": description,
+        **({"headers": headers} if headers else {}),
+    }
+
+
+# The errors any authenticated route can answer, declared once per router.
+PROTECTED_ROUTE_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: _error("The request body could not be parsed, or a value is not acceptable"),
+    401: _error("No API key, or an unknown or revoked one"),
+    403: _error("The key lacks the scope this route needs"),
+    422: _error("The request is invalid; the message says which field and why"),
+    429: _error(
+        "The key's rate limit is exhausted",
+        {"Retry-After": {"description": "Seconds to wait", "schema": {"type": "integer"}}},
+    ),
+    503: _error("A store Concord needs is unavailable; retry later"),
+}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: _error("No such object for the caller's tenant")}
+UPLOAD_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: _error("The upload is malformed (e.g. a bad filename or metadata)"),
+    413: _error("The upload is larger than CONCORD_MAX_UPLOAD_BYTES"),
+    415: _error("The content is not a supported type (checked by its bytes, not its header)"),
+}

@@ -53,6 +53,9 @@ def eval_command(
     depth: int = typer.Option(150, help="Candidate depth per arm."),
     rerank: bool = typer.Option(True, help="Also run every configuration with the rerank stage."),
     rerank_window: int = typer.Option(20, help="Candidates the rerank stage rescores."),
+    reranker: str = typer.Option(
+        None, help="Also run every configuration with this trained reranker (concord reranker)."
+    ),
     peer: bool = typer.Option(True, help="Run the Haystack peer in the same invocation."),
     abstain: bool = typer.Option(True, help="Measure abstain accuracy (unanswerable variant)."),
     seed: int = typer.Option(13, help="Seed for choosing the unanswerable half."),
@@ -73,6 +76,7 @@ def eval_command(
         rerank=rerank,
         rerank_window=rerank_window,
         profile=profile,
+        reranker=reranker,
         peer=peer,
         abstain=abstain,
         seed=seed,

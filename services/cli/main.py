@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress
 
-from services.cli import admin, evaluate, stack_commands
+from services.cli import admin, evaluate, reranker, stack_commands
 from shared.settings import get_settings
 
 app = typer.Typer(
@@ -22,6 +22,7 @@ app.add_typer(stack_commands.app, name="stack")
 keys_app = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 app.add_typer(admin.dlq_app, name="dlq")
+app.add_typer(reranker.app, name="reranker")
 app.command()(admin.reconcile)
 app.command()(admin.reindex)
 app.command()(admin.jobs)

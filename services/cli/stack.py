@@ -625,11 +625,11 @@ def app_processes(settings: Settings) -> list[ProjectProcess]:
                 "--loglevel=INFO",
                 f"--concurrency={settings.worker_concurrency}",
                 "-Q",
-                "ingest,relay,maintenance",
+                "ingest,relay,maintenance,training",
                 "-n",
                 "concord-local@%h",
             ],
-            "queues ingest, relay, maintenance",
+            "queues ingest, relay, maintenance, training",
         ),
         ProjectProcess(
             settings,

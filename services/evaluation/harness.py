@@ -31,7 +31,7 @@ from services.evaluation.runner import (
 from shared.auth import create_key, revoke_key
 from shared.db import unit_of_work
 from shared.models import Chunk
-from shared.search import profiles
+from shared.search import profiles, rerankers
 from shared.settings import get_settings
 
 
@@ -42,6 +42,7 @@ class EvalOptions:
     rerank: bool = True
     rerank_window: int = 20
     profile: str | None = None
+    reranker: str | None = None  # a trained reranker of the dataset's tenant
     peer: bool = True
     abstain: bool = True
     seed: int = 13
@@ -79,18 +80,22 @@ def run_eval(
     qrels = dataset.qrels(options.split)
     queries = dataset.split_queries(options.split)[: options.max_queries]
     tenant = eval_tenant(dataset)
-    if options.profile:  # fail before the long work, not after it
-        with unit_of_work() as uow:
+    with unit_of_work() as uow:  # fail before the long work, not after it
+        if options.profile:
             profiles.get_profile(uow.session, tenant, options.profile)
+        if options.reranker:
+            rerankers.get(uow.session, tenant, options.reranker)
 
     started = time.monotonic()
     synced = sync_corpus(tenant, dataset.corpus, progress, options.timeout_s)
     ingest = {**vars(synced), "seconds": round(time.monotonic() - started, 1)}
 
     runs: dict[str, RunResult] = {}
-    configs = standard_configs(options.depth, options.rerank_window, options.profile)
+    configs = standard_configs(
+        options.depth, options.rerank_window, options.profile, options.reranker
+    )
     if not options.rerank:
-        configs = [c for c in configs if not c.reranks]
+        configs = [c for c in configs if not c.reranks or c.trained_reranker]
     if options.only:
         configs = [c for c in configs if c.name in options.only]
     with temporary_key(tenant) as api_key:
@@ -158,6 +163,9 @@ def _row(name: str, run: RunResult, qrels: beir.Qrels, configs: list[EvalConfig]
         "stage_ms_mean": {
             stage: round(sum(v) / len(v), 2) for stage, v in sorted(run.stage_ms.items())
         },
+        "rerank_stage_ms": percentiles(run.stage_ms["rerank"])
+        if run.stage_ms.get("rerank")
+        else None,
     }
 
 

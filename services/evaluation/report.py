@@ -54,18 +54,20 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['generated_at']}.",
         "",
         "| configuration | nDCG@10 | Recall@10 | Recall@100 | MRR@10 | 1-Recall@20 "
-        "| p50 ms | p95 ms | p99 ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| p50 ms | p95 ms | p99 ms | rerank stage p50 / p95 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in report["configs"]:
         if c.get("unavailable"):
-            lines.append(f"| {c['name']} | not run: {c['unavailable']} |||||||| ")
+            lines.append(f"| {c['name']} | not run: {c['unavailable']} ||||||||| ")
             continue
         m, lat = c["metrics"], c["latency_ms"]
+        rerank = c.get("rerank_stage_ms")
         lines.append(
             f"| {c['name']} | "
             + " | ".join(f"{m[k]:.4f}" for k in METRICS)
-            + f" | {lat['p50']} | {lat['p95']} | {lat['p99']} |"
+            + f" | {lat['p50']} | {lat['p95']} | {lat['p99']} | "
+            + (f"{rerank['p50']} / {rerank['p95']} |" if rerank else "- |")
         )
     if report.get("anchors"):
         lines += ["", "Published anchors (nDCG@10):", ""]

@@ -30,6 +30,11 @@ class EvalConfig:
     def reranks(self) -> bool:
         return bool(self.body.get("rerank", {}).get("enabled"))
 
+    @property
+    def trained_reranker(self) -> str | None:
+        model: str | None = self.body.get("rerank", {}).get("model")
+        return model
+
 
 @dataclass
 class RunResult:
@@ -40,10 +45,11 @@ class RunResult:
 
 
 def standard_configs(
-    depth: int, rerank_window: int, profile: str | None = None
+    depth: int, rerank_window: int, profile: str | None = None, reranker: str | None = None
 ) -> list[EvalConfig]:
-    """lexical, dense, hybrid RRF and hybrid convex, each without and with the rerank stage;
-    with a profile, the profile's settings with and without rerank as well.
+    """lexical, dense, hybrid RRF and hybrid convex, each without and with the rerank stage
+    (the configured one; and the trained ``reranker`` when named); with a profile, the
+    profile's settings the same ways.
 
     Every configuration asks for 100 distinct documents (one chunk per document), so that
     Recall@100 is measured on documents, the unit BEIR judges."""
@@ -62,10 +68,13 @@ def standard_configs(
     if profile:
         plain[f"profile:{profile}"] = {"profile": profile}
     rerank = {"rerank": {"enabled": True, "window": rerank_window, "budget_ms": 30000}}
+    trained = {"rerank": {**rerank["rerank"], "model": reranker}}
     configs = []
     for name, body in plain.items():
         configs.append(EvalConfig(name, {**base, **body}))
         configs.append(EvalConfig(f"{name}+rerank", {**base, **body, **rerank}))
+        if reranker:
+            configs.append(EvalConfig(f"{name}+trained:{reranker}", {**base, **body, **trained}))
     return configs
 
 
@@ -104,7 +113,11 @@ def run_config(
     for i, (qid, text) in enumerate(queries, start=1):
         body, elapsed_ms = client.search({**config.body, "query": text, "explain": True})
         if config.reranks and "rerank_unavailable" in body["degraded"]:
-            result.unavailable = "the API has no working reranker (CONCORD_RERANK_KIND/MODEL)"
+            result.unavailable = (
+                f"trained reranker {config.trained_reranker!r} did not run"
+                if config.trained_reranker
+                else "the API has no working reranker (CONCORD_RERANK_KIND/MODEL)"
+            )
             return result
         result.rankings[qid] = unique(r["external_id"] for r in body["results"])
         result.latencies_ms.append(elapsed_ms)

@@ -128,6 +128,23 @@ def expired_jobs(session: Session, limit: int) -> Sequence[IngestJob]:
     ).all()
 
 
+def queued_jobs_published_before(
+    session: Session, published_before: datetime, lease_seconds: int, limit: int
+) -> Sequence[IngestJob]:
+    """Queued jobs whose message went out before ``published_before`` (a lease starts when
+    its message is published), oldest first."""
+    return session.scalars(
+        select(IngestJob)
+        .where(
+            IngestJob.state == JobState.QUEUED,
+            IngestJob.lease_expires_at < published_before + timedelta(seconds=lease_seconds),
+        )
+        .order_by(IngestJob.lease_expires_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    ).all()
+
+
 def extend_lease(job: IngestJob, at: datetime, seconds: int) -> None:
     job.lease_expires_at = at + timedelta(seconds=seconds)
 
@@ -329,8 +346,11 @@ def postpone_outbox(
     session.execute(update(EsOutbox).where(EsOutbox.id.in_(list(ids))).values(**values))
 
 
-def outbox_backlog(session: Session) -> int:
-    return session.scalar(select(func.count()).select_from(EsOutbox)) or 0
+def outbox_backlog(session: Session, tenant_id: str | None = None) -> int:
+    query = select(func.count()).select_from(EsOutbox)
+    if tenant_id is not None:
+        query = query.where(EsOutbox.tenant_id == tenant_id)
+    return session.scalar(query) or 0
 
 
 def documents_by_ids(session: Session, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Document]:
@@ -365,13 +385,18 @@ def live_job_states(
     return {external_id: state for external_id, state in rows}
 
 
-def dead_letter_count(session: Session) -> int:
-    return session.scalar(select(func.count()).select_from(DeadLetter)) or 0
+def dead_letter_count(session: Session, tenant_id: str | None = None) -> int:
+    query = select(func.count()).select_from(DeadLetter)
+    if tenant_id is not None:
+        query = query.where(DeadLetter.tenant_id == tenant_id)
+    return session.scalar(query) or 0
 
 
-def job_state_counts(session: Session) -> dict[str, int]:
-    rows = session.execute(select(IngestJob.state, func.count()).group_by(IngestJob.state))
-    return {state: count for state, count in rows}
+def job_state_counts(session: Session, tenant_id: str | None = None) -> dict[str, int]:
+    query = select(IngestJob.state, func.count()).group_by(IngestJob.state)
+    if tenant_id is not None:
+        query = query.where(IngestJob.tenant_id == tenant_id)
+    return {state: count for state, count in session.execute(query)}
 
 
 def stage_time_totals(session: Session) -> dict[str, tuple[int, float]]:
@@ -402,5 +427,8 @@ def job_state(session: Session, job_id: uuid.UUID) -> str | None:
     return session.scalar(select(IngestJob.state).where(IngestJob.id == job_id))
 
 
-def last_reconcile(session: Session) -> ReconcileRun | None:
-    return session.scalar(select(ReconcileRun).order_by(ReconcileRun.id.desc()).limit(1))
+def last_reconcile(session: Session, tenant_id: str | None = None) -> ReconcileRun | None:
+    query = select(ReconcileRun).order_by(ReconcileRun.id.desc()).limit(1)
+    if tenant_id is not None:
+        query = query.where(ReconcileRun.tenant_id == tenant_id)
+    return session.scalar(query)

@@ -167,8 +167,11 @@ def delete_document(uow: UnitOfWork, tenant_id: str, document_id: uuid.UUID) -> 
     return doc.version
 
 
-def get_document(session: Session, tenant_id: str, document_id: uuid.UUID) -> Document:
+def get_document(
+    session: Session, tenant_id: str, document_id: uuid.UUID, include_deleted: bool = False
+) -> Document:
+    """A deleted document is gone for callers (404), unless they ask for its tombstone."""
     doc = repo.document_for_tenant(session, tenant_id, document_id)
-    if doc is None:
+    if doc is None or (doc.deleted and not include_deleted):
         raise NotFound(f"document {document_id} not found")
     return doc

@@ -3,6 +3,12 @@
 A job whose lease expired lost its message (Redis restarted empty) or its worker (kill -9).
 The sweep renews the lease and publishes the job again; a job that has used up its attempts
 is dead-lettered with the last error it recorded.
+
+Waiting for the lease (minutes, as it must outlast the task time limit) is too slow when
+Redis comes back empty: then the ingest queue is empty while Postgres still has queued jobs
+published more than a sweep period ago, and those are published again at once. A job whose
+message was only taken by a worker a moment ago gets a second message, which its lease makes
+a no-op.
 """
 
 from __future__ import annotations
@@ -10,11 +16,12 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from shared.db import unit_of_work
 from shared.ingest import repository as repo
 from shared.models import JobState
-from shared.queue import publish_ingest_job
+from shared.queue import INGEST_QUEUE, publish_ingest_job, queue_depths
 from shared.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -60,6 +67,7 @@ def sweep_expired_jobs(settings: Settings | None = None, limit: int = 500) -> Sw
             repo.extend_lease(job, now, settings.job_lease_seconds)
             uow.after_commit(functools.partial(publish_ingest_job, job.id))
             report.republished.append(str(job.id))
+    report.republished += _republish_lost_messages(settings, limit)
     if report.republished or report.dead_lettered:
         log.info(
             "sweep: republished %d, dead-lettered %d",
@@ -67,3 +75,23 @@ def sweep_expired_jobs(settings: Settings | None = None, limit: int = 500) -> Sw
             len(report.dead_lettered),
         )
     return report
+
+
+def _republish_lost_messages(settings: Settings, limit: int) -> list[str]:
+    try:
+        if queue_depths()[INGEST_QUEUE] > 0:
+            return []  # messages are waiting: queued jobs are just behind them
+    except Exception:  # Redis down: nothing can be published now anyway
+        return []
+    republished = []
+    with unit_of_work() as uow:
+        session = uow.session
+        now = repo.now(session)
+        stale = now - timedelta(seconds=settings.sweep_interval_seconds)
+        for job in repo.queued_jobs_published_before(
+            session, stale, settings.job_lease_seconds, limit
+        ):
+            repo.extend_lease(job, now, settings.job_lease_seconds)
+            uow.after_commit(functools.partial(publish_ingest_job, job.id))
+            republished.append(str(job.id))
+    return republished

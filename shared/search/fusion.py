@@ -61,7 +61,7 @@ def convex(arms: dict[str, list[ArmHit]], alpha: float, method: str) -> list[tup
 def fuse(arms: dict[str, list[ArmHit]], options: Fusion) -> list[tuple[str, float]]:
     if options.method == "convex":
         return convex(arms, options.alpha, options.normalization)
-    return rrf(arms, options.k, dict(options.weights))
+    return rrf(arms, options.k, {str(arm): w for arm, w in options.weights.items()})
 
 
 def _ordered(scores: dict[str, float]) -> list[tuple[str, float]]:

@@ -14,9 +14,7 @@ from shared.errors import BadRequest, NotFound
 from shared.ingest import repository as ingest_repo
 from shared.ingest.repository import now
 from shared.models import SearchProfile
-from shared.search.schemas import SearchRequest
-
-NOT_IN_PROFILE = {"query", "profile", "explain"}
+from shared.search.schemas import NOT_IN_PROFILE, SearchRequest
 
 
 def validate_profile_settings(settings: dict[str, Any]) -> dict[str, Any]:

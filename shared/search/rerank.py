@@ -37,16 +37,35 @@ class Reranker(Protocol):
     def score(self, query: str, passages: list[str]) -> list[float]: ...
 
 
+def rerank_passage(title: str, text: str) -> str:
+    """What a reranker reads for one candidate, in training and in search alike: the chunk
+    with its document's title, which often carries the words a query uses."""
+    return f"{title}\n{text}" if title else text
+
+
 class CrossEncoderReranker:
-    """sentence-transformers ``CrossEncoder``: scores (query, passage) pairs jointly."""
+    """sentence-transformers ``CrossEncoder``: scores (query, passage) pairs jointly.
+
+    ``quantize="int8"`` swaps its linear layers for dynamically quantized ones (torch, CPU):
+    about twice the pairs per second on this kind of machine, at a small cost in score
+    precision."""
 
     name = "cross-encoder"
 
-    def __init__(self, model: str, max_length: int, batch_size: int, device: str) -> None:
+    def __init__(
+        self, model: str, max_length: int, batch_size: int, device: str, quantize: str = "none"
+    ) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from sentence_transformers import CrossEncoder
 
         self.model = CrossEncoder(model, max_length=max_length, device=device)
+        if quantize == "int8" and device == "cpu":
+            import torch
+
+            # In place: the CrossEncoder keeps its own reference to the transformer.
+            torch.ao.quantization.quantize_dynamic(  # type: ignore[no-untyped-call]
+                self.model[0].model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True
+            )
         self.batch_size = batch_size
 
     def score(self, query: str, passages: list[str]) -> list[float]:
@@ -86,9 +105,11 @@ _lock = threading.Lock()
 
 
 @lru_cache(maxsize=4)
-def _load(kind: str, model: str, max_length: int, batch_size: int, device: str) -> Reranker:
+def _load(
+    kind: str, model: str, max_length: int, batch_size: int, device: str, quantize: str
+) -> Reranker:
     if kind == "cross-encoder":
-        return CrossEncoderReranker(model, max_length, batch_size, device)
+        return CrossEncoderReranker(model, max_length, batch_size, device, quantize)
     if kind == "bi-encoder":
         return BiEncoderReranker(model, max_length, batch_size, device)
     raise ValueError(f"unknown reranker kind {kind!r}")
@@ -105,6 +126,21 @@ def get_reranker(settings: Settings | None = None) -> Reranker | None:
             settings.rerank_max_length,
             settings.rerank_batch_size,
             settings.embedding_device,
+            settings.rerank_quantize,
+        )
+
+
+def get_trained_reranker(path: str, settings: Settings | None = None) -> Reranker:
+    """A cross-encoder from ``concord reranker train``, loaded once per process per path."""
+    settings = settings or get_settings()
+    with _lock:
+        return _load(
+            "cross-encoder",
+            path,
+            settings.rerank_max_length,
+            settings.rerank_batch_size,
+            settings.embedding_device,
+            settings.rerank_quantize,
         )
 
 

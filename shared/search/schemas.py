@@ -7,27 +7,84 @@ import re
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 Mode = Literal["dense", "lexical", "hybrid"]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+
+
+def _integral(value: Any) -> Any:
+    """JSON Schema counts 1.0 as an integer; strict mode would not."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
+Arm = Literal["dense", "lexical"]
+FieldBoost = Annotated[float, Field(gt=0, le=100)]
 Scalar = str | int | float | bool
 METADATA_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
-ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}([T ][0-9:.]+(Z|[+-]\d{2}:?\d{2})?)?$")
+ISO_DATE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9:.]+(Z|[+-][0-9]{2}:?[0-9]{2})?)?$")
 MAX_FILTERS = 20
 MAX_IN_VALUES = 100
 PROFILE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-LEXICAL_FIELDS = ("title", "section", "text")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Unknown fields are errors, and so are values of the wrong JSON type (``"explain": 0``
+    or ``"top_k": true`` are not quietly coerced)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+BOUNDS = ("gt", "gte", "lt", "lte")
+
+
+def _range_variant(value_schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {bound: value_schema for bound in BOUNDS},
+        "additionalProperties": False,
+        "minProperties": 1,
+    }
+
+
+def _range_schema(schema: dict[str, Any]) -> None:
+    schema.clear()
+    schema["anyOf"] = [
+        _range_variant({"type": "number"}),
+        _range_variant({"type": "string", "pattern": ISO_DATE.pattern}),
+    ]
 
 
 class Range(Strict):
+    """Bounds that are all numbers or all ISO-8601 dates (the OpenAPI document says so too)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra=lambda schema, _: _range_schema(schema),
+    )
+
     gt: float | str | None = None
     gte: float | str | None = None
     lt: float | str | None = None
     lte: float | str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_null_bounds(cls, data: Any) -> Any:
+        if isinstance(data, dict) and any(data.get(b, 0) is None for b in BOUNDS):
+            raise ValueError("range bounds must not be null; leave the bound out instead")
+        return data
 
     @model_validator(mode="after")
     def _one_kind(self) -> Range:
@@ -48,62 +105,71 @@ class Range(Strict):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
+MetadataKey = Annotated[str, StringConstraints(pattern=METADATA_KEY.pattern)]
 MetadataCondition = (
     Scalar | Annotated[list[Scalar], Field(min_length=1, max_length=MAX_IN_VALUES)] | Range
 )
 
 
 class Filters(Strict):
-    metadata: dict[str, MetadataCondition] = Field(default_factory=dict)
-    document_ids: list[uuid.UUID] | None = Field(default=None, min_length=1, max_length=1000)
-
-    @field_validator("metadata")
-    @classmethod
-    def _keys(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if len(value) > MAX_FILTERS:
-            raise ValueError(f"at most {MAX_FILTERS} metadata filters")
-        for key in value:
-            if not METADATA_KEY.match(key):
-                raise ValueError(f"invalid metadata field name {key!r}")
-        return value
+    # Key names and counts are in the types, so the OpenAPI document states them too.
+    metadata: dict[MetadataKey, MetadataCondition] = Field(
+        default_factory=dict,
+        max_length=MAX_FILTERS,
+        # patternProperties alone would let other names through in the document's eyes
+        json_schema_extra={"additionalProperties": False},
+    )
+    # JSON has no UUID type: ids come as strings, so this one field is parsed leniently.
+    document_ids: list[Annotated[uuid.UUID, Field(strict=False)]] | None = Field(
+        default=None, min_length=1, max_length=1000
+    )
 
     def is_empty(self) -> bool:
         return not self.metadata and not self.document_ids
 
 
+def _equal_weights() -> dict[Arm, float]:
+    return {"dense": 1.0, "lexical": 1.0}
+
+
 class Fusion(Strict):
     method: Literal["rrf", "convex"] = "rrf"
-    k: int = Field(default=60, ge=1, le=1000)
-    weights: dict[str, float] = Field(default_factory=lambda: {"dense": 1.0, "lexical": 1.0})
+    k: Int = Field(default=60, ge=1, le=1000)
+    weights: dict[Arm, NonNegativeFloat] = Field(default_factory=_equal_weights)
     normalization: Literal["minmax", "zscore"] = "minmax"
     alpha: float = Field(default=0.5, ge=0.0, le=1.0, description="weight of the dense arm")
 
-    @field_validator("weights")
-    @classmethod
-    def _non_negative(cls, value: dict[str, float]) -> dict[str, float]:
-        if set(value) - {"dense", "lexical"}:
-            raise ValueError("weights may name only 'dense' and 'lexical'")
-        if any(w < 0 for w in value.values()):
-            raise ValueError("weights must be >= 0")
-        return value
-
 
 class CandidateDepth(Strict):
-    dense: int = Field(default=50, ge=1, le=1000)
-    lexical: int = Field(default=50, ge=1, le=1000)
+    dense: Int = Field(default=50, ge=1, le=1000)
+    lexical: Int = Field(default=50, ge=1, le=1000)
 
 
 class Rerank(Strict):
     enabled: bool = False
-    window: int = Field(default=20, ge=1, le=200)
-    budget_ms: int = Field(default=2000, ge=1, le=30000)
+    window: Int = Field(default=20, ge=1, le=200)
+    budget_ms: Int = Field(default=2000, ge=1, le=30000)
+    model: str | None = Field(
+        default=None,
+        pattern=PROFILE_NAME,
+        description="A trained reranker of the caller's tenant (concord reranker train); "
+        "unset: the configured CONCORD_RERANK_KIND / CONCORD_RERANK_MODEL",
+    )
+    blend: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="Weight of the reranker's score against the fused score, each min-max "
+        "normalized over the window (1: the reranker alone). Unset: 1 for the configured "
+        "reranker; for a trained one, the blend chosen on its validation queries",
+    )
 
 
 class LexicalOptions(Strict):
     """How the BM25 arm weighs fields; unset values come from the settings."""
 
-    field_boosts: dict[str, float] | None = Field(
-        default=None, description="per field (title, section, text), in (0, 100]"
+    field_boosts: dict[Literal["title", "section", "text"], FieldBoost] | None = Field(
+        default=None, min_length=1, description="per field (title, section, text), in (0, 100]"
     )
     tie_breaker: float | None = Field(
         default=None,
@@ -112,42 +178,33 @@ class LexicalOptions(Strict):
         description="multi_match best_fields: share of the other fields' scores added to the best",
     )
 
-    @field_validator("field_boosts")
-    @classmethod
-    def _boosts(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value is None:
-            return None
-        if not value or set(value) - set(LEXICAL_FIELDS):
-            raise ValueError(f"field_boosts may name only {', '.join(LEXICAL_FIELDS)}")
-        if any(not 0 < boost <= 100 for boost in value.values()):
-            raise ValueError("field boosts must be in (0, 100]")
-        return value
-
 
 class Mmr(Strict):
     lambda_: float = Field(default=0.7, ge=0.0, le=1.0, alias="lambda")
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
 
 class PolicyOverrides(Strict):
     score_type: Literal["dense_cosine", "rerank"] | None = None
     min_score: float | None = Field(default=None, ge=-100, le=100)
-    token_budget: int | None = Field(default=None, ge=16, le=8192)
-    max_chunks_per_document: int | None = Field(default=None, ge=1, le=50)
+    token_budget: Annotated[int, Field(ge=16, le=8192), BeforeValidator(_integral)] | None = None
+    max_chunks_per_document: (
+        Annotated[int, Field(ge=1, le=50), BeforeValidator(_integral)] | None
+    ) = None
     near_duplicate_threshold: float | None = Field(default=None, ge=0.5, le=1.0)
 
 
 class SearchRequest(Strict):
     query: str = Field(min_length=1, max_length=2000)
-    top_k: int = Field(default=10, ge=1, le=100)
+    top_k: Int = Field(default=10, ge=1, le=100)
     mode: Mode = "hybrid"
     filters: Filters = Field(default_factory=Filters)
     fusion: Fusion = Field(default_factory=Fusion)
     candidate_depth: CandidateDepth = Field(default_factory=CandidateDepth)
     rerank: Rerank = Field(default_factory=Rerank)
     mmr: Mmr | None = None
-    per_document_cap: int | None = Field(default=None, ge=1, le=100)
+    per_document_cap: Annotated[int, Field(ge=1, le=100), BeforeValidator(_integral)] | None = None
     policy: PolicyOverrides = Field(default_factory=PolicyOverrides)
     lexical: LexicalOptions = Field(default_factory=LexicalOptions)
     profile: str | None = Field(
@@ -164,3 +221,19 @@ class SearchRequest(Strict):
         if not value.strip():
             raise ValueError("query must contain non-whitespace text")
         return value
+
+
+# A search profile holds any search request fields except these.
+NOT_IN_PROFILE = frozenset({"query", "profile", "explain"})
+
+ProfileSettings = create_model(  # type: ignore[call-overload]
+    "ProfileSettings",
+    __config__=ConfigDict(extra="forbid", strict=True),
+    __doc__="Search request fields a profile sets (all optional; query, profile and explain "
+    "belong to each request)",
+    **{
+        name: (field.annotation, field)
+        for name, field in SearchRequest.model_fields.items()
+        if name not in NOT_IN_PROFILE
+    },
+)

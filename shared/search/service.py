@@ -31,11 +31,18 @@ from shared.metrics import (
     STALE_HITS_DROPPED,
 )
 from shared.search import repository as search_repo
+from shared.search import rerankers
 from shared.search.filters import es_filters, sql_conditions
 from shared.search.fusion import ArmHit, fuse
 from shared.search.policy import Candidate, PolicyConfig, apply_policy
 from shared.search.profiles import resolve_profile
-from shared.search.rerank import RerankUnavailable, get_reranker, rerank_within_budget
+from shared.search.rerank import (
+    RerankUnavailable,
+    get_reranker,
+    get_trained_reranker,
+    rerank_passage,
+    rerank_within_budget,
+)
 from shared.search.schemas import SearchRequest
 from shared.settings import Settings, get_settings
 from shared.stores import english_analysis
@@ -150,12 +157,23 @@ def search(
     tenant_id: str, request: SearchRequest, settings: Settings | None = None
 ) -> dict[str, Any]:
     settings = settings or get_settings()
-    if request.profile is not None:
+    trained_reranker: str | None = None
+    if request.profile is not None or request.rerank.model is not None:
         with unit_of_work() as uow:
-            request = resolve_profile(uow.session, tenant_id, request)
+            if request.profile is not None:
+                request = resolve_profile(uow.session, tenant_id, request)
+            if request.rerank.enabled and request.rerank.model is not None:
+                # Resolved before any store is queried: an unknown name is a 404 at once.
+                entry = rerankers.get(uow.session, tenant_id, request.rerank.model)
+                trained_reranker = entry.path
+                if request.rerank.blend is None:
+                    blend = entry.card.get("validation", {}).get("blend", 1.0)
+                    request = request.model_copy(
+                        update={"rerank": request.rerank.model_copy(update={"blend": blend})}
+                    )
     timings = Timings()
     with SEARCH_SECONDS.labels(request.mode).time():
-        response = _search(tenant_id, request, settings, timings)
+        response = _search(tenant_id, request, settings, timings, trained_reranker)
     for stage, ms in timings.ms.items():
         SEARCH_STAGE_SECONDS.labels(stage).observe(ms / 1e3)
     for reason in response["degraded"]:
@@ -165,7 +183,11 @@ def search(
 
 
 def _search(
-    tenant_id: str, request: SearchRequest, settings: Settings, timings: Timings
+    tenant_id: str,
+    request: SearchRequest,
+    settings: Settings,
+    timings: Timings,
+    trained_reranker: str | None,
 ) -> dict[str, Any]:
     futures = {}
     with timings.stage("retrieve"):
@@ -204,7 +226,10 @@ def _search(
     rerank_info: dict[str, tuple[float, int]] = {}
     if request.rerank.enabled:
         with timings.stage("rerank"):
-            candidates, rerank_info, rerank_error = _rerank(request, candidates, settings)
+            fused_scores = {cid: score for cid, (_, score) in fused_rank.items()}
+            candidates, rerank_info, rerank_error = _rerank(
+                request, candidates, settings, trained_reranker, fused_scores
+            )
         if rerank_error:
             degraded.append("rerank_unavailable")
     if request.mmr is not None:
@@ -318,10 +343,17 @@ def _rerank(
     request: SearchRequest,
     candidates: list[Candidate],
     settings: Settings,
+    trained_reranker: str | None,
+    fused_scores: dict[str, float],
 ) -> tuple[list[Candidate], dict[str, tuple[float, int]], str | None]:
-    """Rescore the first ``window`` candidates; on any failure keep the fused order."""
+    """Rescore the first ``window`` candidates (blended with their fused scores when
+    ``rerank.blend`` < 1); on any failure keep the fused order."""
     try:
-        reranker = get_reranker(settings)
+        reranker = (
+            get_trained_reranker(trained_reranker, settings)
+            if trained_reranker
+            else get_reranker(settings)
+        )
     except Exception as e:  # a model that cannot load must not fail the search
         log.warning("reranker could not load: %s: %s", type(e).__name__, e)
         return candidates, {}, f"reranker could not load: {type(e).__name__}"
@@ -330,16 +362,36 @@ def _rerank(
     window = candidates[: request.rerank.window]
     try:
         scores = rerank_within_budget(
-            reranker, request.query, [c.text for c in window], request.rerank.budget_ms
+            reranker,
+            request.query,
+            [rerank_passage(c.title, c.text) for c in window],
+            request.rerank.budget_ms,
         )
     except RerankUnavailable as e:
         return candidates, {}, str(e)
-    order = sorted(range(len(window)), key=lambda i: -scores[i])
+    blend = 1.0 if request.rerank.blend is None else request.rerank.blend
+    ranking = blend_scores(scores, [fused_scores[c.chunk_id] for c in window], blend)
+    order = sorted(range(len(window)), key=lambda i: -ranking[i])
     info: dict[str, tuple[float, int]] = {}
     for new_rank, i in enumerate(order, start=1):
         window[i].scores["rerank"] = round(scores[i], 6)
         info[window[i].chunk_id] = (scores[i], (i + 1) - new_rank)
     return [window[i] for i in order] + candidates[len(window) :], info, None
+
+
+def blend_scores(rerank: list[float], fused: list[float], blend: float) -> list[float]:
+    """``blend`` x the reranker's scores + (1 - ``blend``) x the fused scores, each min-max
+    normalized over the window. A reranker trained on a few hundred queries knows things the
+    fused ranking does not, and the other way round: SciFact train validation, nDCG@10 of a
+    20-document window: fused 0.7345, reranker alone 0.7236, blend 0.2: 0.7901."""
+    if blend >= 1.0 or not rerank:
+        return rerank
+
+    def minmax(values: list[float]) -> list[float]:
+        low, high = min(values), max(values)
+        return [(v - low) / (high - low) if high > low else 0.0 for v in values]
+
+    return [blend * r + (1 - blend) * f for r, f in zip(minmax(rerank), minmax(fused), strict=True)]
 
 
 def _mmr(candidates: list[Candidate], lambda_: float) -> list[Candidate]:

@@ -220,12 +220,10 @@ function reportSummary(report) {
 
 async function loadReconcileRuns() {
   await guarded(async () => {
-    const tenant = $("reconcile-tenant").value.trim();
-    const runs = await api("GET", `/v1/admin/reconcile-runs?limit=50${tenant ? `&tenant=${encodeURIComponent(tenant)}` : ""}`);
+    const runs = await api("GET", "/v1/admin/reconcile-runs?limit=50");
     $("drift-chart").innerHTML = driftChart(runs);
     table($("reconcile-runs"), [
       { label: "when", value: (r) => r.started_at.replace("T", " ").slice(0, 19) },
-      { label: "tenant", value: (r) => r.tenant_id || "all" },
       { label: "kind", value: (r) => (r.repair ? "repair" : "dry run") },
       { label: "report", html: (r) => reportSummary(r.report) },
     ], runs.slice(0, 10));
@@ -234,10 +232,9 @@ async function loadReconcileRuns() {
 
 async function runReconcile(event) {
   event.preventDefault();
-  const tenant = $("reconcile-tenant").value.trim() || null;
   await guarded(async () => {
     $("reconcile-report").textContent = "running…";
-    const report = await api("POST", "/v1/admin/reconcile", { tenant, repair: false });
+    const report = await api("POST", "/v1/admin/reconcile", { repair: false });
     const samples = Object.entries(report.samples || {}).filter(([, ids]) => ids.length)
       .map(([c, ids]) => `${c}: ${ids.join(", ")}`).join("; ");
     $("reconcile-report").innerHTML = `<p>Dry run: ${reportSummary(report)}</p>${samples ? `<p class="muted">samples: ${escapeHtml(samples)}</p>` : ""}`;

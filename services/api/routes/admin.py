@@ -1,106 +1,123 @@
-"""Admin-only endpoints: the operator commands of the CLI over HTTP (scope ``admin``)."""
+"""Admin endpoints: the operator commands of the CLI over HTTP (scope ``admin``), each scoped
+to the key's own tenant. An admin key administers its tenant, never another: work across
+tenants (every tenant's reconcile, keys for a new tenant) is the operator's CLI's."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from services.api.deps import Admin
+from services.api.deps import NO_NUL, NOT_FOUND, PROTECTED_ROUTE_ERRORS, Admin
 from shared import admin as ops
-from shared.auth import create_key, list_keys, revoke_key
+from shared.auth import SCOPES, create_key, list_keys, revoke_key
 from shared.db import unit_of_work
 from shared.errors import NotFound
+from shared.models import JobState
 from shared.reconcile.service import reconcile, reconcile_and_verify
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"])
+router = APIRouter(prefix="/v1/admin", tags=["admin"], responses=PROTECTED_ROUTE_ERRORS | NOT_FOUND)
+LetterId = Annotated[int, Path(ge=1, le=2**63 - 1)]
+Scope = Annotated[str, Field(pattern="^(" + "|".join(SCOPES) + ")$")]
 
 
-class ReconcileRequest(BaseModel):
-    tenant: str | None = None
-    repair: bool = False
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ReconcileRequest(Strict):
+    repair: StrictBool = False
 
 
 @router.post("/reconcile")
-async def reconcile_route(body: ReconcileRequest, _: Admin) -> dict[str, Any]:
+async def reconcile_route(body: ReconcileRequest, principal: Admin) -> dict[str, Any]:
+    """Compare this tenant's chunks in Postgres and Elasticsearch; with ``repair``, fix the
+    drift and verify."""
+    tenant = principal.tenant_id
     if not body.repair:
-        report = await run_in_threadpool(reconcile, body.tenant, False)
+        report = await run_in_threadpool(reconcile, tenant, False)
         return {"mode": "dry-run", **report.as_dict()}
-    found, after = await run_in_threadpool(reconcile_and_verify, body.tenant)
+    found, after = await run_in_threadpool(reconcile_and_verify, tenant)
     return {"mode": "repair", **found.as_dict(), "after_repair": after.as_dict()}
 
 
 @router.get("/jobs")
 def jobs_route(
-    _: Admin,
-    state: str | None = None,
+    principal: Admin,
+    state: JobState | None = None,
     stuck: bool = False,
-    tenant: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> list[dict[str, Any]]:
     with unit_of_work() as uow:
-        rows = ops.list_jobs(uow.session, state=state, stuck=stuck, tenant_id=tenant, limit=limit)
+        rows = ops.list_jobs(
+            uow.session,
+            state=state.value if state else None,
+            stuck=stuck,
+            tenant_id=principal.tenant_id,
+            limit=limit,
+        )
         return [ops.job_dict(j) for j in rows]
 
 
 @router.get("/reconcile-runs")
 def reconcile_runs_route(
-    _: Admin, tenant: str | None = None, limit: Annotated[int, Query(ge=1, le=500)] = 50
+    principal: Admin, limit: Annotated[int, Query(ge=1, le=500)] = 50
 ) -> list[dict[str, Any]]:
-    """Recent reconcile runs (dry runs and repairs, the beat's too), newest first."""
+    """Recent reconcile runs of this tenant (dry runs and repairs), newest first."""
     with unit_of_work() as uow:
-        return ops.list_reconcile_runs(uow.session, tenant_id=tenant, limit=limit)
+        return ops.list_reconcile_runs(uow.session, tenant_id=principal.tenant_id, limit=limit)
 
 
 @router.get("/dead-letters")
 def dead_letters_route(
-    _: Admin, tenant: str | None = None, limit: Annotated[int, Query(ge=1, le=1000)] = 50
+    principal: Admin, limit: Annotated[int, Query(ge=1, le=1000)] = 50
 ) -> list[dict[str, Any]]:
     with unit_of_work() as uow:
-        return [
-            ops.dead_letter_dict(d)
-            for d in ops.list_dead_letters(uow.session, tenant_id=tenant, limit=limit)
-        ]
+        letters = ops.list_dead_letters(uow.session, tenant_id=principal.tenant_id, limit=limit)
+        return [ops.dead_letter_dict(d) for d in letters]
 
 
 @router.get("/dead-letters/{letter_id}")
-def dead_letter_route(letter_id: int, _: Admin) -> dict[str, Any]:
+def dead_letter_route(letter_id: LetterId, principal: Admin) -> dict[str, Any]:
     with unit_of_work() as uow:
-        return ops.dead_letter_dict(ops.get_dead_letter(uow.session, letter_id))
+        letter = ops.get_dead_letter(uow.session, letter_id, principal.tenant_id)
+        return ops.dead_letter_dict(letter)
 
 
 @router.post("/dead-letters/{letter_id}/replay")
-def replay_route(letter_id: int, _: Admin) -> dict[str, str]:
+def replay_route(letter_id: LetterId, principal: Admin) -> dict[str, str]:
     with unit_of_work() as uow:
-        return {"replayed": ops.replay_dead_letter(uow, letter_id)}
+        return {"replayed": ops.replay_dead_letter(uow, letter_id, principal.tenant_id)}
 
 
 @router.delete("/dead-letters/{letter_id}")
-def discard_route(letter_id: int, _: Admin) -> dict[str, bool]:
+def discard_route(letter_id: LetterId, principal: Admin) -> dict[str, bool]:
     with unit_of_work() as uow:
-        ops.discard_dead_letter(uow.session, letter_id)
+        ops.discard_dead_letter(uow.session, letter_id, principal.tenant_id)
     return {"discarded": True}
 
 
 @router.get("/stats")
-def stats_route(_: Admin) -> dict[str, Any]:
-    return ops.system_stats()
+def stats_route(principal: Admin) -> dict[str, Any]:
+    """This tenant's counts in both stores, plus the shared queue depths."""
+    return ops.system_stats(principal.tenant_id)
 
 
-class KeyRequest(BaseModel):
-    tenant: str
-    scopes: list[str] = ["read"]
-    name: str = "api"
+class KeyRequest(Strict):
+    scopes: list[Scope] = Field(default=["read"], min_length=1, max_length=len(SCOPES))
+    name: str = Field(default="api", min_length=1, max_length=200, pattern=NO_NUL)
 
 
 @router.post("/keys", status_code=201)
-def create_key_route(body: KeyRequest, _: Admin) -> dict[str, Any]:
-    """A new key for a tenant; the secret is in this response only and never stored."""
+def create_key_route(body: KeyRequest, principal: Admin) -> dict[str, Any]:
+    """A new key for this tenant; the secret is in this response only and never stored."""
     with unit_of_work() as uow:
-        key, secret = create_key(uow.session, body.tenant, body.name, body.scopes)
+        key, secret = create_key(
+            uow.session, principal.tenant_id, body.name, sorted(set(body.scopes))
+        )
         return {
             "id": str(key.id),
             "tenant_id": key.tenant_id,
@@ -110,13 +127,13 @@ def create_key_route(body: KeyRequest, _: Admin) -> dict[str, Any]:
 
 
 @router.get("/keys")
-def list_keys_route(_: Admin) -> list[dict[str, Any]]:
+def list_keys_route(principal: Admin) -> list[dict[str, Any]]:
     with unit_of_work() as uow:
-        return list_keys(uow.session)
+        return list_keys(uow.session, principal.tenant_id)
 
 
 @router.delete("/keys/{key_id}", status_code=204)
-def revoke_key_route(key_id: uuid.UUID, _: Admin) -> None:
+def revoke_key_route(key_id: uuid.UUID, principal: Admin) -> None:
     with unit_of_work() as uow:
-        if not revoke_key(uow.session, key_id):
+        if not revoke_key(uow.session, key_id, principal.tenant_id):
             raise NotFound(f"no key {key_id}")

@@ -10,7 +10,15 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 from starlette.datastructures import UploadFile
 
-from services.api.deps import Reader, SettingsDep, Writer
+from services.api.deps import (
+    NO_NUL,
+    NOT_FOUND,
+    PROTECTED_ROUTE_ERRORS,
+    UPLOAD_ERRORS,
+    Reader,
+    SettingsDep,
+    Writer,
+)
 from shared.db import unit_of_work
 from shared.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from shared.ingest import repository as repo
@@ -21,7 +29,11 @@ from shared.search import repository as search_repo
 from shared.settings import Settings
 from shared.stores.elastic import get_es
 
-router = APIRouter(prefix="/v1/documents", tags=["documents"])
+router = APIRouter(
+    prefix="/v1/documents",
+    tags=["documents"],
+    responses=PROTECTED_ROUTE_ERRORS | NOT_FOUND | UPLOAD_ERRORS,
+)
 
 MULTIPART_OVERHEAD = 64 * 1024
 
@@ -29,9 +41,9 @@ MULTIPART_OVERHEAD = 64 * 1024
 class TextDocument(BaseModel):
     """The JSON form of an upload; files go as multipart/form-data instead."""
 
-    external_id: str = Field(min_length=1, max_length=512)
+    external_id: str = Field(min_length=1, max_length=512, pattern=NO_NUL)
     text: str = Field(min_length=1)
-    title: str = Field(default="", max_length=1000)
+    title: str = Field(default="", max_length=1000, pattern=NO_NUL)
     content_type: str = "text/plain"
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -64,6 +76,8 @@ async def _upload_from_request(request: Request, tenant_id: str, settings: Setti
                     f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
                 )
             ) from e
+        _without_nul(doc.metadata)
+        _without_nul(doc.text, "text")
         raw = doc.text.encode()
         if len(raw) > limit:
             raise PayloadTooLarge(f"text is {len(raw)} bytes; the limit is {limit}")
@@ -93,6 +107,9 @@ async def _upload_from_request(request: Request, tenant_id: str, settings: Setti
         if not external_id:
             raise BadRequest("external_id is required when the file has no name")
         metadata = _metadata_field(form.get("metadata"))
+        title = str(form.get("title") or "")
+        if "\x00" in external_id or "\x00" in title:
+            raise BadRequest("external_id and title must not contain NUL characters")
         content_type = resolve_content_type(file.content_type, filename, raw)
         screen_upload(raw, content_type, filename)
         return Upload(
@@ -100,13 +117,27 @@ async def _upload_from_request(request: Request, tenant_id: str, settings: Setti
             external_id=external_id,
             raw=raw,
             content_type=content_type,
-            title=str(form.get("title") or ""),
+            title=title,
             filename=filename,
             metadata=metadata,
         )
     raise UnsupportedMediaType(
         f"send application/json or multipart/form-data, not {media_type or 'nothing'!r}"
     )
+
+
+def _without_nul(value: Any, where: str = "metadata") -> None:
+    """Postgres (text and JSONB) cannot store NUL: refuse it at the door, not at the insert."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise BadRequest(f"{where} must not contain NUL characters")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _without_nul(key, where)
+            _without_nul(item, where)
+    elif isinstance(value, list):
+        for item in value:
+            _without_nul(item, where)
 
 
 def _metadata_field(value: object) -> dict[str, Any]:
@@ -118,10 +149,42 @@ def _metadata_field(value: object) -> dict[str, Any]:
         raise BadRequest(f"metadata must be a JSON object: {e.msg}") from e
     if not isinstance(parsed, dict):
         raise BadRequest("metadata must be a JSON object")
+    _without_nul(parsed)
     return parsed
 
 
-@router.post("", status_code=202)
+UPLOAD_REQUEST_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": TextDocument.model_json_schema()},
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary", "minLength": 1},
+                        "external_id": {
+                            "type": "string",
+                            "maxLength": 512,
+                            "description": "default: the file's name",
+                        },
+                        "title": {"type": "string", "maxLength": 1000},
+                        "metadata": {"type": "string", "description": "a JSON object"},
+                    },
+                }
+            },
+        },
+    }
+}
+
+
+@router.post(
+    "",
+    status_code=202,
+    openapi_extra=UPLOAD_REQUEST_BODY,
+    responses={200: {"description": "Unchanged content: nothing to index (a no-op)"}},
+)
 async def upload_document(
     request: Request, principal: Writer, settings: SettingsDep
 ) -> JSONResponse:
@@ -141,7 +204,7 @@ async def upload_document(
 def list_documents(
     principal: Reader,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    after: Annotated[str | None, Query(max_length=512)] = None,
+    after: Annotated[str | None, Query(max_length=512, pattern=NO_NUL)] = None,
 ) -> dict[str, Any]:
     """The caller's live documents by external id; pass the last one as ``after`` for more."""
     with unit_of_work() as uow:
@@ -158,10 +221,15 @@ def list_documents(
 
 @router.get("/{document_id}")
 def read_document(
-    document_id: uuid.UUID, principal: Reader, settings: SettingsDep
+    document_id: uuid.UUID,
+    principal: Reader,
+    settings: SettingsDep,
+    include_deleted: bool = Query(
+        False, description="Show a deleted document's tombstone and store state instead of 404"
+    ),
 ) -> dict[str, Any]:
     with unit_of_work() as uow:
-        doc = get_document(uow.session, principal.tenant_id, document_id)
+        doc = get_document(uow.session, principal.tenant_id, document_id, include_deleted)
         versions = repo.list_versions(uow.session, doc.id)
         chunk_count = repo.count_chunks(uow.session, doc.id)
     return {
@@ -212,7 +280,9 @@ def _es_state(
 
 @router.get("/{document_id}/chunks")
 def browse_chunks(
-    document_id: uuid.UUID, principal: Reader, section: str | None = None
+    document_id: uuid.UUID,
+    principal: Reader,
+    section: Annotated[str | None, Query(max_length=2000, pattern=NO_NUL)] = None,
 ) -> dict[str, Any]:
     """Every chunk of the live version, in order (optionally one section): an exact lookup."""
     with unit_of_work() as uow:

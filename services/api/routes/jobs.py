@@ -5,12 +5,14 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from services.api.deps import Reader
+from services.api.deps import NOT_FOUND, PROTECTED_ROUTE_ERRORS, Reader
+from shared import training_jobs
 from shared.db import unit_of_work
 from shared.errors import NotFound
 from shared.ingest import repository as repo
+from shared.ingest.repository import now
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=PROTECTED_ROUTE_ERRORS | NOT_FOUND)
 
 
 @router.get("/{job_id}")
@@ -18,9 +20,15 @@ def get_job(job_id: uuid.UUID, principal: Reader) -> dict[str, Any]:
     with unit_of_work() as uow:
         job = repo.job_for_tenant(uow.session, principal.tenant_id, job_id)
         if job is None:
-            raise NotFound(f"job {job_id} not found")
+            training = training_jobs.training_job_for_tenant(
+                uow.session, principal.tenant_id, job_id
+            )
+            if training is None:
+                raise NotFound(f"job {job_id} not found")
+            return training_jobs.job_dict(training, now(uow.session))
         return {
             "id": str(job.id),
+            "kind": "ingest",
             "document_id": str(job.document_id),
             "version": job.version,
             "state": job.state,

@@ -4,15 +4,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from services.api.deps import Admin, Reader
+from services.api.deps import NOT_FOUND, PROTECTED_ROUTE_ERRORS, Admin, Reader
 from shared.db import unit_of_work
-from shared.search import profiles
-from shared.search.schemas import PROFILE_NAME, SearchRequest
+from shared.search import profiles, rerankers
+from shared.search.schemas import PROFILE_NAME, ProfileSettings, SearchRequest
 from shared.search.service import search
 
-router = APIRouter(prefix="/v1", tags=["search"])
+router = APIRouter(prefix="/v1", tags=["search"], responses=PROTECTED_ROUTE_ERRORS | NOT_FOUND)
 ProfileName = Annotated[str, Path(pattern=PROFILE_NAME)]
 
 
@@ -24,10 +24,21 @@ async def search_route(body: SearchRequest, principal: Reader) -> dict[str, Any]
 
 
 class ProfileBody(BaseModel):
-    settings: dict[str, Any] = Field(
-        description="Any search request fields except query, profile and explain"
-    )
+    model_config = ConfigDict(extra="forbid")
+
+    settings: ProfileSettings
     description: str = Field(default="", max_length=2000)
+
+
+@router.get("/rerankers")
+def list_rerankers_route(principal: Reader) -> list[dict[str, Any]]:
+    """Rerankers trained on this tenant's judgements (concord reranker train), with their
+    model cards; select one with "rerank": {"enabled": true, "model": NAME}."""
+    with unit_of_work() as uow:
+        return [
+            rerankers.reranker_dict(r)
+            for r in rerankers.list_for_tenant(uow.session, principal.tenant_id)
+        ]
 
 
 @router.get("/profiles")
@@ -49,7 +60,11 @@ def get_profile_route(name: ProfileName, principal: Reader) -> dict[str, Any]:
 def put_profile_route(name: ProfileName, body: ProfileBody, principal: Admin) -> dict[str, Any]:
     with unit_of_work() as uow:
         profile = profiles.save_profile(
-            uow.session, principal.tenant_id, name, body.settings, body.description
+            uow.session,
+            principal.tenant_id,
+            name,
+            body.settings.model_dump(mode="json", by_alias=True, exclude_unset=True),
+            body.description,
         )
         return profiles.profile_dict(profile)
 

@@ -1,0 +1,94 @@
+"""Reranker training as a background job: a ``training_jobs`` row in Postgres (state, progress,
+ETA, the model card or the error) and a task on the ``training`` queue.
+
+The task is acknowledged when it starts, not when it ends: a training run takes far longer
+than the broker's visibility timeout, and a redelivered message would start a second run of
+the same training next to the first. A worker that dies mid-run leaves the row ``running``
+with a stale heartbeat; the jobs API reports such a job as ``lost`` so an operator knows to
+start it again."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from services.evaluation import beir
+from services.training.reranker import TrainingOptions, TrainingRefused, train_reranker
+from shared.db import unit_of_work
+from shared.ingest.repository import now
+from shared.models import TrainingJob
+from shared.queue import publish_training_job
+
+HEARTBEAT_S = 10.0
+
+
+def start_training_job(dataset_dir: Path, name: str, options: TrainingOptions) -> uuid.UUID:
+    """Check the request here (a bad dataset fails now, not in the worker), then queue it."""
+    if options.split == "test":
+        raise TrainingRefused("refusing to train on the test split: it is what eval reports")
+    dataset = beir.load(dataset_dir)
+    dataset.qrels(options.split)
+    from services.evaluation.harness import eval_tenant
+
+    job_id = uuid.uuid4()
+    params = {"dataset": str(dataset_dir.resolve()), "name": name, "options": asdict(options)}
+    with unit_of_work() as uow:
+        uow.session.add(
+            TrainingJob(
+                id=job_id,
+                tenant_id=eval_tenant(dataset),
+                name=name,
+                state="queued",
+                params=params,
+                progress={},
+            )
+        )
+    publish_training_job(job_id)
+    return job_id
+
+
+def run_training_job(job_id: uuid.UUID) -> dict[str, Any]:
+    with unit_of_work() as uow:
+        job = uow.session.get(TrainingJob, job_id)
+        if job is None or job.state != "queued":
+            return {"job_id": str(job_id), "skipped": "not queued"}
+        job.state = "running"
+        job.updated_at = now(uow.session)
+        params = job.params
+    last_beat = 0.0
+
+    def progress(stage: str, done: int, total: int) -> None:
+        nonlocal last_beat
+        if time.monotonic() - last_beat < HEARTBEAT_S and done < total:
+            return
+        last_beat = time.monotonic()
+        with unit_of_work() as uow:
+            row = uow.session.get(TrainingJob, job_id)
+            if row is not None:
+                stages = dict(row.progress.get("stages", {}))
+                stages[stage] = {"done": done, "total": total}
+                row.progress = {"stage": stage, "stages": stages}
+                row.updated_at = now(uow.session)
+
+    try:
+        card = train_reranker(
+            Path(params["dataset"]), params["name"], TrainingOptions(**params["options"]), progress
+        )
+    except Exception as e:
+        _finish(job_id, "failed", error=f"{type(e).__name__}: {e}")
+        raise
+    _finish(job_id, "done", result=card)
+    return {"job_id": str(job_id), "state": "done"}
+
+
+def _finish(
+    job_id: uuid.UUID, state: str, result: dict[str, Any] | None = None, error: str | None = None
+) -> None:
+    with unit_of_work() as uow:
+        job = uow.session.get(TrainingJob, job_id)
+        if job is not None:
+            job.state, job.result, job.error = state, result, error
+            job.updated_at = now(uow.session)

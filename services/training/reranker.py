@@ -1,0 +1,473 @@
+"""``concord reranker train``: fine-tune a cross-encoder on a tenant's own relevance judgements.
+
+1. Pairs. For each judged query of the split (never one that the test split also judges), the
+   relevant documents are positives; hard negatives are the first unjudged documents Concord's
+   own hybrid search returns for it (the retrieval the reranker will sit behind), plus random
+   passages so the model also sees easy negatives. Passages are what the rerank stage reads at
+   search time (:func:`rerank_passage`: title and chunk text).
+2. Model. A BERT-style body (default: the packaged all-MiniLM-L6-v2 the embedder uses) with a
+   one-logit classification head. Two changes make such a bi-encoder body train well as a
+   cross-encoder: the pooler's dense layer starts as the identity (the body was never trained
+   through a pooler, a random one hides what the body knows) and dropout is off.
+3. Training: binary cross-entropy weighted towards the rarer positives, AdamW with linear
+   warm-up and decay. A held-out part of the split's queries measures nDCG@10 of the hybrid
+   window before and after reranking, through the same loading code the search service uses.
+   The blend of reranker and fused scores that does best on those queries is recorded and
+   used by searches with this model (a reranker trained on a few hundred queries does best
+   next to the fused ranking, not instead of it).
+4. The model directory gets a model card (``card.json`` and ``README.md``) and is registered
+   under a name for the dataset's tenant.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+
+from services.evaluation import beir
+from services.evaluation.corpus import sync_corpus
+from services.evaluation.harness import eval_tenant
+from services.evaluation.metrics import ndcg_at_k, unique
+from shared.db import unit_of_work
+from shared.models import Chunk, Document, TrainedReranker
+from shared.search import rerankers
+from shared.search.rerank import CrossEncoderReranker, rerank_passage
+from shared.search.schemas import SearchRequest
+from shared.search.service import blend_scores, search
+from shared.settings import get_settings
+
+Progress = Callable[[str, int, int], None]
+
+
+class TrainingRefused(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class TrainingOptions:
+    split: str = "train"
+    base_model: str | None = None  # default: the packaged embedding model's body
+    epochs: int = 3
+    learning_rate: float = 1e-4
+    batch_size: int = 16
+    max_length: int = 256
+    warmup_ratio: float = 0.1
+    hard_negatives: int = 4
+    random_negatives: int = 1
+    mining_depth: int = 30  # documents retrieved per query to mine hard negatives from
+    profile: str | None = None  # mine with this search profile (the one the reranker serves)
+    validation_fraction: float = 0.1
+    rerank_window: int = 20
+    max_queries: int | None = None
+    max_steps: int | None = None  # stop early (the CI run trains a few steps)
+    seed: int = 13
+
+
+@dataclass
+class Pair:
+    query: str
+    passage: str
+    label: float
+
+
+@dataclass
+class Validation:
+    """Held-out queries with their hybrid window: (external id, passage, fused score) in
+    fused order."""
+
+    windows: dict[str, list[tuple[str, str, float]]] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)
+
+
+BLENDS = tuple(round(0.1 * i, 1) for i in range(11))
+
+
+def train_reranker(
+    dataset_dir: Path, name: str, options: TrainingOptions, progress: Progress
+) -> dict[str, Any]:
+    """Mine pairs, train, validate, save with a model card, register. Returns the card."""
+    if options.split == "test":
+        raise TrainingRefused("refusing to train on the test split: it is what eval reports")
+    started = time.monotonic()
+    settings = get_settings()
+    dataset = beir.load(dataset_dir)
+    qrels = dataset.qrels(options.split)
+    test_path = dataset.path / "qrels" / "test.tsv"
+    test_ids = set(beir.read_qrels(test_path)) if test_path.exists() else set()
+    queries = [q for q in dataset.split_queries(options.split) if q[0] not in test_ids]
+    excluded = len(dataset.split_queries(options.split)) - len(queries)
+    queries = queries[: options.max_queries]
+    if len(queries) < 2:
+        raise TrainingRefused(
+            f"need at least 2 judged {options.split} queries outside the test split "
+            f"(found {len(queries)})"
+        )
+    tenant = eval_tenant(dataset)
+    sync_corpus(tenant, dataset.corpus, progress, 3600)
+
+    rng = random.Random(options.seed)
+    validation_queries, training_queries = _split(queries, options, rng)
+
+    pairs, validation = mine_pairs(
+        tenant, training_queries, validation_queries, qrels, options, rng, progress
+    )
+    base = options.base_model or settings.embedding_model_path()
+    out_dir = (
+        settings.state_path()
+        / "rerankers"
+        / tenant
+        / (f"{name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}")
+    )
+    training_started = time.monotonic()
+    steps, final_loss = fine_tune(base, pairs, options, out_dir, progress)
+    training_s = time.monotonic() - training_started
+
+    validated = validate(out_dir, validation, qrels, options, progress)
+    positives = sum(1 for p in pairs if p.label > 0)
+    card: dict[str, Any] = {
+        "name": name,
+        "tenant": tenant,
+        "base_model": base,
+        "data": {
+            "dataset": dataset.name,
+            "split": options.split,
+            "queries_used_for_training": len(training_queries),
+            "queries_held_out_for_validation": len(validation_queries),
+            "queries_excluded_because_judged_in_test": excluded,
+            "pairs": len(pairs),
+            "positive_pairs": positives,
+            "negative_pairs": len(pairs) - positives,
+            "hard_negatives_from": f"hybrid search, first {options.mining_depth} documents"
+            + (f", profile {options.profile}" if options.profile else ""),
+        },
+        "hyperparameters": {
+            k: v
+            for k, v in asdict(options).items()
+            if k not in ("split", "base_model", "profile", "max_queries")
+        },
+        "training": {
+            "steps": steps,
+            "final_loss": round(final_loss, 4),
+            "training_seconds": round(training_s, 1),
+            "total_seconds": round(time.monotonic() - started, 1),
+            "threads": _threads(),
+        },
+        "validation": validated,
+        "trained_at": datetime.now(UTC).isoformat(),
+    }
+    write_model_card(out_dir, card)
+    with unit_of_work() as uow:
+        previous = uow.session.get(TrainedReranker, (tenant, name))
+        old_path = previous.path if previous else None
+        rerankers.register(uow.session, tenant, name, out_dir, base, card)
+    if old_path and old_path != str(out_dir):
+        rerankers.remove_files(old_path)
+    return card
+
+
+def _split(
+    queries: list[tuple[str, str]], options: TrainingOptions, rng: random.Random
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(validation, training) queries: a seeded shuffle, so a re-validation finds the same."""
+    shuffled = queries[:]
+    rng.shuffle(shuffled)
+    n_validation = max(1, round(len(shuffled) * options.validation_fraction))
+    return shuffled[:n_validation], shuffled[n_validation:]
+
+
+def revalidate_reranker(
+    dataset_dir: Path, name: str, options: TrainingOptions, progress: Progress
+) -> dict[str, Any]:
+    """Validate a registered reranker again on its held-out queries (after the corpus or the
+    search settings changed) and record the new figures and blend in its card."""
+    dataset = beir.load(dataset_dir)
+    tenant = eval_tenant(dataset)
+    with unit_of_work() as uow:
+        entry = rerankers.get(uow.session, tenant, name)
+        card, path = dict(entry.card), entry.path
+    trained = TrainingOptions(
+        **{**asdict(options), **{k: v for k, v in card["hyperparameters"].items() if k in (
+            "seed", "validation_fraction", "rerank_window", "mining_depth", "max_length")}}
+    )  # fmt: skip
+    qrels = dataset.qrels(trained.split)
+    test_path = dataset.path / "qrels" / "test.tsv"
+    test_ids = set(beir.read_qrels(test_path)) if test_path.exists() else set()
+    queries = [q for q in dataset.split_queries(trained.split) if q[0] not in test_ids]
+    queries = queries[: card["data"]["queries_used_for_training"]
+                      + card["data"]["queries_held_out_for_validation"]]  # fmt: skip
+    rng = random.Random(trained.seed)
+    validation_queries, _ = _split(queries, trained, rng)
+    _, validation = mine_pairs(tenant, [], validation_queries, qrels, trained, rng, progress)
+    card["validation"] = validate(Path(path), validation, qrels, trained, progress)
+    card["revalidated_at"] = datetime.now(UTC).isoformat()
+    write_model_card(Path(path), card)
+    with unit_of_work() as uow:
+        rerankers.get(uow.session, tenant, name).card = card
+    return card
+
+
+def mine_pairs(
+    tenant: str,
+    training_queries: list[tuple[str, str]],
+    validation_queries: list[tuple[str, str]],
+    qrels: beir.Qrels,
+    options: TrainingOptions,
+    rng: random.Random,
+    progress: Progress,
+) -> tuple[list[Pair], Validation]:
+    """Positives from the judgements, hard negatives from Concord's own hybrid search."""
+    all_queries = training_queries + validation_queries
+    held_out = {qid for qid, _ in validation_queries}
+    positives_needed = {
+        doc for qid, _ in training_queries for doc, rel in qrels[qid].items() if rel > 0
+    }
+    first_passage = _first_passages(tenant, positives_needed)
+    random_pool = _random_passages(
+        tenant, max(1, options.random_negatives * len(training_queries)), rng
+    )
+
+    pairs: list[Pair] = []
+    validation = Validation()
+    for i, (qid, text) in enumerate(all_queries, start=1):
+        request = SearchRequest.model_validate(
+            {
+                "query": text,
+                "top_k": max(options.mining_depth, options.rerank_window),
+                "mode": "hybrid",
+                "per_document_cap": 1,
+                "candidate_depth": {"dense": 100, "lexical": 100},
+                **({"profile": options.profile} if options.profile else {}),
+            }
+        )
+        results = search(tenant, request)["results"]
+        retrieved = [
+            (r["external_id"], rerank_passage(r["title"], r["text"]), r["score"]) for r in results
+        ]
+        if qid in held_out:
+            validation.windows[qid] = retrieved[: options.rerank_window]
+            validation.texts[qid] = text
+        else:
+            judged = qrels[qid]
+            passage_of = {doc: passage for doc, passage, _ in retrieved}
+            for doc, rel in judged.items():
+                passage = passage_of.get(doc) or first_passage.get(doc)
+                if rel > 0 and passage:
+                    pairs.append(Pair(text, passage, 1.0))
+            hard = [p for doc, p, _ in retrieved if doc not in judged][: options.hard_negatives]
+            pairs += [Pair(text, p, 0.0) for p in hard]
+            for _ in range(options.random_negatives):
+                doc, passage = rng.choice(random_pool)
+                if doc not in judged:
+                    pairs.append(Pair(text, passage, 0.0))
+        progress("mine hard negatives", i, len(all_queries))
+    if training_queries and not any(p.label > 0 for p in pairs):
+        raise TrainingRefused("no positive pairs: are the judged documents in the corpus?")
+    rng.shuffle(pairs)
+    return pairs, validation
+
+
+def fine_tune(
+    base: str, pairs: list[Pair], options: TrainingOptions, out_dir: Path, progress: Progress
+) -> tuple[int, float]:
+    """Train the cross-encoder and save it (Hugging Face layout, loadable by CrossEncoder)."""
+    import torch
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        get_linear_schedule_with_warmup,
+    )
+
+    torch.manual_seed(options.seed)
+    torch.set_num_threads(_threads())
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        base,
+        num_labels=1,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        classifier_dropout=0.0,
+    )
+    _identity_pooler(model, torch)
+    model.train()
+
+    batches_per_epoch = math.ceil(len(pairs) / options.batch_size)
+    total = batches_per_epoch * options.epochs
+    if options.max_steps is not None:
+        total = min(total, options.max_steps)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=options.learning_rate, weight_decay=0.01)
+    schedule = get_linear_schedule_with_warmup(  # type: ignore[no-untyped-call]
+        optimizer, max(1, int(total * options.warmup_ratio)), total
+    )
+    positives = sum(1 for p in pairs if p.label > 0)
+    # Positives are about one pair in six: weighting them keeps the model from settling on
+    # "nothing is relevant", a constant score that ranks nothing.
+    loss_fn = torch.nn.BCEWithLogitsLoss(
+        pos_weight=torch.tensor((len(pairs) - positives) / max(positives, 1))
+    )
+    order = list(range(len(pairs)))
+    rng = random.Random(options.seed)
+    step, recent = 0, list[float]()
+    while step < total:
+        rng.shuffle(order)
+        for start in range(0, len(order), options.batch_size):
+            batch = [pairs[i] for i in order[start : start + options.batch_size]]
+            features = tokenizer(
+                [p.query for p in batch],
+                [p.passage for p in batch],
+                padding=True,
+                truncation="longest_first",
+                max_length=options.max_length,
+                return_tensors="pt",
+            )
+            logits = model(**features).logits.view(-1)
+            loss = loss_fn(logits, torch.tensor([p.label for p in batch]))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad()
+            step += 1
+            recent = [*recent[-49:], loss.item()]
+            progress("train", step, total)
+            if step >= total:
+                break
+    model.eval()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return step, statistics.fmean(recent)
+
+
+def validate(
+    model_dir: Path,
+    validation: Validation,
+    qrels: beir.Qrels,
+    options: TrainingOptions,
+    progress: Progress,
+) -> dict[str, Any]:
+    """nDCG@10 of the held-out queries' hybrid windows as fused, as reranked by the saved
+    model (loaded the way the search service loads it), and blended with the fused scores at
+    the blend that does best here; the blend is what searches with this model use."""
+    settings = get_settings()
+    reranker = CrossEncoderReranker(
+        str(model_dir), options.max_length, options.batch_size, settings.embedding_device
+    )
+    scored: list[tuple[str, list[str], list[float], list[float]]] = []
+    pairs, seconds = 0, 0.0
+    for i, (qid, window) in enumerate(validation.windows.items(), start=1):
+        started = time.perf_counter()
+        scores = reranker.score(validation.texts[qid], [p for _, p, _ in window]) if window else []
+        seconds += time.perf_counter() - started
+        pairs += len(window)
+        scored.append((qid, [d for d, _, _ in window], [f for _, _, f in window], scores))
+        progress("validate", i, len(validation.windows))
+
+    def mean_ndcg(blend: float) -> float:
+        values = []
+        for qid, docs, fused, scores in scored:
+            ranking = blend_scores(scores, fused, blend)
+            order = [docs[i] for i in sorted(range(len(docs)), key=lambda i: -ranking[i])]
+            values.append(ndcg_at_k(unique(order), qrels[qid], 10))
+        return statistics.fmean(values)
+
+    by_blend = {blend: mean_ndcg(blend) for blend in BLENDS}
+    best = max(BLENDS, key=lambda b: (by_blend[b], b))
+    return {
+        "queries": len(scored),
+        "window": options.rerank_window,
+        "ndcg@10_hybrid": round(by_blend[0.0], 4),
+        "ndcg@10_reranked": round(by_blend[1.0], 4),
+        "blend": best,
+        "ndcg@10_blended": round(by_blend[best], 4),
+        "ndcg@10_by_blend": {str(b): round(v, 4) for b, v in by_blend.items()},
+        "pairs_per_second": round(pairs / max(seconds, 1e-9), 1),
+    }
+
+
+def write_model_card(out_dir: Path, card: dict[str, Any]) -> None:
+    (out_dir / "card.json").write_text(json.dumps(card, indent=2) + "\n")
+    v, d, t, h = card["validation"], card["data"], card["training"], card["hyperparameters"]
+    lines = [
+        f"# Reranker `{card['name']}` (tenant `{card['tenant']}`)",
+        "",
+        "A cross-encoder fine-tuned by `concord reranker train` on this tenant's own "
+        "judgements. It is for this corpus: a reranker trained on one corpus's judgements can "
+        "rank another corpus worse than no reranker at all.",
+        "",
+        f"- Base model: `{card['base_model']}`",
+        f"- Data: `{d['dataset']}` split `{d['split']}`: {d['queries_used_for_training']} "
+        f"training queries, {d['queries_held_out_for_validation']} held out, "
+        f"{d['queries_excluded_because_judged_in_test']} left out because the test split "
+        f"judges them",
+        f"- Pairs: {d['pairs']} ({d['positive_pairs']} positive, {d['negative_pairs']} "
+        f"negative; hard negatives from {d['hard_negatives_from']})",
+        f"- Hyper-parameters: {json.dumps(h)}",
+        f"- Training: {t['steps']} steps in {t['training_seconds']} s on {t['threads']} "
+        f"threads (final loss {t['final_loss']})",
+        f"- Validation ({v['queries']} held-out queries, window {v['window']}): nDCG@10 "
+        f"{v['ndcg@10_hybrid']} as fused, {v['ndcg@10_reranked']} reranked alone, "
+        f"{v['ndcg@10_blended']} blended at {v['blend']} (what searches use); "
+        f"{v['pairs_per_second']} pairs/s",
+        f"- Trained at {card['trained_at']}",
+        "",
+    ]
+    (out_dir / "README.md").write_text("\n".join(lines))
+
+
+def _identity_pooler(model: Any, torch: Any) -> None:
+    pooler = getattr(model.base_model, "pooler", None)
+    if pooler is None or not hasattr(pooler, "dense"):
+        return
+    with torch.no_grad():
+        size = pooler.dense.weight.shape[0]
+        pooler.dense.weight.copy_(torch.eye(size))
+        pooler.dense.bias.zero_()
+
+
+def _first_passages(tenant: str, external_ids: set[str]) -> dict[str, str]:
+    """Each document's first chunk, for positives the search did not retrieve."""
+    if not external_ids:
+        return {}
+    with unit_of_work() as uow:
+        rows = uow.session.execute(
+            select(Document.external_id, Document.title, Chunk.text)
+            .join(Chunk, (Chunk.document_id == Document.id) & (Chunk.version == Document.version))
+            .where(
+                Document.tenant_id == tenant,
+                Document.deleted.is_(False),
+                Document.external_id.in_(external_ids),
+            )
+            .order_by(Document.external_id, Chunk.ordinal)
+        ).all()
+    first: dict[str, str] = {}
+    for external_id, title, text in rows:
+        first.setdefault(external_id, rerank_passage(title, text))
+    return first
+
+
+def _random_passages(tenant: str, n: int, rng: random.Random) -> list[tuple[str, str]]:
+    with unit_of_work() as uow:
+        uow.session.execute(select(func.setseed(rng.random() * 2 - 1)))
+        rows = uow.session.execute(
+            select(Document.external_id, Document.title, Chunk.text)
+            .join(Chunk, (Chunk.document_id == Document.id) & (Chunk.version == Document.version))
+            .where(Document.tenant_id == tenant, Document.deleted.is_(False))
+            .order_by(func.random())
+            .limit(n)
+        ).all()
+    return [(external_id, rerank_passage(title, text)) for external_id, title, text in rows]
+
+
+def _threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)))

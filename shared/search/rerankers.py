@@ -1,0 +1,72 @@
+"""The registry of trained rerankers: per tenant, by name (``concord reranker train`` writes
+it; ``rerank.model`` in a search request or profile reads it). Every lookup is scoped to the
+caller's tenant, so one tenant can never select another's model."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from shared.errors import NotFound
+from shared.ingest import repository as ingest_repo
+from shared.ingest.repository import now
+from shared.models import TrainedReranker
+
+
+def register(
+    session: Session, tenant_id: str, name: str, path: Path, base_model: str, card: dict[str, Any]
+) -> TrainedReranker:
+    """Point ``name`` at a newly trained model; the previous one's files are removed after
+    commit by :func:`remove_files` (a search already holding it finishes with it)."""
+    ingest_repo.ensure_tenant(session, tenant_id)
+    entry = session.get(TrainedReranker, (tenant_id, name))
+    if entry is None:
+        entry = TrainedReranker(tenant_id=tenant_id, name=name)
+        session.add(entry)
+    entry.path = str(path)
+    entry.base_model = base_model
+    entry.card = card
+    entry.created_at = now(session)
+    session.flush()
+    return entry
+
+
+def get(session: Session, tenant_id: str, name: str) -> TrainedReranker:
+    entry = session.get(TrainedReranker, (tenant_id, name))
+    if entry is None:
+        raise NotFound(f"no trained reranker {name!r}")
+    return entry
+
+
+def list_for_tenant(session: Session, tenant_id: str) -> list[TrainedReranker]:
+    return list(
+        session.scalars(
+            select(TrainedReranker)
+            .where(TrainedReranker.tenant_id == tenant_id)
+            .order_by(TrainedReranker.name)
+        )
+    )
+
+
+def delete(session: Session, tenant_id: str, name: str) -> str:
+    """Unregister; returns the model's directory for the caller to remove after commit."""
+    entry = get(session, tenant_id, name)
+    session.delete(entry)
+    return entry.path
+
+
+def remove_files(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def reranker_dict(entry: TrainedReranker) -> dict[str, Any]:
+    return {
+        "name": entry.name,
+        "base_model": entry.base_model,
+        "created_at": entry.created_at.isoformat(),
+        "card": entry.card,
+    }
