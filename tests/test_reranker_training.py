@@ -72,8 +72,13 @@ def test_search_uses_the_trained_reranker_of_its_own_tenant_only(
     assert payload["degraded"] == []
     window = [r for r in payload["results"] if r["trace"]["rerank"] is not None]
     assert len(window) == min(5, len(payload["results"])) and window
-    scores = [r["scores"]["rerank"] for r in window]
-    assert scores == sorted(scores, reverse=True)
+    # By default the window is ordered by the blend validation chose; with blend 1 by the
+    # reranker's own scores.
+    alone = {**body, "rerank": {**body["rerank"], "blend": 1.0}}
+    reranked = client.post("/v1/search", json=alone, headers=headers).json()["results"]
+    scores = [r["scores"]["rerank"] for r in reranked if r["trace"]["rerank"] is not None]
+    assert scores == sorted(scores, reverse=True) and len(scores) == len(window)
+    assert {r["chunk_id"] for r in reranked[:5]} == {r["chunk_id"] for r in window}
 
     unknown = {**body, "rerank": {**body["rerank"], "model": "nope"}}
     assert client.post("/v1/search", json=unknown, headers=headers).status_code == 404

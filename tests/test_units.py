@@ -100,3 +100,15 @@ def test_blend_scores_mix_min_max_normalized_rerank_and_fused_scores() -> None:
     assert blend_scores(rerank, fused, 0.0) == pytest.approx([0.0, 1.0, 0.5])
     assert blend_scores(rerank, fused, 0.25) == pytest.approx([0.25, 0.75, 0.5])
     assert blend_scores([], [], 0.3) == []
+
+
+def test_settings_refuse_placeholder_secrets_outside_development() -> None:
+    from pydantic import ValidationError
+
+    from shared.settings import PLACEHOLDER_SECRETS, Settings
+
+    for placeholder in PLACEHOLDER_SECRETS:
+        with pytest.raises(ValidationError, match="CONCORD_PG_PASSWORD"):
+            Settings(environment="production", pg_password=placeholder)
+    assert Settings(environment="production", pg_password="s3cret-from-vault").pg_password
+    assert Settings(environment="development").pg_password in PLACEHOLDER_SECRETS
