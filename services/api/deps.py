@@ -51,10 +51,6 @@ Writer = Annotated[Principal, Depends(writer)]
 Admin = Annotated[Principal, Depends(admin)]
 
 
-# Postgres text cannot hold NUL; a value with one is invalid input, not a server error.
-NO_NUL = r"^[^\x00]*$"
-
-
 class ErrorDetail(BaseModel):
     code: str
     message: str

@@ -30,7 +30,10 @@ def _integral(value: Any) -> Any:
 Int = Annotated[int, BeforeValidator(_integral)]
 Arm = Literal["dense", "lexical"]
 FieldBoost = Annotated[float, Field(gt=0, le=100)]
-Scalar = str | int | float | bool
+# Postgres text and JSONB cannot hold NUL: a string with one is invalid input, not a 500.
+NO_NUL = r"^[^\x00]*$"
+Text = Annotated[str, StringConstraints(pattern=NO_NUL)]
+Scalar = Text | int | float | bool
 METADATA_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 ISO_DATE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9:.]+(Z|[+-][0-9]{2}:?[0-9]{2})?)?$")
 MAX_FILTERS = 20

@@ -11,13 +11,14 @@ from fastapi import APIRouter, Path, Query
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from services.api.deps import NO_NUL, NOT_FOUND, PROTECTED_ROUTE_ERRORS, Admin
+from services.api.deps import NOT_FOUND, PROTECTED_ROUTE_ERRORS, Admin
 from shared import admin as ops
 from shared.auth import SCOPES, create_key, list_keys, revoke_key
 from shared.db import unit_of_work
 from shared.errors import NotFound
 from shared.models import JobState
 from shared.reconcile.service import reconcile, reconcile_and_verify
+from shared.search.schemas import NO_NUL
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], responses=PROTECTED_ROUTE_ERRORS | NOT_FOUND)
 LetterId = Annotated[int, Path(ge=1, le=2**63 - 1)]

@@ -11,7 +11,6 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.datastructures import UploadFile
 
 from services.api.deps import (
-    NO_NUL,
     NOT_FOUND,
     PROTECTED_ROUTE_ERRORS,
     UPLOAD_ERRORS,
@@ -26,6 +25,7 @@ from shared.ingest.parsing import resolve_content_type
 from shared.ingest.screening import screen_upload
 from shared.ingest.service import Upload, accept_upload, delete_document, get_document
 from shared.search import repository as search_repo
+from shared.search.schemas import NO_NUL
 from shared.settings import Settings
 from shared.stores.elastic import get_es
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from services.api.deps import NOT_FOUND, PROTECTED_ROUTE_ERRORS, Admin, Reader
 from shared.db import unit_of_work
 from shared.search import profiles, rerankers
-from shared.search.schemas import PROFILE_NAME, ProfileSettings, SearchRequest
+from shared.search.schemas import NO_NUL, PROFILE_NAME, ProfileSettings, SearchRequest
 from shared.search.service import search
 
 router = APIRouter(prefix="/v1", tags=["search"], responses=PROTECTED_ROUTE_ERRORS | NOT_FOUND)
@@ -27,7 +27,7 @@ class ProfileBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     settings: ProfileSettings
-    description: str = Field(default="", max_length=2000)
+    description: str = Field(default="", max_length=2000, pattern=NO_NUL)
 
 
 @router.get("/rerankers")
