@@ -24,6 +24,10 @@ class Settings(BaseSettings):
     pg_user: str = "concord"
     pg_password: str = "concord-dev-password"
     pg_database: str = "concord"
+    # The local stack's Postgres buffer cache (`concord stack up`). The default 128 MB holds
+    # less than one 100k-chunk tenant's rows and HNSW graph, so searches read pages through
+    # the kernel on every query.
+    pg_shared_buffers: str = "1GB"
 
     # Redis (Celery broker)
     redis_host: str = "127.0.0.1"
@@ -63,6 +67,9 @@ class Settings(BaseSettings):
     # Torch threads per worker process; 0 = the machine's cores divided among the worker's
     # processes, so that concurrent processes do not oversubscribe the CPU.
     embedding_threads: int = 0
+    # "onnx": queries are encoded through ONNX Runtime on one thread (exported once from the
+    # same weights, see shared/search/query_encoder.py); "torch": through sentence-transformers.
+    query_encoder: Literal["onnx", "torch"] = "onnx"
     query_prompt: str = ""
     passage_prompt: str = ""
 

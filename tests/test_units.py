@@ -112,3 +112,60 @@ def test_settings_refuse_placeholder_secrets_outside_development() -> None:
             Settings(environment="production", pg_password=placeholder)
     assert Settings(environment="production", pg_password="s3cret-from-vault").pg_password
     assert Settings(environment="development").pg_password in PLACEHOLDER_SECRETS
+
+
+def test_whole_sentence_prefix_is_the_longest_that_fits() -> None:
+    from shared.search.policy import _whole_sentences_within
+
+    text = "One two three. Four five. Six seven eight nine. Ten."
+
+    class Words:
+        def __call__(self, text: str) -> int:
+            return len(text.split())
+
+        def prefix_counts(self, text: str, ends: list[int]) -> list[int]:
+            return [len(text[:end].split()) for end in ends]
+
+    assert _whole_sentences_within(text, 0, Words()) == ("", 0)
+    assert _whole_sentences_within(text, 2, Words()) == ("", 0)
+    assert _whole_sentences_within(text, 3, Words()) == ("One two three.", 3)
+    assert _whole_sentences_within(text, 8, Words()) == ("One two three. Four five.", 5)
+    nine = "One two three. Four five. Six seven eight nine."
+    assert _whole_sentences_within(text, 9, Words()) == (nine, 9)
+    assert _whole_sentences_within(text, 100, Words()) == (text, 10)
+
+
+def test_tokenizer_prefix_counts_equal_counting_each_prefix() -> None:
+    from shared.ingest.chunking import sentence_spans
+    from shared.search.service import _TokenizerCounter
+
+    text = (
+        "Vitamin D deficiency (VDD) affects 1,234 patients. Was it caused by e.g. diet? "
+        "Résumé: IL-6 rose 2.5-fold in CD4+ cells; see Fig. 3. Done."
+    )
+    counter = _TokenizerCounter()
+    ends = [end for _, end in sentence_spans(text, 0, len(text))]
+    assert len(ends) >= 3
+    assert counter.prefix_counts(text, ends) == [counter(text[:end]) for end in ends]
+
+
+def test_onnx_query_encoder_matches_the_sentence_transformers_model(tmp_path) -> None:
+    import numpy as np
+
+    from shared.ingest.embedding import get_embedder
+    from shared.search.query_encoder import OnnxQueryEncoder
+
+    model = get_embedder().model()
+    encoder = OnnxQueryEncoder(model, tmp_path)  # exports into tmp_path on first use
+    assert (tmp_path / "model.onnx").exists()
+    queries = ["vitamin D and bone density", "IL-6 in CD4+ T cells", "a" * 3000]
+    torch_vectors = model.encode(queries, normalize_embeddings=True, convert_to_numpy=True)
+    for query, expected in zip(queries, torch_vectors, strict=True):
+        vector = encoder.encode(query)  # the long one is truncated like the model truncates
+        assert vector.shape == expected.shape
+        assert float(np.linalg.norm(vector)) == pytest.approx(1.0, abs=1e-5)
+        assert float(vector @ expected) > 0.99999
+    # A second encoder reuses the export instead of writing it again.
+    mtime = (tmp_path / "model.onnx").stat().st_mtime_ns
+    OnnxQueryEncoder(model, tmp_path)
+    assert (tmp_path / "model.onnx").stat().st_mtime_ns == mtime

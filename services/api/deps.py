@@ -30,17 +30,17 @@ def current_principal(
     return principal
 
 
-def reader(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
+async def reader(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
     principal.require("read")
     return principal
 
 
-def writer(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
+async def writer(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
     principal.require("write")
     return principal
 
 
-def admin(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
+async def admin(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
     principal.require("admin")
     return principal
 

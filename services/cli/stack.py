@@ -224,7 +224,8 @@ class PostgresService:
                     "-t",
                     "60",
                     "-o",
-                    f"-h {self.s.pg_host} -p {self.s.pg_port} -k {self.data}",
+                    f"-h {self.s.pg_host} -p {self.s.pg_port} -k {self.data} "
+                    f"-c shared_buffers={self.s.pg_shared_buffers}",
                     "start",
                 ]
             ),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -13,12 +14,18 @@ from shared.settings import Settings, get_settings
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
+    from shared.search.query_encoder import OnnxQueryEncoder
+
+log = logging.getLogger(__name__)
+
 
 class Embedder:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.model_path = settings.embedding_model_path()
         self._model: SentenceTransformer | None = None
+        self._query_encoder: OnnxQueryEncoder | None = None
+        self._query_encoder_tried = False
         self._lock = threading.Lock()
 
     @property
@@ -51,8 +58,34 @@ class Embedder:
         return self._encode([self.settings.passage_prompt + t for t in texts])
 
     def embed_query(self, text: str) -> np.ndarray:
+        encoder = self.query_encoder()
+        if encoder is not None:
+            return encoder.encode(self.settings.query_prompt + text)
         vectors: np.ndarray = self._encode([self.settings.query_prompt + text])
         return np.asarray(vectors[0])
+
+    def query_encoder(self) -> OnnxQueryEncoder | None:
+        """The ONNX query encoder (CONCORD_QUERY_ENCODER=onnx, the default), or None where
+        queries go through torch: configured so, or the model cannot be exported as is."""
+        if self.settings.query_encoder != "onnx":
+            return None
+        model = self.model()
+        with self._lock:
+            if not self._query_encoder_tried:
+                self._query_encoder_tried = True
+                from shared.search.query_encoder import (
+                    OnnxQueryEncoder,
+                    UnsupportedModel,
+                    export_dir_for,
+                )
+
+                try:
+                    self._query_encoder = OnnxQueryEncoder(
+                        model, export_dir_for(self.model_path, self.settings.state_path())
+                    )
+                except UnsupportedModel as e:
+                    log.warning("queries are encoded with torch: ONNX export unsupported: %s", e)
+            return self._query_encoder
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         if not texts:

@@ -10,15 +10,25 @@ instruction to a language model is flagged, never acted on.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from shared.ingest.chunking import sentence_spans
 
 ScoreType = Literal["dense_cosine", "rerank"]
+
+
+class TokenCounter(Protocol):
+    """Counts tokens with the embedder's own tokenizer."""
+
+    def __call__(self, text: str) -> int: ...
+
+    def prefix_counts(self, text: str, ends: list[int]) -> list[int]:
+        """The token count of ``text[:end]`` for each of ``ends`` (ascending), from one pass."""
+        ...
+
 
 INJECTION_PATTERNS = [
     r"\bignore\s+(all\s+|any\s+)?(the\s+)?(previous|prior|above|earlier)\s+"
@@ -100,7 +110,7 @@ def _has_provenance(c: Candidate) -> bool:
 def apply_policy(
     candidates: list[Candidate],
     config: PolicyConfig,
-    count_tokens: Callable[[str], int],
+    count_tokens: TokenCounter,
     *,
     dropped_before: int = 0,
 ) -> PolicyResult:
@@ -149,7 +159,7 @@ def _omit(result: PolicyResult, c: Candidate, reason: str) -> None:
 def _pack(
     candidates: list[Candidate],
     config: PolicyConfig,
-    count_tokens: Callable[[str], int],
+    count_tokens: TokenCounter,
     result: PolicyResult,
 ) -> None:
     per_document: dict[str, int] = {}
@@ -204,15 +214,17 @@ def _pack(
         )
 
 
-def _whole_sentences_within(
-    text: str, budget: int, count_tokens: Callable[[str], int]
-) -> tuple[str, int]:
-    """The longest prefix of whole sentences that fits the budget ("" if none does)."""
+def _whole_sentences_within(text: str, budget: int, count_tokens: TokenCounter) -> tuple[str, int]:
+    """The longest prefix of whole sentences that fits the budget ("" if none does). Once the
+    budget is nearly spent, most chunks cannot fit even their first sentence: that is checked
+    on the sentence alone. Otherwise the text is tokenized once for all its sentence ends (a
+    tokenizer call per prefix made packing a tenth of the whole search)."""
+    ends = [end for _, end in sentence_spans(text, 0, len(text))]
+    if budget <= 0 or not ends or count_tokens(text[: ends[0]]) > budget:
+        return "", 0
     best, best_tokens = "", 0
-    for _, end in sentence_spans(text, 0, len(text)):
-        prefix = text[:end]
-        tokens = count_tokens(prefix)
+    for end, tokens in zip(ends, count_tokens.prefix_counts(text, ends), strict=True):
         if tokens > budget:
             break
-        best, best_tokens = prefix, tokens
+        best, best_tokens = text[:end], tokens
     return best, best_tokens

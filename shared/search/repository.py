@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, select, text
+from sqlalchemy import ColumnElement, case, func, select, text
 from sqlalchemy.orm import Session
 
 from shared.ingest import repository as ingest_repo
@@ -70,12 +70,16 @@ def tenant_chunk_count(session: Session, tenant_id: str) -> int:
 
 
 def live_chunks(
-    session: Session, tenant_id: str, ids: Sequence[str], vector: list[float] | None
+    session: Session,
+    tenant_id: str,
+    ids: Sequence[str],
+    vector: list[float] | None,
+    embeddings_for: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The chunks among ``ids`` that are live (document exists, not deleted, chunk at the
-    document's version), with provenance and cosine similarity to ``vector``. Embeddings are
-    not loaded here (see ``chunk_embeddings``): only the few results that need them pay for
-    transferring and decoding 384 floats each."""
+    document's version), with provenance and cosine similarity to ``vector``. Embeddings
+    (``embedding``, else None) only for ``embeddings_for``: the few likely results, which need
+    them, pay for transferring and decoding 384 floats each; the rest never do."""
     if not ids:
         return {}
     columns: list[Any] = [
@@ -93,6 +97,10 @@ def live_chunks(
     ]
     if vector is not None:
         columns.append((1 - Chunk.embedding.cosine_distance(vector)).label("cosine"))
+    if embeddings_for:
+        columns.append(
+            case((Chunk.id.in_(list(embeddings_for)), Chunk.embedding)).label("embedding")
+        )
     rows = session.execute(
         select(*columns)
         .join(Document, Document.id == Chunk.document_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -191,14 +192,14 @@ def _search(
 ) -> dict[str, Any]:
     futures = {}
     with timings.stage("retrieve"):
-        # The query is embedded first and only then do both arms start. Overlapping BM25 with
-        # the encoder looked free but slowed the encoder more than it saved on 2 cores
-        # (SciFact, tuned profile, in process: p50 79 ms embedding first vs 100 ms overlapped).
-        vector = timings.timed("embed", lambda: query_vector(request.query, settings))
+        # BM25 needs no vector: Elasticsearch works on it while this thread embeds the query.
+        # That pays on 2 cores because the ONNX query encoder keeps to one thread (torch on
+        # two was slowed by the overlap more than it saved: p50 79 ms embedding first vs 100).
         if request.mode in ("lexical", "hybrid"):
             futures["lexical"] = _pool.submit(
                 _timed_arm, timings, "lexical", lambda: lexical_arm(tenant_id, request, settings)
             )
+        vector = timings.timed("embed", lambda: query_vector(request.query, settings))
         if request.mode in ("dense", "hybrid"):
             futures["dense"] = _pool.submit(
                 _timed_arm,
@@ -244,7 +245,7 @@ def _search(
         policy = apply_policy(
             results,
             _policy_config(request, settings, bool(rerank_info)),
-            _token_counter(),
+            _TokenizerCounter(),
             dropped_before=dropped,
         )
     body: dict[str, Any] = {
@@ -282,10 +283,17 @@ def _hydrate_enough(
     for stale drops) or the rerank window at first, more only while a per-document cap leaves
     fewer than top_k results."""
     step = max(request.top_k * 2, request.rerank.window if request.rerank.enabled else 0, 20)
+    # Without rerank or MMR reordering them, the results are (nearly always) the first top_k
+    # candidates: their embeddings, which the policy compares, come in the same query.
+    likely_results = (
+        [cid for cid, _ in fused[: request.top_k]]
+        if not request.rerank.enabled and request.mmr is None
+        else []
+    )
     candidates: list[Candidate] = []
     dropped = 0
     for start in range(0, len(fused), step):
-        more, stale = _hydrate(tenant_id, fused[start : start + step], vector)
+        more, stale = _hydrate(tenant_id, fused[start : start + step], vector, likely_results)
         candidates += more
         dropped += stale
         capped = _cap_per_document(candidates, request.per_document_cap)
@@ -295,11 +303,14 @@ def _hydrate_enough(
 
 
 def _hydrate(
-    tenant_id: str, fused: list[tuple[str, float]], vector: list[float]
+    tenant_id: str,
+    fused: list[tuple[str, float]],
+    vector: list[float],
+    embeddings_for: list[str],
 ) -> tuple[list[Candidate], int]:
     ids = [cid for cid, _ in fused]
     with unit_of_work() as uow:
-        live = search_repo.live_chunks(uow.session, tenant_id, ids, vector)
+        live = search_repo.live_chunks(uow.session, tenant_id, ids, vector, embeddings_for)
         stale = [cid for cid in ids if cid not in live]
         if stale:
             search_repo.queue_repair(uow.session, tenant_id, stale)
@@ -321,11 +332,16 @@ def _hydrate(
                 indexed_at=row.updated_at.isoformat(),
                 text=row.text,
                 token_count=row.token_count,
-                embedding=None,  # loaded for the candidates that need it (_attach_embeddings)
+                # The rest are loaded for the candidates that need them (_attach_embeddings).
+                embedding=_as_array(getattr(row, "embedding", None)),
                 scores={"dense_cosine": round(float(row.cosine), 6)},
             )
         )
     return candidates, len(stale)
+
+
+def _as_array(embedding: Any) -> np.ndarray | None:
+    return None if embedding is None else np.asarray(embedding, dtype=np.float32)
 
 
 def _attach_embeddings(tenant_id: str, candidates: list[Candidate]) -> None:
@@ -336,7 +352,7 @@ def _attach_embeddings(tenant_id: str, candidates: list[Candidate]) -> None:
         found = search_repo.chunk_embeddings(uow.session, tenant_id, missing)
     for c in candidates:
         if c.embedding is None and c.chunk_id in found:
-            c.embedding = np.asarray(found[c.chunk_id], dtype=np.float32)
+            c.embedding = _as_array(found[c.chunk_id])
 
 
 def _rerank(
@@ -444,9 +460,20 @@ def _policy_config(request: SearchRequest, settings: Settings, reranked: bool) -
     )
 
 
-def _token_counter() -> Callable[[str], int]:
-    tokenizer = get_embedder().model().tokenizer
-    return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+class _TokenizerCounter:
+    """The policy's token counts, from the embedder's tokenizer (see policy.TokenCounter)."""
+
+    def __init__(self) -> None:
+        self.tokenizer = get_embedder().model().tokenizer
+
+    def __call__(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prefix_counts(self, text: str, ends: list[int]) -> list[int]:
+        # A prefix ending at a sentence end holds exactly the tokens that start before it.
+        offsets = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        starts = [start for start, _ in offsets["offset_mapping"]]
+        return [bisect_left(starts, end) for end in ends]
 
 
 def _result(

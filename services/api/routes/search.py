@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
+import numpy as np
 from fastapi import APIRouter, Path
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.api.deps import NOT_FOUND, PROTECTED_ROUTE_ERRORS, Admin, Reader
@@ -16,11 +19,27 @@ router = APIRouter(prefix="/v1", tags=["search"], responses=PROTECTED_ROUTE_ERRO
 ProfileName = Annotated[str, Path(pattern=PROFILE_NAME)]
 
 
-@router.post("/search")
-async def search_route(body: SearchRequest, principal: Reader) -> dict[str, Any]:
+class SearchResponse(JSONResponse):
+    """The search body is plain JSON data already: encoded directly, not walked again by
+    FastAPI's encoder (3.7 ms of a 100-result response with traces, json.dumps 0.7 ms)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(
+            content, ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_scalar
+        ).encode()
+
+
+def _scalar(value: Any) -> Any:
+    if isinstance(value, np.generic):  # a numpy score that was not converted upstream
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+@router.post("/search", response_model=dict[str, Any])
+async def search_route(body: SearchRequest, principal: Reader) -> SearchResponse:
     """Hybrid search with fusion, optional rerank, MMR, and the evidence policy's decision.
     The tenant always comes from the API key, never from the request body."""
-    return await run_in_threadpool(search, principal.tenant_id, body)
+    return SearchResponse(await run_in_threadpool(search, principal.tenant_id, body))
 
 
 class ProfileBody(BaseModel):
