@@ -48,7 +48,7 @@ class OnnxQueryEncoder:
             raise UnsupportedModel(f"pooling {self.pooling!r}")
         self.normalize = modules[2:] == ["Normalize"]
         self.tokenizer = model.tokenizer
-        self.max_length = int(model.max_seq_length)
+        self.max_length = int(model.max_seq_length or 512)
         path = export_dir / "model.onnx"
         if not path.exists():
             _export(model, path)
