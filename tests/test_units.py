@@ -169,3 +169,24 @@ def test_onnx_query_encoder_matches_the_sentence_transformers_model(tmp_path) ->
     mtime = (tmp_path / "model.onnx").stat().st_mtime_ns
     OnnxQueryEncoder(model, tmp_path)
     assert (tmp_path / "model.onnx").stat().st_mtime_ns == mtime
+
+
+def test_pgvector_binary_form_reads_back_as_float32() -> None:
+    import numpy as np
+
+    from shared.search.repository import embedding_from_bytes
+
+    values = np.array([0.5, -1.25, 3.0e-8], dtype=">f4")
+    raw = (3).to_bytes(2, "big") + (0).to_bytes(2, "big") + values.tobytes()
+    vector = embedding_from_bytes(raw)
+    assert vector.dtype == np.float32
+    assert vector.tolist() == values.astype(np.float32).tolist()
+
+
+def test_likely_results_keep_the_per_document_cap_by_chunk_id() -> None:
+    from shared.search.service import _first_within_cap
+
+    ids = ["a:0", "a:1", "b:0", "a:2", "c:0", "b:1"]
+    assert _first_within_cap(ids, None, 4) == ["a:0", "a:1", "b:0", "a:2"]
+    assert _first_within_cap(ids, 1, 10) == ["a:0", "b:0", "c:0"]
+    assert _first_within_cap(ids, 2, 4) == ["a:0", "a:1", "b:0", "c:0"]

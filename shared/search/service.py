@@ -283,10 +283,12 @@ def _hydrate_enough(
     for stale drops) or the rerank window at first, more only while a per-document cap leaves
     fewer than top_k results."""
     step = max(request.top_k * 2, request.rerank.window if request.rerank.enabled else 0, 20)
-    # Without rerank or MMR reordering them, the results are (nearly always) the first top_k
-    # candidates: their embeddings, which the policy compares, come in the same query.
+    # Without rerank or MMR reordering them, the results are (unless some are stale) the first
+    # top_k fused chunks within the per-document cap: their embeddings, which the policy
+    # compares, come in the same query. Chunk ids name their document (invariant: chunk ids
+    # are "<document id>:<ordinal>"), so the cap applies before hydration.
     likely_results = (
-        [cid for cid, _ in fused[: request.top_k]]
+        _first_within_cap([cid for cid, _ in fused], request.per_document_cap, request.top_k)
         if not request.rerank.enabled and request.mmr is None
         else []
     )
@@ -300,6 +302,21 @@ def _hydrate_enough(
         if request.per_document_cap is None or len(capped) >= request.top_k:
             break
     return candidates, dropped
+
+
+def _first_within_cap(chunk_ids: list[str], cap: int | None, count: int) -> list[str]:
+    if cap is None:
+        return chunk_ids[:count]
+    per_document: dict[str, int] = {}
+    kept: list[str] = []
+    for cid in chunk_ids:
+        document = cid.rpartition(":")[0]
+        per_document[document] = per_document.get(document, 0) + 1
+        if per_document[document] <= cap:
+            kept.append(cid)
+            if len(kept) == count:
+                break
+    return kept
 
 
 def _hydrate(
@@ -333,15 +350,16 @@ def _hydrate(
                 text=row.text,
                 token_count=row.token_count,
                 # The rest are loaded for the candidates that need them (_attach_embeddings).
-                embedding=_as_array(getattr(row, "embedding", None)),
+                embedding=_embedding_of(row),
                 scores={"dense_cosine": round(float(row.cosine), 6)},
             )
         )
     return candidates, len(stale)
 
 
-def _as_array(embedding: Any) -> np.ndarray | None:
-    return None if embedding is None else np.asarray(embedding, dtype=np.float32)
+def _embedding_of(row: Any) -> np.ndarray | None:
+    raw = getattr(row, "embedding", None)
+    return None if raw is None else search_repo.embedding_from_bytes(raw)
 
 
 def _attach_embeddings(tenant_id: str, candidates: list[Candidate]) -> None:
@@ -352,7 +370,7 @@ def _attach_embeddings(tenant_id: str, candidates: list[Candidate]) -> None:
         found = search_repo.chunk_embeddings(uow.session, tenant_id, missing)
     for c in candidates:
         if c.embedding is None and c.chunk_id in found:
-            c.embedding = _as_array(found[c.chunk_id])
+            c.embedding = found[c.chunk_id]
 
 
 def _rerank(
