@@ -35,6 +35,7 @@ from sqlalchemy import func, insert, select
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from services.cli.stack import api_command  # noqa: E402
 from shared.auth import create_key  # noqa: E402
 from shared.db import unit_of_work  # noqa: E402
 from shared.ingest import repository as repo  # noqa: E402
@@ -199,17 +200,7 @@ def populate(tenant: str, size: int, texts: list[str], vectors: np.ndarray) -> N
 def start_api(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
     log = open(ROOT / "bench/results/query-api.log", "ab")  # noqa: SIM115
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "services.api.app:create_app",
-            "--factory",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
+        api_command("127.0.0.1", port, "--log-level", "warning"),
         cwd=ROOT,
         env={**os.environ, **env},
         stdout=log,

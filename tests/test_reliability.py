@@ -581,23 +581,15 @@ class ApiProcess:
 
     def __init__(self, log: Path, env: dict[str, str]) -> None:
         import subprocess
-        import sys
 
+        from services.cli.stack import api_command
         from tests.faults import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "uvicorn",
-                    "services.api.app:create_app",
-                    "--factory",
-                    "--port",
-                    str(self.port),
-                ],
+                api_command("127.0.0.1", self.port),
                 env={**os.environ, **env},
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -593,6 +593,23 @@ class ProjectProcess:
         self.pidfile.unlink(missing_ok=True)
 
 
+def api_command(host: str, port: int, *options: str) -> list[str]:
+    """The API server's command line (the stack, the query benchmark and the reliability
+    tests all start it this way)."""
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "services.api.app:create_app",
+        "--factory",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        *options,
+    ]
+
+
 def app_processes(settings: Settings) -> list[ProjectProcess]:
     py = sys.executable
     beat_schedule = settings.state_path() / "app" / "celerybeat-schedule"
@@ -600,17 +617,7 @@ def app_processes(settings: Settings) -> list[ProjectProcess]:
         ProjectProcess(
             settings,
             "api",
-            [
-                py,
-                "-m",
-                "uvicorn",
-                "services.api.app:create_app",
-                "--factory",
-                "--host",
-                settings.api_host,
-                "--port",
-                str(settings.api_port),
-            ],
+            api_command(settings.api_host, settings.api_port),
             settings.api_url(),
         ),
         ProjectProcess(

@@ -16,7 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from services.evaluation import beir
-from services.training.reranker import TrainingOptions, TrainingRefused, train_reranker
+from services.evaluation.harness import eval_tenant
+from services.training.reranker import (
+    TrainingOptions,
+    refuse_test_split,
+    train_reranker,
+)
 from shared.db import unit_of_work
 from shared.ingest.repository import now
 from shared.models import TrainingJob
@@ -27,12 +32,9 @@ HEARTBEAT_S = 10.0
 
 def start_training_job(dataset_dir: Path, name: str, options: TrainingOptions) -> uuid.UUID:
     """Check the request here (a bad dataset fails now, not in the worker), then queue it."""
-    if options.split == "test":
-        raise TrainingRefused("refusing to train on the test split: it is what eval reports")
+    refuse_test_split(options.split)
     dataset = beir.load(dataset_dir)
     dataset.qrels(options.split)
-    from services.evaluation.harness import eval_tenant
-
     job_id = uuid.uuid4()
     params = {"dataset": str(dataset_dir.resolve()), "name": name, "options": asdict(options)}
     with unit_of_work() as uow:

@@ -93,12 +93,16 @@ class Validation:
 BLENDS = tuple(round(0.1 * i, 1) for i in range(11))
 
 
+def refuse_test_split(split: str) -> None:
+    if split == "test":
+        raise TrainingRefused("refusing to train on the test split: it is what eval reports")
+
+
 def train_reranker(
     dataset_dir: Path, name: str, options: TrainingOptions, progress: Progress
 ) -> dict[str, Any]:
     """Mine pairs, train, validate, save with a model card, register. Returns the card."""
-    if options.split == "test":
-        raise TrainingRefused("refusing to train on the test split: it is what eval reports")
+    refuse_test_split(options.split)
     started = time.monotonic()
     settings = get_settings()
     dataset = beir.load(dataset_dir)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shared.errors import BadRequest, NotFound
+from shared.errors import BadRequest
 from shared.ingest import repository as ingest_repo
 from shared.ingest.repository import now
 from shared.models import SearchProfile
+from shared.search.named import get_named, list_named
 from shared.search.schemas import NOT_IN_PROFILE, SearchRequest
 
 
@@ -46,20 +46,11 @@ def save_profile(
 
 
 def get_profile(session: Session, tenant_id: str, name: str) -> SearchProfile:
-    profile = session.get(SearchProfile, (tenant_id, name))
-    if profile is None:
-        raise NotFound(f"no search profile {name!r}")
-    return profile
+    return get_named(session, SearchProfile, tenant_id, name, "search profile")
 
 
 def list_profiles(session: Session, tenant_id: str) -> list[SearchProfile]:
-    return list(
-        session.scalars(
-            select(SearchProfile)
-            .where(SearchProfile.tenant_id == tenant_id)
-            .order_by(SearchProfile.name)
-        )
-    )
+    return list_named(session, SearchProfile, tenant_id)
 
 
 def delete_profile(session: Session, tenant_id: str, name: str) -> None:

@@ -8,13 +8,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shared.errors import NotFound
 from shared.ingest import repository as ingest_repo
 from shared.ingest.repository import now
 from shared.models import TrainedReranker
+from shared.search.named import get_named, list_named
 
 
 def register(
@@ -36,20 +35,11 @@ def register(
 
 
 def get(session: Session, tenant_id: str, name: str) -> TrainedReranker:
-    entry = session.get(TrainedReranker, (tenant_id, name))
-    if entry is None:
-        raise NotFound(f"no trained reranker {name!r}")
-    return entry
+    return get_named(session, TrainedReranker, tenant_id, name, "trained reranker")
 
 
 def list_for_tenant(session: Session, tenant_id: str) -> list[TrainedReranker]:
-    return list(
-        session.scalars(
-            select(TrainedReranker)
-            .where(TrainedReranker.tenant_id == tenant_id)
-            .order_by(TrainedReranker.name)
-        )
-    )
+    return list_named(session, TrainedReranker, tenant_id)
 
 
 def delete(session: Session, tenant_id: str, name: str) -> str:
