@@ -163,19 +163,14 @@ def discard_dead_letter(session: Session, letter_id: int, tenant_id: str | None 
 def system_stats(tenant_id: str | None = None) -> dict[str, Any]:
     """Counts for one tenant (the API) or all (the operator's CLI); queue depths are shared."""
     settings = get_settings()
-
-    def count(model: Any, *conditions: Any) -> int:
-        if tenant_id is not None:
-            conditions = (*conditions, model.tenant_id == tenant_id)
-        return s.scalar(select(func.count()).select_from(model).where(*conditions)) or 0
-
+    count = ingest_repo.count_rows
     with unit_of_work() as uow:
         s = uow.session
         body: dict[str, Any] = {
-            "documents": count(Document, Document.deleted.is_(False)),
-            "deleted_documents": count(Document, Document.deleted.is_(True)),
-            "document_versions": count(DocumentVersion),
-            "chunks_postgres": count(Chunk),
+            "documents": count(s, Document, tenant_id, Document.deleted.is_(False)),
+            "deleted_documents": count(s, Document, tenant_id, Document.deleted.is_(True)),
+            "document_versions": count(s, DocumentVersion, tenant_id),
+            "chunks_postgres": count(s, Chunk, tenant_id),
             "outbox_backlog": ingest_repo.outbox_backlog(s, tenant_id),
             "dead_letters": ingest_repo.dead_letter_count(s, tenant_id),
             "jobs": ingest_repo.job_state_counts(s, tenant_id),

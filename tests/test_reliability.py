@@ -622,6 +622,7 @@ class Supervisor:
 
     def __init__(self, worker: CeleryProcess) -> None:
         self.worker, self.restarts, self.killed = worker, 0, 0
+        self._log_offset, self._since_banner = 0, ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
@@ -644,8 +645,19 @@ class Supervisor:
             self.restarts += 1
 
     def _tail(self) -> str:
-        text = self.worker.log.read_text(errors="replace") if self.worker.log.exists() else ""
-        return text[text.rfind("[tasks]") :]  # since the latest start's banner
+        """What the worker logged since its latest start's banner (the log is appended to
+        across restarts); each call reads only the bytes written since the last one."""
+        if not self.worker.log.exists():
+            return self._since_banner
+        with self.worker.log.open("rb") as log:
+            log.seek(self._log_offset)
+            new = log.read()
+            self._log_offset = log.tell()
+        self._since_banner += new.decode(errors="replace")
+        banner = self._since_banner.rfind("[tasks]")
+        if banner > 0:
+            self._since_banner = self._since_banner[banner:]
+        return self._since_banner
 
     def stop(self) -> None:
         self._stop.set()

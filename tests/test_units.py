@@ -190,3 +190,19 @@ def test_likely_results_keep_the_per_document_cap_by_chunk_id() -> None:
     assert _first_within_cap(ids, None, 4) == ["a:0", "a:1", "b:0", "a:2"]
     assert _first_within_cap(ids, 1, 10) == ["a:0", "b:0", "c:0"]
     assert _first_within_cap(ids, 2, 4) == ["a:0", "a:1", "b:0", "c:0"]
+
+
+def test_query_encoder_falls_back_to_torch_when_onnx_cannot_be_set_up(tmp_path) -> None:
+    import numpy as np
+
+    from shared.ingest.embedding import Embedder
+    from shared.settings import Settings
+
+    blocked = tmp_path / "state"
+    blocked.write_text("a file where the export directory should go")
+    embedder = Embedder(Settings(state_dir=blocked))
+    assert embedder.query_encoder() is None  # the export could not be written
+    vector = embedder.embed_query("vitamin D and bone density")
+    torch_only = Embedder(Settings(state_dir=blocked, query_encoder="torch"))
+    assert float(vector @ torch_only.embed_query("vitamin D and bone density")) > 0.99999
+    assert np.isclose(np.linalg.norm(vector), 1.0, atol=1e-5)

@@ -28,7 +28,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -190,6 +190,11 @@ def _split(
     return shuffled[:n_validation], shuffled[n_validation:]
 
 
+# What decides which queries were held out and how they are mined and ranked: re-validation
+# uses the values the model was trained with, whatever the caller passes now.
+HELD_OUT_SETTINGS = ("seed", "validation_fraction", "rerank_window", "mining_depth", "max_length")
+
+
 def revalidate_reranker(
     dataset_dir: Path, name: str, options: TrainingOptions, progress: Progress
 ) -> dict[str, Any]:
@@ -200,10 +205,8 @@ def revalidate_reranker(
     with unit_of_work() as uow:
         entry = rerankers.get(uow.session, tenant, name)
         card, path = dict(entry.card), entry.path
-    trained = TrainingOptions(
-        **{**asdict(options), **{k: v for k, v in card["hyperparameters"].items() if k in (
-            "seed", "validation_fraction", "rerank_window", "mining_depth", "max_length")}}
-    )  # fmt: skip
+    recorded = card["hyperparameters"]
+    trained = replace(options, **{k: recorded[k] for k in HELD_OUT_SETTINGS if k in recorded})
     qrels = dataset.qrels(trained.split)
     test_path = dataset.path / "qrels" / "test.tsv"
     test_ids = set(beir.read_qrels(test_path)) if test_path.exists() else set()

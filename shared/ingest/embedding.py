@@ -85,6 +85,12 @@ class Embedder:
                     )
                 except UnsupportedModel as e:
                     log.warning("queries are encoded with torch: ONNX export unsupported: %s", e)
+                except Exception as e:  # e.g. a read-only state directory: torch still works
+                    log.warning(
+                        "queries are encoded with torch: ONNX encoder failed: %s: %s",
+                        type(e).__name__,
+                        e,
+                    )
             return self._query_encoder
 
     def _encode(self, texts: list[str]) -> np.ndarray:

@@ -346,6 +346,14 @@ def postpone_outbox(
     session.execute(update(EsOutbox).where(EsOutbox.id.in_(list(ids))).values(**values))
 
 
+def count_rows(session: Session, model: Any, tenant_id: str | None = None, *conditions: Any) -> int:
+    """Rows of ``model`` matching ``conditions``, within one tenant unless ``tenant_id`` is
+    None (the operator's view of every tenant)."""
+    if tenant_id is not None:
+        conditions = (*conditions, model.tenant_id == tenant_id)
+    return session.scalar(select(func.count()).select_from(model).where(*conditions)) or 0
+
+
 def outbox_backlog(session: Session, tenant_id: str | None = None) -> int:
     query = select(func.count()).select_from(EsOutbox)
     if tenant_id is not None:
