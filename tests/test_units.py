@@ -184,7 +184,11 @@ def test_pgvector_binary_form_reads_back_as_float32() -> None:
 
 
 def test_likely_results_keep_the_per_document_cap_by_chunk_id() -> None:
-    from shared.search.service import _first_within_cap
+    from shared.ingest.pipeline import document_of_chunk
+    from shared.search.service import _within_cap
+
+    def _first_within_cap(ids: list[str], cap: int | None, count: int) -> list[str]:
+        return _within_cap(ids, cap, document_of_chunk)[:count]
 
     ids = ["a:0", "a:1", "b:0", "a:2", "c:0", "b:1"]
     assert _first_within_cap(ids, None, 4) == ["a:0", "a:1", "b:0", "a:2"]

@@ -38,6 +38,15 @@ class Dataset:
             (qid, self.queries[qid]) for qid in qrels if any(r > 0 for r in qrels[qid].values())
         ]
 
+    def queries_outside_test(self, split: str) -> tuple[list[tuple[str, str]], int]:
+        """The split's judged queries that the test split does not judge (what tuning and
+        training may learn from), and how many were left out for being judged there."""
+        test_path = self.path / "qrels" / "test.tsv"
+        test_ids = set(read_qrels(test_path)) if test_path.exists() else set()
+        judged = self.split_queries(split)
+        kept = [q for q in judged if q[0] not in test_ids]
+        return kept, len(judged) - len(kept)
+
 
 def tenant_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:40] or "dataset"

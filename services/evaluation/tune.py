@@ -76,9 +76,7 @@ def tune(
     settings = get_settings()
     dataset = beir.load(dataset_dir)
     qrels = dataset.qrels(split)
-    test_ids = set(beir.read_qrels(dataset.path / "qrels" / "test.tsv")) if (
-        dataset.path / "qrels" / "test.tsv").exists() else set()  # fmt: skip
-    queries = [q for q in dataset.split_queries(split) if q[0] not in test_ids][:max_queries]
+    queries = dataset.queries_outside_test(split)[0][:max_queries]
     if not queries:
         raise TuningRefused(f"no judged {split} queries outside the test split")
     tenant = eval_tenant(dataset)

@@ -107,10 +107,7 @@ def train_reranker(
     settings = get_settings()
     dataset = beir.load(dataset_dir)
     qrels = dataset.qrels(options.split)
-    test_path = dataset.path / "qrels" / "test.tsv"
-    test_ids = set(beir.read_qrels(test_path)) if test_path.exists() else set()
-    queries = [q for q in dataset.split_queries(options.split) if q[0] not in test_ids]
-    excluded = len(dataset.split_queries(options.split)) - len(queries)
+    queries, excluded = dataset.queries_outside_test(options.split)
     queries = queries[: options.max_queries]
     if len(queries) < 2:
         raise TrainingRefused(
@@ -208,11 +205,11 @@ def revalidate_reranker(
     recorded = card["hyperparameters"]
     trained = replace(options, **{k: recorded[k] for k in HELD_OUT_SETTINGS if k in recorded})
     qrels = dataset.qrels(trained.split)
-    test_path = dataset.path / "qrels" / "test.tsv"
-    test_ids = set(beir.read_qrels(test_path)) if test_path.exists() else set()
-    queries = [q for q in dataset.split_queries(trained.split) if q[0] not in test_ids]
-    queries = queries[: card["data"]["queries_used_for_training"]
-                      + card["data"]["queries_held_out_for_validation"]]  # fmt: skip
+    queries = dataset.queries_outside_test(trained.split)[0]
+    used = (
+        card["data"]["queries_used_for_training"] + card["data"]["queries_held_out_for_validation"]
+    )
+    queries = queries[:used]
     rng = random.Random(trained.seed)
     validation_queries, _ = _split(queries, trained, rng)
     _, validation = mine_pairs(tenant, [], validation_queries, qrels, trained, rng, progress)

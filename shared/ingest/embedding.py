@@ -67,30 +67,20 @@ class Embedder:
     def query_encoder(self) -> OnnxQueryEncoder | None:
         """The ONNX query encoder (CONCORD_QUERY_ENCODER=onnx, the default), or None where
         queries go through torch: configured so, or the model cannot be exported as is."""
-        if self.settings.query_encoder != "onnx":
-            return None
+        if self.settings.query_encoder != "onnx" or self._query_encoder_tried:
+            return self._query_encoder  # the per-query path: no lock once decided
         model = self.model()
         with self._lock:
             if not self._query_encoder_tried:
-                self._query_encoder_tried = True
-                from shared.search.query_encoder import (
-                    OnnxQueryEncoder,
-                    UnsupportedModel,
-                    export_dir_for,
-                )
+                from shared.search.query_encoder import OnnxQueryEncoder, export_dir_for
 
                 try:
                     self._query_encoder = OnnxQueryEncoder(
                         model, export_dir_for(self.model_path, self.settings.state_path())
                     )
-                except UnsupportedModel as e:
-                    log.warning("queries are encoded with torch: ONNX export unsupported: %s", e)
-                except Exception as e:  # e.g. a read-only state directory: torch still works
-                    log.warning(
-                        "queries are encoded with torch: ONNX encoder failed: %s: %s",
-                        type(e).__name__,
-                        e,
-                    )
+                except Exception as e:  # an unsupported layout, a read-only state directory...
+                    log.warning("queries are encoded with torch: %s: %s", type(e).__name__, e)
+                self._query_encoder_tried = True
             return self._query_encoder
 
     def _encode(self, texts: list[str]) -> np.ndarray:

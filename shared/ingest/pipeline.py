@@ -43,6 +43,11 @@ def chunk_id(document_id: uuid.UUID, ordinal: int) -> str:
     return f"{document_id}:{ordinal}"
 
 
+def document_of_chunk(chunk_id: str) -> str:
+    """The document id a chunk id names (the inverse of :func:`chunk_id`)."""
+    return chunk_id.rpartition(":")[0]
+
+
 def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 

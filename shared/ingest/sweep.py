@@ -16,11 +16,11 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from shared.db import unit_of_work
+from shared.db import UnitOfWork, unit_of_work
 from shared.ingest import repository as repo
-from shared.models import JobState
+from shared.models import IngestJob, JobState
 from shared.queue import INGEST_QUEUE, publish_ingest_job, queue_depths
 from shared.settings import Settings, get_settings
 
@@ -64,9 +64,7 @@ def sweep_expired_jobs(settings: Settings | None = None, limit: int = 500) -> Sw
                 report.dead_lettered.append(str(job.id))
                 continue
             job.state = JobState.QUEUED
-            repo.extend_lease(job, now, settings.job_lease_seconds)
-            uow.after_commit(functools.partial(publish_ingest_job, job.id))
-            report.republished.append(str(job.id))
+            report.republished.append(_publish_again(uow, job, now, settings))
     report.republished += _republish_lost_messages(settings, limit)
     if report.republished or report.dead_lettered:
         log.info(
@@ -91,7 +89,12 @@ def _republish_lost_messages(settings: Settings, limit: int) -> list[str]:
         for job in repo.queued_jobs_published_before(
             session, stale, settings.job_lease_seconds, limit
         ):
-            repo.extend_lease(job, now, settings.job_lease_seconds)
-            uow.after_commit(functools.partial(publish_ingest_job, job.id))
-            republished.append(str(job.id))
+            republished.append(_publish_again(uow, job, now, settings))
     return republished
+
+
+def _publish_again(uow: UnitOfWork, job: IngestJob, now: datetime, settings: Settings) -> str:
+    """A fresh lease, and the job's message again once the lease is committed."""
+    repo.extend_lease(job, now, settings.job_lease_seconds)
+    uow.after_commit(functools.partial(publish_ingest_job, job.id))
+    return str(job.id)

@@ -22,6 +22,15 @@ def get_named(session: Session, model: type[Named], tenant_id: str, name: str, k
     return row
 
 
+def get_or_add_named(session: Session, model: type[Named], tenant_id: str, name: str) -> Named:
+    """The tenant's row called ``name``, created (unsaved fields for the caller) if new."""
+    row = session.get(model, (tenant_id, name))
+    if row is None:
+        row = model(tenant_id=tenant_id, name=name)
+        session.add(row)
+    return row
+
+
 def list_named(session: Session, model: type[Named], tenant_id: str) -> list[Named]:
     return list(
         session.scalars(select(model).where(model.tenant_id == tenant_id).order_by(model.name))

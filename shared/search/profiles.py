@@ -13,7 +13,7 @@ from shared.errors import BadRequest
 from shared.ingest import repository as ingest_repo
 from shared.ingest.repository import now
 from shared.models import SearchProfile
-from shared.search.named import get_named, list_named
+from shared.search.named import get_named, get_or_add_named, list_named
 from shared.search.schemas import NOT_IN_PROFILE, SearchRequest
 
 
@@ -34,10 +34,7 @@ def save_profile(
 ) -> SearchProfile:
     clean = validate_profile_settings(settings)
     ingest_repo.ensure_tenant(session, tenant_id)
-    profile = session.get(SearchProfile, (tenant_id, name))
-    if profile is None:
-        profile = SearchProfile(tenant_id=tenant_id, name=name)
-        session.add(profile)
+    profile = get_or_add_named(session, SearchProfile, tenant_id, name)
     profile.settings = clean
     profile.description = description
     profile.updated_at = now(session)

@@ -109,8 +109,8 @@ def live_chunks(
     ]
     if vector is not None:
         columns.append((1 - Chunk.embedding.cosine_distance(vector)).label("cosine"))
-    if embeddings_for:
-        columns.append(case((_id_among(embeddings_for), _embedding_bytes())).label("embedding"))
+    # NULL except for ``embeddings_for`` (an empty list matches no id).
+    columns.append(case((_id_among(embeddings_for), _embedding_bytes())).label("embedding"))
     rows = session.execute(
         select(*columns)
         .join(Document, Document.id == Chunk.document_id)

@@ -119,24 +119,19 @@ def get_reranker(settings: Settings | None = None) -> Reranker | None:
     settings = settings or get_settings()
     if settings.rerank_kind == "none" or not settings.rerank_model:
         return None
-    with _lock:
-        return _load(
-            settings.rerank_kind,
-            settings.rerank_model,
-            settings.rerank_max_length,
-            settings.rerank_batch_size,
-            settings.embedding_device,
-            settings.rerank_quantize,
-        )
+    return _loaded(settings.rerank_kind, settings.rerank_model, settings)
 
 
 def get_trained_reranker(path: str, settings: Settings | None = None) -> Reranker:
     """A cross-encoder from ``concord reranker train``, loaded once per process per path."""
-    settings = settings or get_settings()
+    return _loaded("cross-encoder", path, settings or get_settings())
+
+
+def _loaded(kind: str, model: str, settings: Settings) -> Reranker:
     with _lock:
         return _load(
-            "cross-encoder",
-            path,
+            kind,
+            model,
             settings.rerank_max_length,
             settings.rerank_batch_size,
             settings.embedding_device,

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from shared.ingest import repository as ingest_repo
 from shared.ingest.repository import now
 from shared.models import TrainedReranker
-from shared.search.named import get_named, list_named
+from shared.search.named import get_named, get_or_add_named, list_named
 
 
 def register(
@@ -22,10 +22,7 @@ def register(
     """Point ``name`` at a newly trained model; the previous one's files are removed after
     commit by :func:`remove_files` (a search already holding it finishes with it)."""
     ingest_repo.ensure_tenant(session, tenant_id)
-    entry = session.get(TrainedReranker, (tenant_id, name))
-    if entry is None:
-        entry = TrainedReranker(tenant_id=tenant_id, name=name)
-        session.add(entry)
+    entry = get_or_add_named(session, TrainedReranker, tenant_id, name)
     entry.path = str(path)
     entry.base_model = base_model
     entry.card = card

@@ -18,13 +18,13 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any, TypeVar
 
-import numpy as np
 from elasticsearch import ApiError, TransportError
 from sqlalchemy.exc import SQLAlchemyError
 
 from shared.db import unit_of_work
 from shared.errors import StoreUnavailable
 from shared.ingest.embedding import get_embedder
+from shared.ingest.pipeline import document_of_chunk
 from shared.metrics import (
     DEGRADED_QUERIES,
     SEARCH_SECONDS,
@@ -227,9 +227,8 @@ def _search(
     rerank_info: dict[str, tuple[float, int]] = {}
     if request.rerank.enabled:
         with timings.stage("rerank"):
-            fused_scores = {cid: score for cid, (_, score) in fused_rank.items()}
             candidates, rerank_info, rerank_error = _rerank(
-                request, candidates, settings, trained_reranker, fused_scores
+                request, candidates, settings, trained_reranker, dict(fused)
             )
         if rerank_error:
             degraded.append("rerank_unavailable")
@@ -287,11 +286,11 @@ def _hydrate_enough(
     # top_k fused chunks within the per-document cap: their embeddings, which the policy
     # compares, come in the same query. Chunk ids name their document (invariant: chunk ids
     # are "<document id>:<ordinal>"), so the cap applies before hydration.
-    likely_results = (
-        _first_within_cap([cid for cid, _ in fused], request.per_document_cap, request.top_k)
-        if not request.rerank.enabled and request.mmr is None
-        else []
-    )
+    likely_results: list[str] = []
+    if not request.rerank.enabled and request.mmr is None:
+        fused_ids = [cid for cid, _ in fused]
+        likely_results = _within_cap(fused_ids, request.per_document_cap, document_of_chunk)
+        likely_results = likely_results[: request.top_k]
     candidates: list[Candidate] = []
     dropped = 0
     for start in range(0, len(fused), step):
@@ -302,21 +301,6 @@ def _hydrate_enough(
         if request.per_document_cap is None or len(capped) >= request.top_k:
             break
     return candidates, dropped
-
-
-def _first_within_cap(chunk_ids: list[str], cap: int | None, count: int) -> list[str]:
-    if cap is None:
-        return chunk_ids[:count]
-    per_document: dict[str, int] = {}
-    kept: list[str] = []
-    for cid in chunk_ids:
-        document = cid.rpartition(":")[0]
-        per_document[document] = per_document.get(document, 0) + 1
-        if per_document[document] <= cap:
-            kept.append(cid)
-            if len(kept) == count:
-                break
-    return kept
 
 
 def _hydrate(
@@ -350,16 +334,15 @@ def _hydrate(
                 text=row.text,
                 token_count=row.token_count,
                 # The rest are loaded for the candidates that need them (_attach_embeddings).
-                embedding=_embedding_of(row),
+                embedding=(
+                    None
+                    if row.embedding is None
+                    else search_repo.embedding_from_bytes(row.embedding)
+                ),
                 scores={"dense_cosine": round(float(row.cosine), 6)},
             )
         )
     return candidates, len(stale)
-
-
-def _embedding_of(row: Any) -> np.ndarray | None:
-    raw = getattr(row, "embedding", None)
-    return None if raw is None else search_repo.embedding_from_bytes(raw)
 
 
 def _attach_embeddings(tenant_id: str, candidates: list[Candidate]) -> None:
@@ -449,14 +432,20 @@ def _mmr(candidates: list[Candidate], lambda_: float) -> list[Candidate]:
 
 
 def _cap_per_document(candidates: list[Candidate], cap: int | None) -> list[Candidate]:
+    return _within_cap(candidates, cap, lambda c: c.document_id)
+
+
+def _within_cap(items: list[T], cap: int | None, document_of: Callable[[T], str]) -> list[T]:
+    """``items`` in order, keeping at most ``cap`` per document (all of them if cap is None)."""
     if cap is None:
-        return candidates
+        return items
     seen: dict[str, int] = {}
     kept = []
-    for c in candidates:
-        seen[c.document_id] = seen.get(c.document_id, 0) + 1
-        if seen[c.document_id] <= cap:
-            kept.append(c)
+    for item in items:
+        document = document_of(item)
+        seen[document] = seen.get(document, 0) + 1
+        if seen[document] <= cap:
+            kept.append(item)
     return kept
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-import numpy as np
 from fastapi import APIRouter, Path
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
@@ -25,14 +24,8 @@ class SearchResponse(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return json.dumps(
-            content, ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_scalar
+            content, ensure_ascii=False, allow_nan=False, separators=(",", ":")
         ).encode()
-
-
-def _scalar(value: Any) -> Any:
-    if isinstance(value, np.generic):  # a numpy score that was not converted upstream
-        return value.item()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 @router.post("/search", response_model=dict[str, Any])
