@@ -210,3 +210,22 @@ def test_query_encoder_falls_back_to_torch_when_onnx_cannot_be_set_up(tmp_path) 
     torch_only = Embedder(Settings(state_dir=blocked, query_encoder="torch"))
     assert float(vector @ torch_only.embed_query("vitamin D and bone density")) > 0.99999
     assert np.isclose(np.linalg.norm(vector), 1.0, atol=1e-5)
+
+
+def test_stack_errors_print_square_brackets_as_text(monkeypatch) -> None:
+    """Elasticsearch's log lines name paths in square brackets, which rich would otherwise
+    read as closing markup tags and fail on while reporting the real error."""
+    from typer.testing import CliRunner
+
+    from services.cli import stack, stack_commands
+
+    message = "Elasticsearch did not become healthy\nsetting file [/x/operator/settings.json]"
+
+    def refuse(settings: object) -> None:
+        raise stack.StackError(message)
+
+    monkeypatch.setattr(stack, "prepare_state_dir", refuse)
+    result = CliRunner().invoke(stack_commands.app, ["up", "--infra-only"])
+    assert result.exit_code == 1
+    assert "[/x/operator/settings.json]" in result.output
+    assert isinstance(result.exception, SystemExit)  # the error was reported, not a crash

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -87,7 +88,7 @@ def eval_command(
         with stage_progress() as progress:
             paths = run_eval(dataset, out, options, progress)
     except (DatasetError, NotFound) as e:
-        console.print(f"[red]{e}[/]")
+        console.print(f"[red]{escape(str(e))}[/]")
         raise typer.Exit(2) from e
     console.print(paths["markdown"].read_text())
     for kind, path in paths.items():
@@ -108,6 +109,6 @@ def tune_command(
         with stage_progress() as progress:
             result = tune(dataset, split, name, progress, max_queries)
     except (DatasetError, TuningRefused) as e:
-        console.print(f"[red]{e}[/]")
+        console.print(f"[red]{escape(str(e))}[/]")
         raise typer.Exit(2) from e
     console.print_json(data=result)

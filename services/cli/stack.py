@@ -19,7 +19,7 @@ import sys
 import time
 import warnings
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,7 +116,7 @@ def _wait_until(
     check: Callable[[], bool],
     timeout_s: float,
     what: str,
-    log: Path | None,
+    logs: Sequence[Path],
     still_running: Callable[[], bool] = lambda: True,
 ) -> None:
     deadline = time.monotonic() + timeout_s
@@ -127,16 +127,17 @@ def _wait_until(
             timeout_s = 0
             break
         time.sleep(0.5)
-    tail = ""
-    if log and log.exists():
-        tail = (
-            "\n--- last lines of "
-            + str(log)
-            + " ---\n"
-            + "\n".join(log.read_text(errors="replace").splitlines()[-25:])
-        )
     why = f"within {timeout_s:.0f}s" if timeout_s else "(its process exited)"
-    raise StackError(f"{what} did not become healthy {why}{tail}")
+    raise StackError(f"{what} did not become healthy {why}{_log_tails(logs)}")
+
+
+def _log_tails(logs: Sequence[Path], lines: int = 25) -> str:
+    tails = ""
+    for log in logs:
+        if log.exists():
+            last = log.read_text(errors="replace").splitlines()[-lines:]
+            tails += f"\n--- last lines of {log} ---\n" + "\n".join(last)
+    return tails
 
 
 def _refuse_taken_port(name: str, port: int) -> None:
@@ -232,7 +233,7 @@ class PostgresService:
             check=False,
             capture_output=True,
         )
-        _wait_until(self._ensure_database, 60, "Postgres", self.log)
+        _wait_until(self._ensure_database, 60, "Postgres", [self.log])
 
     def _initdb(self) -> None:
         _owned_dir(self.data)
@@ -349,7 +350,7 @@ class RedisService:
             ],
             check=True,
         )
-        _wait_until(self.healthy, 20, "Redis", self.log)
+        _wait_until(self.healthy, 20, "Redis", [self.log])
 
     def down(self) -> None:
         _stop_pid(self.pid())
@@ -506,8 +507,20 @@ class ElasticsearchService:
             subprocess.run(
                 ["chown", "-R", f"{SERVICE_USER}:{SERVICE_USER}", str(self.root)], check=True
             )
+        try:
+            self._start(java_home)
+        except StackError as first:
+            # A node that started and then vanished has once been seen on a loaded machine
+            # (cause not known); one more start is what an operator would do by hand. The
+            # first failure is printed, and a second one is an error.
+            if _pid_alive(self.pid()) or _port_in_use(self.s.es_port):
+                raise
+            print(f"warning: {first}\nstarting Elasticsearch once more", flush=True)
+            self._start(java_home)
+
+    def _start(self, java_home: Path) -> None:
         with self.log.open("ab") as out:
-            subprocess.run(
+            launcher = subprocess.run(
                 _as_service_user(
                     [
                         "env",
@@ -523,14 +536,20 @@ class ElasticsearchService:
                 stderr=subprocess.STDOUT,
                 check=False,
             )
-        started = time.monotonic()
+        logs = [self.log, self.logs / "concord-local.log"]
+        if launcher.returncode != 0:
+            raise StackError(
+                f"Elasticsearch failed to start (launcher exit code {launcher.returncode})"
+                f"{_log_tails(logs)}"
+            )
+        # `-d` returns once the node said it is ready, after it wrote its PID file; a PID that
+        # is no longer alive means the node died.
         _wait_until(
             self.healthy,
             180,
             "Elasticsearch",
-            self.logs / "concord-local.log",
-            # `-d` returns once the node daemonized; a PID that vanished means it died.
-            lambda: time.monotonic() - started < 5 or _pid_alive(self.pid()),
+            logs,
+            lambda: not self.pidfile.exists() or _pid_alive(self.pid()),
         )
 
     def down(self) -> None:
@@ -582,7 +601,7 @@ class ProjectProcess:
                 start_new_session=True,
             )
         self.pidfile.write_text(str(proc.pid))
-        _wait_until(self.healthy, 90, self.name, self.log)
+        _wait_until(self.healthy, 90, self.name, [self.log])
         if self.name != "api":
             time.sleep(1.0)
             if not _pid_alive(proc.pid):
