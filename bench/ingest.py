@@ -27,6 +27,7 @@ from sqlalchemy import delete, func, select
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.cpu_meter import StackCpuMeter  # noqa: E402
 from services.evaluation.corpus import wait_elasticsearch  # noqa: E402
 from shared.db import unit_of_work  # noqa: E402
 from shared.ingest.embedding import get_embedder  # noqa: E402
@@ -105,36 +106,40 @@ def main() -> None:
                 delete(EmbeddingCache).where(EmbeddingCache.model == embedder.model_id)
             )
 
-    started = time.monotonic()
-    for i, doc in enumerate(docs, start=1):
-        publish_upload_event(
-            build_upload_event(
-                tenant_id=tenant,
-                external_id=doc["_id"],
-                raw=doc["text"].encode(),
-                content_type="text/plain",
-                title=doc.get("title", ""),
+    meter = StackCpuMeter(settings)
+    with meter:
+        started = time.monotonic()
+        for i, doc in enumerate(docs, start=1):
+            publish_upload_event(
+                build_upload_event(
+                    tenant_id=tenant,
+                    external_id=doc["_id"],
+                    raw=doc["text"].encode(),
+                    content_type="text/plain",
+                    title=doc.get("title", ""),
+                )
             )
-        )
-        if i % 100 == 0 or i == len(docs):
-            progress("published", i, len(docs), started)
-    print()
-    wait_indexed(tenant, len(docs), started, args.timeout)
-    with unit_of_work() as uow:
-        texts = list(
-            uow.session.scalars(
-                select(Chunk.text)
-                .where(Chunk.tenant_id == tenant)
-                .order_by(Chunk.document_id, Chunk.ordinal)
+            if i % 100 == 0 or i == len(docs):
+                progress("published", i, len(docs), started)
+        print()
+        wait_indexed(tenant, len(docs), started, args.timeout)
+        with unit_of_work() as uow:
+            texts = list(
+                uow.session.scalars(
+                    select(Chunk.text)
+                    .where(Chunk.tenant_id == tenant)
+                    .order_by(Chunk.document_id, Chunk.ordinal)
+                )
             )
-        )
-    wait_elasticsearch(tenant, args.timeout)
-    end_to_end_s = time.monotonic() - started
+        wait_elasticsearch(tenant, args.timeout)
+        end_to_end_s = time.monotonic() - started
 
     embedder.model()  # loaded before timing, as in a worker
-    encode_started = time.monotonic()
+    encode_started, encode_cpu_started = time.monotonic(), time.process_time()
     embedder.embed_passages(texts)
     encoder_s = time.monotonic() - encode_started
+    encoder_cpu_s = time.process_time() - encode_cpu_started
+    stack_cpu = meter.core_seconds()
 
     e2e_rate = len(texts) / end_to_end_s
     encoder_rate = len(texts) / encoder_s
@@ -149,6 +154,11 @@ def main() -> None:
         "encoder_only_chunks_per_s": round(encoder_rate, 2),
         "ratio": round(e2e_rate / encoder_rate, 3),
         "stage_shares": stage_shares(tenant),
+        # What each part of the stack used during the end-to-end run, against what the
+        # encoder alone used for the same texts (both in CPU seconds, all threads).
+        "stack_cpu_s": stack_cpu,
+        "stack_cpu_total_s": round(sum(stack_cpu.values()), 1),
+        "encoder_only_cpu_s": round(encoder_cpu_s, 1),
         "tenant": tenant,
     }
     print(json.dumps(report, indent=2))
