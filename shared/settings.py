@@ -17,10 +17,13 @@ class Settings(BaseSettings):
 
     environment: Literal["development", "test", "production"] = "development"
     state_dir: Path = Path(".concord")
+    # The local stack's ports sit below Linux's ephemeral range (32768-60999): a port in it
+    # can be taken at any moment by the local end of an outgoing connection, and a server
+    # restarted on it then fails to bind.
 
     # Postgres (source of truth)
     pg_host: str = "127.0.0.1"
-    pg_port: int = 55432
+    pg_port: int = 15432
     pg_user: str = "concord"
     pg_password: str = "concord-dev-password"
     pg_database: str = "concord"
@@ -31,7 +34,7 @@ class Settings(BaseSettings):
 
     # Redis (Celery broker)
     redis_host: str = "127.0.0.1"
-    redis_port: int = 56379
+    redis_port: int = 16379
     redis_db: int = 0
     # Every Redis socket (broker, producer, queue depth) gives up after this long.
     redis_socket_timeout_s: float = 2.0
@@ -42,7 +45,7 @@ class Settings(BaseSettings):
 
     # Elasticsearch (derived BM25 index)
     es_host: str = "127.0.0.1"
-    es_port: int = 59200
+    es_port: int = 19200
     es_version: str = "9.2.0"
     es_heap: str = "1g"
     es_index_prefix: str = "concord"
@@ -53,7 +56,7 @@ class Settings(BaseSettings):
 
     # API
     api_host: str = "127.0.0.1"
-    api_port: int = 58000
+    api_port: int = 18000
     max_upload_bytes: int = 10 * 1024 * 1024
     # Per API key token bucket (0 disables): sustained requests/s and the burst allowed.
     rate_limit_per_second: float = 50.0

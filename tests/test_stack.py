@@ -45,10 +45,10 @@ def test_stack_up_twice_status_and_down_leave_nothing_behind(state_root: Path):
     env = {
         **os.environ,
         "CONCORD_STATE_DIR": str(state),
-        "CONCORD_PG_PORT": "55532",
-        "CONCORD_REDIS_PORT": "56479",
-        "CONCORD_ES_PORT": "59300",
-        "CONCORD_API_PORT": "58100",
+        "CONCORD_PG_PORT": "15532",
+        "CONCORD_REDIS_PORT": "16479",
+        "CONCORD_ES_PORT": "19300",
+        "CONCORD_API_PORT": "18100",
         "CONCORD_PG_DATABASE": "concord",
         "CONCORD_ES_INDEX_PREFIX": "concord",
         "CONCORD_REDIS_DB": "0",
@@ -91,7 +91,7 @@ def test_a_taken_port_is_reported_clearly(state_root: Path):
             **os.environ,
             "CONCORD_STATE_DIR": str(state_root / "s"),
             "CONCORD_REDIS_PORT": str(port),
-            "CONCORD_PG_PORT": "55533",
+            "CONCORD_PG_PORT": "15533",
         }
         result = concord(["stack", "up", "--infra-only"], env)
         concord(["stack", "down"], env)

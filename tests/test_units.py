@@ -229,3 +229,26 @@ def test_stack_errors_print_square_brackets_as_text(monkeypatch) -> None:
     assert result.exit_code == 1
     assert "[/x/operator/settings.json]" in result.output
     assert isinstance(result.exception, SystemExit)  # the error was reported, not a crash
+
+
+def test_a_port_held_by_an_outgoing_connection_counts_as_taken() -> None:
+    """The local end of a connection (ports in the ephemeral range are handed out for those)
+    blocks a server from binding the port just as a listener does; probing with connect()
+    missed it and the stack then failed to start with "Address already in use"."""
+    import socket
+
+    from services.cli.stack import _port_in_use
+
+    with socket.socket() as listener, socket.socket() as client:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        client.connect(listener.getsockname())
+        server_end, _ = listener.accept()
+        with server_end:
+            local_port = client.getsockname()[1]
+            assert _port_in_use(local_port)  # nothing listens there, yet it cannot be bound
+            assert _port_in_use(listener.getsockname()[1])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    assert not _port_in_use(free)

@@ -107,9 +107,16 @@ def _read_pid(path: Path) -> int | None:
 
 
 def _port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could not bind ``port``: a listener, but also an open connection
+    whose local end uses it (ports in the kernel's ephemeral range are handed to outgoing
+    connections). SO_REUSEADDR as the servers set it, so TIME_WAIT leftovers do not count."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.5)
-        return s.connect_ex((host, port)) == 0
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+        return False
 
 
 def _wait_until(
