@@ -9,7 +9,6 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -19,6 +18,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from services.cli.output import print_error
 from services.evaluation.beir import DatasetError
 from shared.errors import NotFound
 
@@ -88,7 +88,7 @@ def eval_command(
         with stage_progress() as progress:
             paths = run_eval(dataset, out, options, progress)
     except (DatasetError, NotFound) as e:
-        console.print(f"[red]{escape(str(e))}[/]")
+        print_error(console, e)
         raise typer.Exit(2) from e
     console.print(paths["markdown"].read_text())
     for kind, path in paths.items():
@@ -109,6 +109,6 @@ def tune_command(
         with stage_progress() as progress:
             result = tune(dataset, split, name, progress, max_queries)
     except (DatasetError, TuningRefused) as e:
-        console.print(f"[red]{escape(str(e))}[/]")
+        print_error(console, e)
         raise typer.Exit(2) from e
     console.print_json(data=result)

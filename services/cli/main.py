@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.progress import Progress
 
 from services.cli import admin, evaluate, reranker, stack_commands
+from services.cli.output import print_error
 from shared.settings import get_settings
 
 app = typer.Typer(
@@ -79,7 +80,7 @@ def keys_revoke(key_id: str) -> None:
     with unit_of_work() as uow:
         found = revoke_key(uow.session, uuid.UUID(key_id))
     if not found:
-        console.print(f"[red]no key {escape(key_id)}[/]")
+        print_error(console, f"no key {key_id}")
         raise typer.Exit(1)
     console.print(f"revoked {key_id}")
 
@@ -100,7 +101,7 @@ def ingest(
     )
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
-        console.print(f"[red]not found:[/] {escape(', '.join(missing))}")
+        print_error(console, ", ".join(missing), label="not found:")
         raise typer.Exit(2)
     published = failed = 0
     with Progress(console=console) as progress:
@@ -118,7 +119,7 @@ def ingest(
                 published += 1
             except OSError as e:
                 failed += 1
-                console.print(f"[red]skipped[/] {escape(f'{file}: {e}')}")
+                print_error(console, f"{file}: {e}", label="skipped")
             progress.advance(task)
     console.print(f"published {published} upload event(s), {failed} failed, tenant {tenant}")
     if wait and published:
@@ -150,7 +151,7 @@ def _wait_indexed(tenant: str, external_ids: list[str], timeout: float) -> int:
     for external_id in external_ids:
         state = states.get(external_id, "not yet accepted")
         if state != "indexed":
-            console.print(f"[red]{escape(state)}[/] {escape(external_id)}")
+            print_error(console, external_id, label=state)
     console.print(f"indexed {indexed} of {len(external_ids)}")
     return len(external_ids) - indexed
 
@@ -177,7 +178,7 @@ def search(
         json={"query": query, "top_k": top_k, "mode": mode},
     )
     if response.status_code != 200:
-        console.print(f"[red]{response.status_code}[/] {escape(response.text)}")
+        print_error(console, response.text, label=str(response.status_code))
         raise typer.Exit(1)
     body = response.json()
     if as_json:

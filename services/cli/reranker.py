@@ -7,9 +7,9 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from services.cli.evaluate import stage_progress
+from services.cli.output import print_error
 from services.evaluation.beir import DatasetError
 from shared.errors import NotFound
 
@@ -63,7 +63,7 @@ def train(
         try:
             job_id = start_training_job(dataset, name, options)
         except (DatasetError, TrainingRefused) as e:
-            console.print(f"[red]{escape(str(e))}[/]")
+            print_error(console, e)
             raise typer.Exit(2) from e
         console.print(f"training job {job_id} queued; follow it with GET /v1/jobs/{job_id}")
         return
@@ -71,7 +71,7 @@ def train(
         with stage_progress() as progress:
             card = train_reranker(dataset, name, options, progress)
     except (DatasetError, TrainingRefused) as e:
-        console.print(f"[red]{escape(str(e))}[/]")
+        print_error(console, e)
         raise typer.Exit(2) from e
     console.print_json(data=card)
 
@@ -89,7 +89,7 @@ def validate_command(
         with stage_progress() as progress:
             card = revalidate_reranker(dataset, name, TrainingOptions(), progress)
     except (DatasetError, NotFound) as e:
-        console.print(f"[red]{escape(str(e))}[/]")
+        print_error(console, e)
         raise typer.Exit(2) from e
     console.print_json(data=card["validation"])
 
@@ -118,7 +118,7 @@ def delete(
         with unit_of_work() as uow:
             path = rerankers.delete(uow.session, tenant, name)
     except NotFound as e:
-        console.print(f"[red]{escape(str(e))}[/]")
+        print_error(console, e)
         raise typer.Exit(1) from e
     rerankers.remove_files(path)
     console.print(f"deleted reranker {name} of tenant {tenant}")

@@ -514,18 +514,6 @@ class ElasticsearchService:
             subprocess.run(
                 ["chown", "-R", f"{SERVICE_USER}:{SERVICE_USER}", str(self.root)], check=True
             )
-        try:
-            self._start(java_home)
-        except StackError as first:
-            # A node that started and then vanished has once been seen on a loaded machine
-            # (cause not known); one more start is what an operator would do by hand. The
-            # first failure is printed, and a second one is an error.
-            if _pid_alive(self.pid()) or _port_in_use(self.s.es_port):
-                raise
-            print(f"warning: {first}\nstarting Elasticsearch once more", flush=True)
-            self._start(java_home)
-
-    def _start(self, java_home: Path) -> None:
         with self.log.open("ab") as out:
             launcher = subprocess.run(
                 _as_service_user(

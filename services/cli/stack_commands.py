@@ -6,10 +6,10 @@ import time
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from services.cli import stack
+from services.cli.output import print_error
 from shared.settings import get_settings
 
 app = typer.Typer(
@@ -41,7 +41,7 @@ def up(
                 proc.up()
                 console.print(f"[green]up[/] {proc.name:<14} {proc.where()}")
     except stack.StackError as e:
-        console.print(f"[red]error:[/] {escape(str(e))}")
+        print_error(console, e, label="error:")
         raise typer.Exit(1) from e
     console.print(f"state directory: {settings.state_path()}")
 
