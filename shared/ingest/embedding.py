@@ -84,16 +84,54 @@ class Embedder:
             return self._query_encoder
 
     def _encode(self, texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self.settings.embedding_dim), dtype=np.float32)
         if not texts:
-            return np.zeros((0, self.settings.embedding_dim), dtype=np.float32)
-        vectors = self.model().encode(
-            texts,
-            batch_size=self.settings.embedding_batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
-        return np.asarray(vectors, dtype=np.float32).reshape(len(texts), -1)
+            return out
+        model = self.model()
+        lengths = [
+            len(ids)
+            for ids in model.tokenizer(
+                texts, truncation=True, max_length=model.max_seq_length, verbose=False
+            )["input_ids"]
+        ]
+        for batch in length_batches(
+            lengths, self.settings.embedding_batch_size, self.settings.embedding_batch_cost_tokens
+        ):
+            vectors = model.encode(
+                [texts[i] for i in batch],
+                batch_size=len(batch),
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+            out[batch] = np.asarray(vectors, dtype=np.float32).reshape(len(batch), -1)
+        return out
+
+
+def length_batches(lengths: list[int], max_batch: int, batch_cost: int) -> list[list[int]]:
+    """Group text indices into encoder batches of at most ``max_batch``, cheapest first.
+
+    A batch costs its size times its longest text (every text is padded to that length) plus
+    ``batch_cost`` tokens for the call itself. Sorted by length, the cheapest split into
+    contiguous runs is a small dynamic programme. Why it matters: a worker embeds a few dozen
+    documents at a time, whose chunks range from a short tail to the full window; fixed runs
+    of ``max_batch`` padded ~18 % more tokens than the texts held, and on CPU a smaller batch
+    is also no slower per token (its activations stay in cache)."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    cost = [0] + [float("inf")] * len(order)
+    start = [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        longest = lengths[order[end - 1]]
+        for first in range(max(0, end - max_batch), end):
+            candidate = cost[first] + longest * (end - first) + batch_cost
+            if candidate < cost[end]:
+                cost[end], start[end] = candidate, first
+    batches = []
+    end = len(order)
+    while end > 0:
+        batches.append(order[start[end] : end])
+        end = start[end]
+    return batches[::-1]
 
 
 @lru_cache

@@ -25,14 +25,14 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from shared.db import UnitOfWork, unit_of_work
+from shared.db import unit_of_work
 from shared.errors import ParseError
 from shared.ingest import repository as repo
 from shared.ingest.chunking import Chunker, TextChunk
 from shared.ingest.embedding import Embedder, get_embedder
 from shared.ingest.parsing import parse
 from shared.logs import job_context
-from shared.models import IngestJob, JobState, OutboxOp
+from shared.models import Document, DocumentVersion, IngestJob, JobState, OutboxOp
 from shared.queue import publish_ingest_job, publish_relay
 from shared.settings import Settings, get_settings
 
@@ -140,11 +140,14 @@ def _claim(job_id: uuid.UUID, settings: Settings) -> list[_Claim] | JobOutcome:
         now = repo.now(session)
         if job.state == JobState.RUNNING and job.lease_expires_at and job.lease_expires_at > now:
             return JobOutcome(str(job_id), job.state, {"leased_elsewhere": True})
-        first = _start(session, job, now, settings)
-        if first is None:
-            return JobOutcome(str(job_id), job.state, {"error": job.error_message})
         others = repo.claim_queued_jobs(session, settings.ingest_batch_jobs - 1, job.id)
-        return [first, *(c for c in (_start(session, j, now, settings) for j in others) if c)]
+        jobs = [job, *others]
+        versions = repo.document_versions(session, [(j.document_id, j.version) for j in jobs])
+        first = _start(job, versions.get((job.document_id, job.version)), now, settings)
+        if first is None:  # the batch-mates stay queued, untouched
+            return JobOutcome(str(job_id), job.state, {"error": job.error_message})
+        rest = [_start(j, versions.get((j.document_id, j.version)), now, settings) for j in others]
+        return [first, *(c for c in rest if c is not None)]
 
 
 def _already_finished(job_id: uuid.UUID) -> JobOutcome | None:
@@ -157,8 +160,9 @@ def _already_finished(job_id: uuid.UUID) -> JobOutcome | None:
     return None
 
 
-def _start(session: Session, job: IngestJob, now: datetime, settings: Settings) -> _Claim | None:
-    version = repo.document_version(session, job.document_id, job.version)
+def _start(
+    job: IngestJob, version: DocumentVersion | None, now: datetime, settings: Settings
+) -> _Claim | None:
     if version is None or version.raw is None:
         job.state = JobState.FAILED
         job.error_stage, job.error_class = "claim", "MissingContent"
@@ -217,13 +221,93 @@ def _embed(claims: list[_Claim], embedder: Embedder) -> None:
 
 
 def _write_all(claims: list[_Claim]) -> dict[uuid.UUID, JobOutcome]:
-    """One transaction (one commit) for the whole batch."""
+    """Write the batch in one transaction with a fixed number of statements whatever its
+    size: the documents' locks, the jobs, the documents, the chunks, the superseded chunks
+    and the outbox rows each take one round trip."""
+    write_started = time.perf_counter()
     with unit_of_work() as uow:
-        return {claim.job_id: _write(uow, claim) for claim in claims}
+        session = uow.session
+        repo.lock_keys(session, [f"document:{c.document_id}" for c in claims])
+        jobs = repo.lock_jobs(session, [c.job_id for c in claims])
+        docs = repo.documents_by_ids(session, [c.document_id for c in claims])
+        finished_at = repo.now(session)
+        outcomes: dict[uuid.UUID, JobOutcome] = {}
+        finished: list[tuple[IngestJob, _Claim]] = []
+        writes: dict[uuid.UUID, _Claim] = {}  # document id -> the one claim writing it
+        for claim in claims:
+            job = jobs.get(claim.job_id)
+            if job is None or job.state != JobState.RUNNING:
+                state = job.state if job else "missing"
+                outcomes[claim.job_id] = JobOutcome(str(claim.job_id), state)
+                continue
+            doc = docs.get(claim.document_id)
+            if doc is None or doc.tenant_id != claim.tenant_id:
+                doc = None
+            if doc is None or doc.deleted or doc.version != claim.version:
+                # A newer version or a delete won: writing this one would resurrect stale text.
+                detail: dict[str, Any] = {"superseded_by": doc.version if doc else None}
+            else:
+                # One job per version, so one writer per document; setdefault keeps it so
+                # (Postgres refuses to update one row twice in a statement).
+                writes.setdefault(claim.document_id, claim)
+                detail = {
+                    "chunks": len(claim.pieces),
+                    "cache_hits": claim.cache_hits,
+                    "embedded": len(claim.pieces) - claim.cache_hits,
+                }
+            outcomes[claim.job_id] = _finish(job, claim, detail, finished_at)
+            finished.append((job, claim))
+        _write_versions(session, list(writes.values()), docs)
+        if writes:
+            uow.after_commit(publish_relay)  # debounced: one request per second at most
+        # Each job is charged its share of the batch's write time by chunk count.
+        write_s = time.perf_counter() - write_started
+        chunks = max(sum(len(claim.pieces) for _, claim in finished), 1)
+        for job, claim in finished:
+            write_share = round(write_s * len(claim.pieces) / chunks, 4)
+            job.stage_timings = {**claim.timings, "write": write_share}
+    for job, claim in finished:
+        with job_context(str(claim.job_id), claim.request_id):
+            log.info(
+                "job indexed: document %s version %s, %s chunks, stages %s",
+                claim.document_id, claim.version, len(claim.pieces), job.stage_timings,
+            )  # fmt: skip
+    return outcomes
 
 
-def _write(uow: UnitOfWork, claim: _Claim) -> JobOutcome:
-    rows = [
+def _write_versions(
+    session: Session, claims: list[_Claim], docs: dict[uuid.UUID, Document]
+) -> None:
+    """The chunks and embeddings of each claimed live version, the removal of the chunks
+    they supersede, and the outbox rows that carry both to Elasticsearch."""
+    repo.upsert_chunks(
+        session,
+        [
+            repo.VersionChunks(
+                tenant_id=c.tenant_id,
+                document_id=c.document_id,
+                version=c.version,
+                metadata=docs[c.document_id].metadata_ or {},
+                rows=_chunk_rows(c),
+            )
+            for c in claims
+        ],
+    )
+    removed = repo.delete_superseded_chunks(session, {c.document_id: c.version for c in claims})
+    entries = []
+    for c in claims:
+        live_ids = sorted(chunk_id(c.document_id, p.ordinal) for p in c.pieces)
+        live = set(live_ids)
+        gone = [i for i in removed.get(c.document_id, []) if i not in live]
+        entries += [
+            repo.OutboxEntry(c.tenant_id, c.document_id, OutboxOp.INDEX, c.version, live_ids),
+            repo.OutboxEntry(c.tenant_id, c.document_id, OutboxOp.DELETE, c.version, gone),
+        ]
+    repo.add_outbox_entries(session, entries)
+
+
+def _chunk_rows(claim: _Claim) -> list[repo.ChunkRow]:
+    return [
         repo.ChunkRow(
             id=chunk_id(claim.document_id, p.ordinal),
             ordinal=p.ordinal,
@@ -237,65 +321,18 @@ def _write(uow: UnitOfWork, claim: _Claim) -> JobOutcome:
         )
         for p, h, v in zip(claim.pieces, claim.hashes, claim.vectors, strict=True)
     ]
-    write_started = time.perf_counter()
-    session = uow.session
-    repo.lock_key(session, f"document:{claim.document_id}")
-    job = repo.lock_job(session, claim.job_id)
-    doc = repo.document_for_tenant(session, claim.tenant_id, claim.document_id)
-    if job is None or job.state != JobState.RUNNING:
-        return JobOutcome(str(claim.job_id), job.state if job else "missing")
-    detail: dict[str, Any] = {
-        "chunks": len(rows),
-        "cache_hits": claim.cache_hits,
-        "embedded": len(rows) - claim.cache_hits,
-    }
-    if doc is None or doc.deleted or doc.version != claim.version:
-        # A newer version or a delete won: writing this one would resurrect stale text.
-        detail = {"superseded_by": doc.version if doc else None}
-    else:
-        repo.upsert_chunks(
-            session,
-            tenant_id=claim.tenant_id,
-            document_id=claim.document_id,
-            version=claim.version,
-            metadata=doc.metadata_ or {},
-            rows=rows,
-        )
-        removed = repo.delete_chunks_older_than(session, claim.document_id, claim.version)
-        live_ids = sorted(r.id for r in rows)
-        repo.add_outbox(
-            session,
-            tenant_id=claim.tenant_id,
-            document_id=claim.document_id,
-            op=OutboxOp.INDEX,
-            version=claim.version,
-            chunk_ids=live_ids,
-        )
-        repo.add_outbox(
-            session,
-            tenant_id=claim.tenant_id,
-            document_id=claim.document_id,
-            op=OutboxOp.DELETE,
-            version=claim.version,
-            chunk_ids=[c for c in removed if c not in set(live_ids)],
-        )
-        uow.after_commit(publish_relay)  # debounced: one request per second at most
+
+
+def _finish(
+    job: IngestJob, claim: _Claim, detail: dict[str, Any], finished_at: datetime
+) -> JobOutcome:
     job.state = JobState.INDEXED
-    job.finished_at = repo.now(session)
+    job.finished_at = finished_at
     job.lease_expires_at = None
     job.error_stage = job.error_class = job.error_message = None
     if claim.request_id:
         detail["request_id"] = claim.request_id
     job.detail = detail
-    job.stage_timings = {
-        **claim.timings,
-        "write": round(time.perf_counter() - write_started, 4),
-    }
-    with job_context(str(claim.job_id), claim.request_id):
-        log.info(
-            "job indexed: document %s version %s, %s chunks, stages %s",
-            claim.document_id, claim.version, len(rows), job.stage_timings,
-        )  # fmt: skip
     return JobOutcome(str(claim.job_id), JobState.INDEXED, detail)
 
 

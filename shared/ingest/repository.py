@@ -6,9 +6,9 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import Table, delete, func, select, text, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -30,7 +30,19 @@ from shared.reconcile.buckets import bucket_of
 
 def lock_key(session: Session, key: str) -> None:
     """Serialize writers of one document (or one external id) until the transaction ends."""
-    session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"), {"k": key})
+    lock_keys(session, [key])
+
+
+def lock_keys(session: Session, keys: Sequence[str]) -> None:
+    """:func:`lock_key` for many keys in one round trip, always in the same (sorted) order, so
+    that two writers of overlapping sets cannot deadlock."""
+    session.execute(
+        text(
+            "SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) "
+            "FROM unnest(CAST(:keys AS text[])) WITH ORDINALITY AS t(k, n) ORDER BY n"
+        ),
+        {"keys": sorted(set(keys))},
+    )
 
 
 def now(session: Session) -> datetime:
@@ -79,6 +91,20 @@ def document_version(
     return session.get(DocumentVersion, (document_id, version))
 
 
+def document_versions(
+    session: Session, keys: Sequence[tuple[uuid.UUID, int]]
+) -> dict[tuple[uuid.UUID, int], DocumentVersion]:
+    """(document id, version) -> that version, for many in one query."""
+    if not keys:
+        return {}
+    rows = session.scalars(
+        select(DocumentVersion).where(
+            tuple_(DocumentVersion.document_id, DocumentVersion.version).in_(list(set(keys)))
+        )
+    )
+    return {(v.document_id, v.version): v for v in rows}
+
+
 def list_versions(session: Session, document_id: uuid.UUID) -> Sequence[Any]:
     return session.execute(
         select(
@@ -112,6 +138,19 @@ def job_for_tenant(session: Session, tenant_id: str, job_id: uuid.UUID) -> Inges
 
 def lock_job(session: Session, job_id: uuid.UUID) -> IngestJob | None:
     return session.scalar(select(IngestJob).where(IngestJob.id == job_id).with_for_update())
+
+
+def lock_jobs(session: Session, job_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, IngestJob]:
+    """:func:`lock_job` for many jobs in one query (locked in id order)."""
+    if not job_ids:
+        return {}
+    jobs = session.scalars(
+        select(IngestJob)
+        .where(IngestJob.id.in_(list(set(job_ids))))
+        .order_by(IngestJob.id)
+        .with_for_update()
+    )
+    return {job.id: job for job in jobs}
 
 
 def expired_jobs(session: Session, limit: int) -> Sequence[IngestJob]:
@@ -191,43 +230,51 @@ class ChunkRow:
     embedding: list[float]
 
 
-def upsert_chunks(
-    session: Session,
-    *,
-    tenant_id: str,
-    document_id: uuid.UUID,
-    version: int,
-    metadata: dict[str, Any],
-    rows: Sequence[ChunkRow],
-) -> None:
-    """Write a version's chunks; an older version can never overwrite a newer one."""
-    if not rows:
+@dataclass(frozen=True)
+class VersionChunks:
+    """One document version's chunks, as the pipeline writes them."""
+
+    tenant_id: str
+    document_id: uuid.UUID
+    version: int
+    metadata: dict[str, Any]
+    rows: Sequence[ChunkRow]
+
+
+def upsert_chunks(session: Session, versions: Sequence[VersionChunks]) -> None:
+    """Write the chunks of many document versions in one statement; an older version can
+    never overwrite a newer one. At most one entry per document (Postgres refuses to update
+    one row twice in a statement)."""
+    values = [
+        {
+            "id": r.id,
+            "tenant_id": v.tenant_id,
+            "document_id": v.document_id,
+            "version": v.version,
+            "ordinal": r.ordinal,
+            "text": r.text,
+            "text_hash": r.text_hash,
+            "char_start": r.char_start,
+            "char_end": r.char_end,
+            "section": r.section,
+            "token_count": r.token_count,
+            "bucket": bucket_of(r.id),
+            "embedding": r.embedding,
+            "metadata": v.metadata,
+        }
+        for v in versions
+        for r in v.rows
+    ]
+    if not values:
         return
-    statement = insert(Chunk).values(
-        [
-            {
-                "id": r.id,
-                "tenant_id": tenant_id,
-                "document_id": document_id,
-                "version": version,
-                "ordinal": r.ordinal,
-                "text": r.text,
-                "text_hash": r.text_hash,
-                "char_start": r.char_start,
-                "char_end": r.char_end,
-                "section": r.section,
-                "token_count": r.token_count,
-                "bucket": bucket_of(r.id),
-                "embedding": r.embedding,
-                "metadata": metadata,
-            }
-            for r in rows
-        ]
-    )
+    chunks = cast(Table, Chunk.__table__)
+    statement = insert(chunks)
     excluded = statement.excluded
-    session.execute(
+    # Executed with a list of rows: one cached statement whatever the count, which
+    # SQLAlchemy sends as multi-row VALUES batches.
+    session.connection().execute(
         statement.on_conflict_do_update(
-            index_elements=[Chunk.id],
+            index_elements=[chunks.c.id],
             set_={
                 "version": excluded.version,
                 "ordinal": excluded.ordinal,
@@ -241,19 +288,38 @@ def upsert_chunks(
                 "metadata": excluded.metadata,
                 "updated_at": func.now(),
             },
-            where=Chunk.version <= excluded.version,
-        )
+            where=chunks.c.version <= excluded.version,
+        ),
+        values,
     )
 
 
 def delete_chunks_older_than(session: Session, document_id: uuid.UUID, version: int) -> list[str]:
     """Remove the chunks a newer version superseded (or a tombstone deleted); returns ids."""
+    return delete_superseded_chunks(session, {document_id: version}).get(document_id, [])
+
+
+def delete_superseded_chunks(
+    session: Session, versions: dict[uuid.UUID, int]
+) -> dict[uuid.UUID, list[str]]:
+    """:func:`delete_chunks_older_than` for many documents in one statement: document id ->
+    the ids it removed."""
+    if not versions:
+        return {}
     result = session.execute(
-        delete(Chunk)
-        .where(Chunk.document_id == document_id, Chunk.version < version)
-        .returning(Chunk.id)
+        text(
+            "DELETE FROM chunks c "
+            "USING unnest(CAST(:documents AS uuid[]), CAST(:versions AS integer[])) "
+            "AS live(document_id, version) "
+            "WHERE c.document_id = live.document_id AND c.version < live.version "
+            "RETURNING c.document_id, c.id"
+        ),
+        {"documents": list(versions), "versions": list(versions.values())},
     )
-    return [row[0] for row in result]
+    removed: dict[uuid.UUID, list[str]] = {}
+    for document_id, chunk_id in result:
+        removed.setdefault(document_id, []).append(chunk_id)
+    return removed
 
 
 def chunks_by_ids(session: Session, ids: Sequence[str]) -> dict[str, Chunk]:
@@ -289,6 +355,15 @@ def store_embeddings(session: Session, model: str, vectors: dict[str, list[float
 # ------------------------------------------------------------------ outbox
 
 
+@dataclass(frozen=True)
+class OutboxEntry:
+    tenant_id: str
+    document_id: uuid.UUID
+    op: OutboxOp
+    version: int
+    chunk_ids: Sequence[str]
+
+
 def add_outbox(
     session: Session,
     *,
@@ -298,22 +373,24 @@ def add_outbox(
     version: int,
     chunk_ids: Sequence[str],
 ) -> None:
-    if not chunk_ids:
-        return
-    session.execute(
-        insert(EsOutbox).values(
-            [
-                {
-                    "tenant_id": tenant_id,
-                    "document_id": document_id,
-                    "chunk_id": cid,
-                    "op": op.value,
-                    "version": version,
-                }
-                for cid in chunk_ids
-            ]
-        )
-    )
+    add_outbox_entries(session, [OutboxEntry(tenant_id, document_id, op, version, chunk_ids)])
+
+
+def add_outbox_entries(session: Session, entries: Sequence[OutboxEntry]) -> None:
+    """One outbox row per chunk id of every entry, in one statement."""
+    values = [
+        {
+            "tenant_id": e.tenant_id,
+            "document_id": e.document_id,
+            "chunk_id": cid,
+            "op": e.op.value,
+            "version": e.version,
+        }
+        for e in entries
+        for cid in e.chunk_ids
+    ]
+    if values:
+        session.connection().execute(insert(cast(Table, EsOutbox.__table__)), values)
 
 
 def claim_outbox(session: Session, limit: int) -> Sequence[EsOutbox]:
