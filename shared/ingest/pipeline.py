@@ -1,10 +1,10 @@
-"""Process ingest jobs: claim their leases, parse, chunk, embed, then write each version's
-chunks, embeddings and outbox rows in one Postgres transaction per document.
+"""Process ingest jobs: claim their leases, parse, chunk, embed, then write the versions'
+chunks, embeddings and outbox rows in one Postgres transaction per batch.
 
 A task delivers one job id, but the worker also claims up to ``ingest_batch_jobs - 1`` other
 queued jobs and embeds all their chunks together, so a busy queue is processed in batches
 (fewer transactions and tasks, fuller encoder batches). The claimed jobs' own messages arrive
-later and find them finished: a duplicate delivery, which is a no-op.
+later and find them finished or still running in that batch: a duplicate delivery, a no-op.
 
 Every step is safe to run twice: chunk ids are deterministic, writes are version-guarded, and a
 job whose document has moved on to a newer version finishes without writing anything.
@@ -151,12 +151,17 @@ def _claim(job_id: uuid.UUID, settings: Settings) -> list[_Claim] | JobOutcome:
 
 
 def _already_finished(job_id: uuid.UUID) -> JobOutcome | None:
-    """The common duplicate delivery (a batch-mate's own message) answered by a plain read,
-    without taking a lock or writing anything."""
+    """The common duplicate delivery (a batch-mate's own message: its job finished, or still
+    running in that batch) answered by a plain read, without taking a lock or writing."""
     with unit_of_work() as uow:
-        state = repo.job_state(uow.session, job_id)
+        found = repo.job_state(uow.session, job_id)
+    if found is None:
+        return None
+    state, lease_live = found
     if state in (JobState.INDEXED, JobState.FAILED, JobState.DEAD_LETTERED):
         return JobOutcome(str(job_id), state, {"duplicate_delivery": True})
+    if state == JobState.RUNNING and lease_live:
+        return JobOutcome(str(job_id), state, {"leased_elsewhere": True})
     return None
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
+from sqlalchemy import func
 from sqlalchemy.orm import Session
 
 from shared.db import UnitOfWork, unit_of_work
@@ -104,8 +105,9 @@ def accept_upload(uow: UnitOfWork, settings: Settings, upload: Upload) -> Upload
         version=doc.version,
         state=JobState.QUEUED,
         attempts=0,
-        # If the message never reaches a worker, the sweep re-publishes after the lease.
-        lease_expires_at=repo.now(session) + timedelta(seconds=settings.job_lease_seconds),
+        # If the message never reaches a worker, the sweep re-publishes after the lease
+        # (the database clock, computed in the INSERT itself).
+        lease_expires_at=func.now() + timedelta(seconds=settings.job_lease_seconds),
         stage_timings={},
         detail={"request_id": request_id} if request_id else {},
     )
