@@ -177,6 +177,34 @@ def test_out_of_order_and_duplicate_deliveries_end_as_one_delivery(
     assert [(o, h) for o, h, _ in chunk_fingerprint(tenant)] == [(o, h) for o, h, _ in expected]
 
 
+def test_a_delivery_for_a_job_running_under_a_live_lease_leaves_it_alone(
+    client: TestClient, auth, tenant, worker
+):
+    from datetime import timedelta
+
+    from sqlalchemy import func, update
+
+    from shared.models import IngestJob
+
+    with paused(worker):
+        upload = upload_text(client, auth, "leased.txt", long_text("quay", 10))
+        with unit_of_work() as uow:  # as if another worker's batch held it
+            uow.session.execute(
+                update(IngestJob)
+                .where(IngestJob.id == uuid.UUID(upload["job_id"]))
+                .values(state="running", lease_expires_at=func.now() + timedelta(seconds=2))
+            )
+        outcome = pipeline.process_job(uuid.UUID(upload["job_id"]))
+        assert outcome.state == "running" and outcome.detail == {"leased_elsewhere": True}
+        assert job_state(upload["job_id"])[0] == "running" and pg_chunks(tenant) == {}
+    # Once the lease has run out, the next delivery (its own message, or the sweep's) takes
+    # it, and it ends indexed.
+    time.sleep(2.5)
+    sweep.sweep_expired_jobs()
+    wait_job(client, auth, upload["job_id"])
+    assert len(wait_converged(tenant)) > 0
+
+
 def test_elasticsearch_outage_loses_nothing_and_heals_itself(
     client: TestClient, auth, tenant, worker, es_service
 ):
