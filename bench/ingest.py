@@ -1,7 +1,8 @@
 """Ingest benchmark: a BEIR corpus through the real queue, against the encoder alone.
 
-Publishes every document as an upload event (the same path as `concord ingest`), waits until
-every job is indexed and Elasticsearch holds every chunk, and reports end-to-end chunks/s. Then,
+Publishes every document as an upload event (as `concord ingest` does: a few dozen events per
+message; `--one-event-per-message` for a direct producer's path), waits until every job is
+indexed and Elasticsearch holds every chunk, and reports end-to-end chunks/s. Then,
 in the same run and on the same chunk texts, it times the sentence-transformers encoder alone
 (same model, batch size and device) and prints the ratio, plus each stage's share of the
 worker's time.
@@ -31,9 +32,9 @@ from bench.cpu_meter import StackCpuMeter  # noqa: E402
 from services.evaluation.corpus import wait_elasticsearch  # noqa: E402
 from shared.db import unit_of_work  # noqa: E402
 from shared.ingest.embedding import get_embedder  # noqa: E402
-from shared.ingest.upload_event import build_upload_event  # noqa: E402
+from shared.ingest.upload_event import EventBatcher, build_upload_event  # noqa: E402
 from shared.models import Chunk, EmbeddingCache, IngestJob  # noqa: E402
-from shared.queue import publish_upload_event  # noqa: E402
+from shared.queue import publish_upload_event, publish_upload_events  # noqa: E402
 from shared.settings import get_settings  # noqa: E402
 
 
@@ -87,12 +88,23 @@ def stage_shares(tenant: str) -> dict[str, float]:
     return {stage: round(seconds / whole, 4) for stage, seconds in sorted(totals.items())}
 
 
+def publish_each(events: list[dict[str, Any]]) -> None:
+    for event in events:
+        publish_upload_event(event)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", type=Path, default=ROOT.parent / "shared/datasets/scifact")
     parser.add_argument("--limit", type=int, default=1000)
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--keep-cache", action="store_true")
+    parser.add_argument(
+        "--one-event-per-message",
+        action="store_true",
+        help="publish each event in a message of its own (a direct producer's path) instead "
+        "of a few dozen per message, as `concord ingest` does",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/ingest.json")
     args = parser.parse_args()
 
@@ -109,8 +121,11 @@ def main() -> None:
     meter = StackCpuMeter(settings)
     with meter:
         started = time.monotonic()
+        batcher = EventBatcher(
+            publish_each if args.one_event_per_message else publish_upload_events
+        )
         for i, doc in enumerate(docs, start=1):
-            publish_upload_event(
+            batcher.add(
                 build_upload_event(
                     tenant_id=tenant,
                     external_id=doc["_id"],
@@ -121,6 +136,7 @@ def main() -> None:
             )
             if i % 100 == 0 or i == len(docs):
                 progress("published", i, len(docs), started)
+        batcher.flush()
         print()
         wait_indexed(tenant, len(docs), started, args.timeout)
         with unit_of_work() as uow:
@@ -146,6 +162,7 @@ def main() -> None:
     report = {
         "documents": len(docs),
         "chunks": len(texts),
+        "events_per_message": 1 if args.one_event_per_message else "up to 32",
         "batch_size": settings.embedding_batch_size,
         "chunk_max_tokens": settings.chunk_max_tokens,
         "end_to_end_s": round(end_to_end_s, 2),

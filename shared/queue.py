@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -26,7 +27,9 @@ MAINTENANCE_QUEUE = "maintenance"
 TRAINING_QUEUE = "training"
 
 PROCESS_JOB_TASK = "concord.ingest.process_job"
+PROCESS_JOBS_TASK = "concord.ingest.process_jobs"
 ACCEPT_EVENT_TASK = "concord.ingest.accept_upload_event"
+ACCEPT_EVENTS_TASK = "concord.ingest.accept_upload_events"
 RELAY_TASK = "concord.relay.drain_outbox"
 SWEEP_TASK = "concord.maintenance.sweep_expired_jobs"
 RECONCILE_TASK = "concord.maintenance.reconcile"
@@ -78,6 +81,11 @@ def publish_ingest_job(job_id: uuid.UUID) -> bool:
     return _send(PROCESS_JOB_TASK, [str(job_id)], INGEST_QUEUE)
 
 
+def publish_ingest_jobs(job_ids: Sequence[uuid.UUID]) -> bool:
+    """One message for jobs accepted together, processed as one batch."""
+    return _send(PROCESS_JOBS_TASK, [[str(j) for j in job_ids]], INGEST_QUEUE)
+
+
 RELAY_PENDING_KEY = "concord:relay-pending"
 
 
@@ -98,8 +106,14 @@ def publish_relay() -> bool:
 
 
 def publish_upload_event(event: dict[str, Any]) -> None:
-    """Producers (and `concord ingest`) publish upload events; failures here must surface."""
+    """Producers publish upload events; failures here must surface."""
     get_producer().send_task(ACCEPT_EVENT_TASK, args=[event], queue=INGEST_QUEUE)
+
+
+def publish_upload_events(events: list[dict[str, Any]]) -> None:
+    """Many upload events in one message (what `concord ingest` sends): accepted in one
+    transaction and processed as one batch, instead of two messages and a transaction each."""
+    get_producer().send_task(ACCEPT_EVENTS_TASK, args=[events], queue=INGEST_QUEUE)
 
 
 def queue_depths() -> dict[str, int]:

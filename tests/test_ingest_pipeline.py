@@ -385,3 +385,66 @@ def test_malformed_upload_events_are_dead_lettered_with_the_reason(tenant, worke
     found = wait_for(letter, 30, what="the malformed event's dead letter")
     assert found.source == "event" and found.ref == "bad.bin"
     assert "base64" in found.message and "content_base64" not in found.payload
+
+
+def test_events_published_together_are_accepted_together_and_indexed_as_one_batch(
+    client: TestClient, auth, tenant, worker
+):
+    from shared.models import IngestJob
+    from shared.queue import publish_upload_events
+
+    def event(external_id: str, text: str) -> dict[str, Any]:
+        return build_upload_event(tenant_id=tenant, external_id=external_id, raw=text.encode())
+
+    publish_upload_events(
+        [
+            event("kelp.txt", "Kelp forests grow half a metre a day in cold water."),
+            {"schema": "concord.upload/v1", "tenant_id": tenant, "external_id": "bad.bin"},
+            event("coral.txt", "Corals build reefs from calcium carbonate over centuries."),
+            event("kelp.txt", "Kelp forests grow half a metre a day in cold water."),  # same
+        ]
+    )
+
+    def indexed() -> bool | None:
+        with unit_of_work() as uow:
+            states = live_job_states(uow.session, tenant, ["kelp.txt", "coral.txt"])
+        return (set(states.values()) == {"indexed"} and len(states) == 2) or None
+
+    wait_for(indexed, 60, what="both documents indexed")
+    with unit_of_work() as uow:
+        jobs = uow.session.scalars(select(IngestJob).where(IngestJob.tenant_id == tenant)).all()
+        letter = uow.session.scalar(select(DeadLetter).where(DeadLetter.tenant_id == tenant))
+    assert len(jobs) == 2  # the repeated kelp event was unchanged: no second version or job
+    assert len({job.started_at for job in jobs}) == 1  # one claim took both
+    assert letter is not None and letter.ref == "bad.bin" and "content_base64" in letter.message
+    wait_converged(tenant)
+    assert search(client, auth, "calcium carbonate reefs")["results"][0]["text"].startswith(
+        "Corals"
+    )
+
+
+def test_an_event_the_database_refuses_is_dead_lettered_and_its_neighbours_accepted(
+    client: TestClient, auth, tenant, worker
+):
+    """The message's transaction fails (JSONB stores no NUL character), so its events are
+    accepted one at a time: the others go through, the bad one becomes a dead letter."""
+    from shared.queue import publish_upload_events
+
+    good = [
+        build_upload_event(tenant_id=tenant, external_id=f"{name}.txt", raw=text.encode())
+        for name, text in [("tide", "Tides follow the moon."), ("reef", "Reefs shelter fish.")]
+    ]
+    bad = build_upload_event(
+        tenant_id=tenant, external_id="nul.txt", raw=b"fine text", metadata={"note": "a\x00b"}
+    )
+    publish_upload_events([good[0], bad, good[1]])
+
+    def letter() -> DeadLetter | None:
+        with unit_of_work() as uow:
+            return uow.session.scalar(select(DeadLetter).where(DeadLetter.tenant_id == tenant))
+
+    found = wait_for(letter, 60, what="the refused event's dead letter")
+    assert found.ref == "nul.txt" and found.payload["metadata"] == {"note": "ab"}
+    wait_for(lambda: len(pg_chunks(tenant)) == 2 or None, 60, what="both good documents")
+    assert len(wait_converged(tenant)) == 2
+    assert search(client, auth, "moon tides")["results"][0]["text"] == "Tides follow the moon."

@@ -290,3 +290,18 @@ def test_passages_come_back_in_the_order_given_whatever_the_batching() -> None:
     assert vectors.shape == (len(texts), embedder.settings.embedding_dim)
     assert np.min(np.sum(vectors * one_by_one, axis=1)) > 0.99999
     assert embedder.embed_passages([]).shape == (0, embedder.settings.embedding_dim)
+
+
+def test_event_batcher_groups_by_count_and_by_content_size() -> None:
+    from shared.ingest import upload_event
+    from shared.ingest.upload_event import EventBatcher
+
+    sent: list[list[str]] = []
+    batcher = EventBatcher(lambda events: sent.append([e["external_id"] for e in events]))
+    small = [{"external_id": f"s{i}", "content_base64": "QQ=="} for i in range(40)]
+    published = sum(batcher.add(e) for e in small)
+    assert published == upload_event.EVENTS_PER_MESSAGE and len(sent) == 1
+    big = {"external_id": "big", "content_base64": "Q" * upload_event.BYTES_PER_MESSAGE}
+    assert batcher.add(big) == 40 - upload_event.EVENTS_PER_MESSAGE  # the big one goes alone
+    assert batcher.flush() == 1 and batcher.flush() == 0
+    assert [len(m) for m in sent] == [32, 8, 1] and sent[-1] == ["big"]

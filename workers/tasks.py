@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
+from collections import Counter
 from typing import Any
 
 from celery import Task
@@ -11,13 +13,16 @@ from shared.db import unit_of_work
 from shared.errors import BadRequest, UnsupportedMediaType
 from shared.ingest import pipeline, relay, sweep
 from shared.ingest.service import accept_upload, reject_upload_event
-from shared.ingest.upload_event import parse_upload_event
+from shared.ingest.upload_event import EventsOutcome, parse_upload_event
+from shared.ingest.upload_event import accept_upload_events as accept_events_together
 from shared.logs import job_context
 from shared.queue import (
     ACCEPT_EVENT_TASK,
+    ACCEPT_EVENTS_TASK,
     INGEST_QUEUE,
     MAINTENANCE_QUEUE,
     PROCESS_JOB_TASK,
+    PROCESS_JOBS_TASK,
     RECONCILE_TASK,
     RELAY_QUEUE,
     RELAY_TASK,
@@ -28,6 +33,8 @@ from shared.queue import (
 from shared.reconcile.service import reconcile
 from shared.settings import get_settings
 from workers.base import concord_task, is_retriable, retry_delay
+
+log = logging.getLogger(__name__)
 
 
 @concord_task(PROCESS_JOB_TASK, INGEST_QUEUE)
@@ -42,6 +49,40 @@ def process_job(self: Task, job_id: str) -> dict[str, Any]:
         pipeline.record_failure(uuid.UUID(job_id), e, dead_letter=is_retriable(e))
         raise
     return {"job_id": outcome.job_id, "state": str(outcome.state), **outcome.detail}
+
+
+@concord_task(PROCESS_JOBS_TASK, INGEST_QUEUE, max_retries=0)
+def process_jobs(self: Task, job_ids: list[str]) -> dict[str, Any]:
+    """Jobs accepted together, as one batch. Not retried as a whole: on failure each job is
+    back in the queue with its own ``process_job`` message (see pipeline.process_jobs)."""
+    outcomes = pipeline.process_jobs([uuid.UUID(j) for j in job_ids])
+    return {"jobs": len(job_ids), "states": dict(Counter(o.state for o in outcomes.values()))}
+
+
+@concord_task(ACCEPT_EVENTS_TASK, INGEST_QUEUE)
+def accept_upload_events(self: Task, events: list[Any]) -> dict[str, int]:
+    """Many upload events in one message (``concord ingest`` sends these), accepted in one
+    transaction. If that fails for a reason a retry will not fix, the events are accepted
+    one at a time instead, so that one bad event cannot take its neighbours down. (A retry
+    of the whole message is safe: events already accepted come back ``unchanged``.)"""
+    settings = get_settings()
+    events = events if isinstance(events, list) else [events]
+    try:
+        return accept_events_together(events, settings).counts()
+    except Exception as e:
+        if is_retriable(e):
+            raise self.retry(exc=e, countdown=retry_delay(self.request.retries or 0)) from e
+        log.warning("accepting %s events together failed (%s); one at a time", len(events), e)
+    outcome = EventsOutcome()
+    for event in events:
+        try:
+            outcome.add(accept_events_together([event], settings))
+        except Exception as e:
+            if is_retriable(e):
+                raise self.retry(exc=e, countdown=retry_delay(self.request.retries or 0)) from e
+            reject_upload_event(event if isinstance(event, dict) else {}, e)
+            outcome.rejected += 1
+    return outcome.counts()
 
 
 @concord_task(ACCEPT_EVENT_TASK, INGEST_QUEUE)

@@ -93,8 +93,8 @@ def ingest(
     timeout: float = typer.Option(600, help="Seconds to wait with --wait."),
 ) -> None:
     """Publish files (directories recursively) as upload events on the ingest queue."""
-    from shared.ingest.upload_event import build_upload_event
-    from shared.queue import publish_upload_event
+    from shared.ingest.upload_event import EventBatcher, build_upload_event
+    from shared.queue import publish_upload_events
 
     files: list[Path] = sorted(
         {p for path in paths for p in (path.rglob("*") if path.is_dir() else [path]) if p.is_file()}
@@ -104,6 +104,7 @@ def ingest(
         print_error(console, ", ".join(missing), label="not found:")
         raise typer.Exit(2)
     published = failed = 0
+    batcher = EventBatcher(publish_upload_events)  # a few dozen events per message
     with Progress(console=console) as progress:
         task = progress.add_task("publishing", total=len(files))
         for file in files:
@@ -115,12 +116,12 @@ def ingest(
                     filename=file.name,
                     title=file.stem,
                 )
-                publish_upload_event(event)
-                published += 1
+                published += batcher.add(event)
             except OSError as e:
                 failed += 1
                 print_error(console, f"{file}: {e}", label="skipped")
             progress.advance(task)
+        published += batcher.flush()
     console.print(f"published {published} upload event(s), {failed} failed, tenant {tenant}")
     if wait and published:
         failed += _wait_indexed(tenant, [f.as_posix() for f in files], timeout)

@@ -16,9 +16,9 @@ from sqlalchemy import func, select
 from shared.db import unit_of_work
 from shared.ingest.repository import live_job_states
 from shared.ingest.service import Upload, content_hash, delete_document
-from shared.ingest.upload_event import build_upload_event
+from shared.ingest.upload_event import EventBatcher, build_upload_event
 from shared.models import Chunk, Document, EsOutbox
-from shared.queue import publish_upload_event
+from shared.queue import publish_upload_events
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
 
@@ -62,12 +62,13 @@ def sync_corpus(
             )
         }
     wanted = {r["_id"] for r in records}
+    batcher = EventBatcher(publish_upload_events)
     for i, record in enumerate(records, start=1):
         upload = upload_of(tenant_id, record)
         if existing.get(upload.external_id, (None, None))[1] == content_hash(upload):
             result.unchanged += 1
         else:
-            publish_upload_event(
+            result.published += batcher.add(
                 build_upload_event(
                     tenant_id=tenant_id,
                     external_id=upload.external_id,
@@ -76,7 +77,8 @@ def sync_corpus(
                     title=upload.title,
                 )
             )
-            result.published += 1
+        if i == len(records):
+            result.published += batcher.flush()
         if i % 200 == 0 or i == len(records):
             progress("publish", i, len(records))
     for external_id, (doc_id, _) in existing.items():

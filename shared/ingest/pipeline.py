@@ -102,6 +102,31 @@ def process_job(job_id: uuid.UUID) -> JobOutcome:
     claims = _claim(job_id, settings)
     if isinstance(claims, JobOutcome):
         return claims
+    # On failure the task retries ``job_id``; its batch-mates go back to the queue.
+    return _process(claims, settings, keep=job_id)[job_id]
+
+
+def process_jobs(job_ids: list[uuid.UUID]) -> dict[uuid.UUID, JobOutcome]:
+    """Process the jobs that were accepted together (one message for all of them) as one
+    batch; those finished or running elsewhere by now are left alone. On failure every one
+    goes back to the queue with a message of its own, where :func:`process_job`'s retries
+    and dead-lettering apply."""
+    settings = get_settings()
+    with unit_of_work() as uow:
+        session = uow.session
+        jobs = repo.claimable_jobs(session, job_ids)
+        now = repo.now(session)
+        versions = repo.document_versions(session, [(j.document_id, j.version) for j in jobs])
+        claims = [_start(j, versions.get((j.document_id, j.version)), now, settings) for j in jobs]
+    return _process([c for c in claims if c is not None], settings, keep=None)
+
+
+def _process(
+    claims: list[_Claim], settings: Settings, keep: uuid.UUID | None
+) -> dict[uuid.UUID, JobOutcome]:
+    """Parse, chunk, embed and write claimed jobs. If that fails, the claimed jobs that did
+    not finish are released to the queue at once (except ``keep``, which its task retries)
+    rather than left waiting for their leases to expire."""
     outcomes: dict[uuid.UUID, JobOutcome] = {}
     try:
         chunker = _chunker(settings, get_embedder())
@@ -115,11 +140,9 @@ def process_job(job_id: uuid.UUID) -> JobOutcome:
         _embed(ready, get_embedder())
         outcomes.update(_write_all(ready))
     except Exception:
-        # Give back what this batch claimed but did not finish, so it is not left waiting
-        # for its lease to expire.
-        _release([c.job_id for c in claims if c.job_id not in outcomes and c.job_id != job_id])
+        _release([c.job_id for c in claims if c.job_id not in outcomes and c.job_id != keep])
         raise
-    return outcomes[job_id]
+    return outcomes
 
 
 def _claim(job_id: uuid.UUID, settings: Settings) -> list[_Claim] | JobOutcome:

@@ -512,6 +512,23 @@ def claim_queued_jobs(session: Session, limit: int, exclude: uuid.UUID) -> Seque
     ).all()
 
 
+def claimable_jobs(session: Session, job_ids: Sequence[uuid.UUID]) -> Sequence[IngestJob]:
+    """Of ``job_ids``, those queued, or running under a lease that has run out, and not being
+    claimed by anyone else right now; locked."""
+    if not job_ids:
+        return []
+    return session.scalars(
+        select(IngestJob)
+        .where(
+            IngestJob.id.in_(list(set(job_ids))),
+            (IngestJob.state == JobState.QUEUED)
+            | ((IngestJob.state == JobState.RUNNING) & (IngestJob.lease_expires_at < func.now())),
+        )
+        .order_by(IngestJob.id)
+        .with_for_update(skip_locked=True)
+    ).all()
+
+
 def job_state(session: Session, job_id: uuid.UUID) -> tuple[str, bool] | None:
     """The job's state and whether its lease is live (by the database clock)."""
     row = session.execute(

@@ -50,8 +50,11 @@ def content_hash(upload: Upload) -> str:
     return digest.hexdigest()
 
 
-def accept_upload(uow: UnitOfWork, settings: Settings, upload: Upload) -> UploadResult:
-    """Commit the document, its raw content and a job; the job is published after commit.
+def accept_upload(
+    uow: UnitOfWork, settings: Settings, upload: Upload, publish: bool = True
+) -> UploadResult:
+    """Commit the document, its raw content and a job; the job is published after commit
+    (unless ``publish`` is False: the caller publishes the jobs it accepted together).
 
     Re-uploading unchanged content is a no-op that reports ``unchanged``; changed content
     becomes the next version."""
@@ -113,25 +116,43 @@ def accept_upload(uow: UnitOfWork, settings: Settings, upload: Upload) -> Upload
     )
     session.add(job)
     job_id = job.id
-    uow.after_commit(lambda: publish_ingest_job(job_id))
+    if publish:
+        uow.after_commit(lambda: publish_ingest_job(job_id))
     return UploadResult(doc.id, doc.version, job.id, "accepted")
 
 
-def reject_upload_event(event: dict[str, Any], error: ConcordError) -> None:
+def reject_upload_event(event: dict[str, Any], error: Exception) -> None:
     """Record an upload event that can never be accepted as a dead letter (without its
     content, which may be large), so the producer's mistake is visible and replayable."""
     with unit_of_work() as uow:
-        repo.add_dead_letter(
-            uow.session,
-            tenant_id=str(event.get("tenant_id") or "?")[:64],
-            source="event",
-            ref=str(event.get("external_id") or "?"),
-            stage="intake",
-            error_class=type(error).__name__,
-            message=error.message,
-            attempts=1,
-            payload={k: v for k, v in event.items() if k != "content_base64"},
-        )
+        add_event_dead_letter(uow.session, event, error)
+
+
+def add_event_dead_letter(session: Session, event: dict[str, Any], error: Exception) -> None:
+    message = error.message if isinstance(error, ConcordError) else str(error)
+    repo.add_dead_letter(
+        session,
+        tenant_id=_without_nul(str(event.get("tenant_id") or "?"))[:64],
+        source="event",
+        ref=_without_nul(str(event.get("external_id") or "?")),
+        stage="intake",
+        error_class=type(error).__name__,
+        message=_without_nul(message),
+        attempts=1,
+        payload=_without_nul({k: v for k, v in event.items() if k != "content_base64"}),
+    )
+
+
+def _without_nul(value: Any) -> Any:
+    """Postgres stores no NUL character in text or JSON, and an event that failed for
+    holding one must still be recorded."""
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, dict):
+        return {_without_nul(str(k)): _without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_nul(v) for v in value]
+    return value
 
 
 def delete_document(uow: UnitOfWork, tenant_id: str, document_id: uuid.UUID) -> int:

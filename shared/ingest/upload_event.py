@@ -12,20 +12,34 @@ Schema (the JSON Schema is docs/upload-event.schema.json)::
       "title": "Handbook",                # optional
       "metadata": {"team": "ops"}         # optional: flat JSON object
     }
+
+One event per message goes to ``concord.ingest.accept_upload_event``; a list of them in one
+message to ``concord.ingest.accept_upload_events`` (what ``concord ingest`` sends, in groups of
+:data:`EVENTS_PER_MESSAGE` or :data:`BYTES_PER_MESSAGE`): those are accepted in one transaction
+and their jobs published as one batch.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import functools
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from shared.auth import validate_tenant_id
-from shared.errors import BadRequest
+from shared.db import unit_of_work
+from shared.errors import BadRequest, UnsupportedMediaType
 from shared.ingest.parsing import resolve_content_type
-from shared.ingest.service import Upload
+from shared.ingest.service import Upload, accept_upload, add_event_dead_letter
+from shared.queue import publish_ingest_jobs
+from shared.settings import Settings
 
 SCHEMA_ID = "concord.upload/v1"
+EVENTS_PER_MESSAGE = 32
+BYTES_PER_MESSAGE = 4 * 1024 * 1024  # of base64 content; a bigger single event goes alone
 
 
 def build_upload_event(
@@ -76,3 +90,80 @@ def parse_upload_event(event: dict[str, Any]) -> Upload:
         filename=event.get("filename"),
         metadata=metadata,
     )
+
+
+@dataclass
+class EventsOutcome:
+    accepted: int = 0
+    unchanged: int = 0
+    rejected: int = 0
+    job_ids: list[str] = field(default_factory=list)
+
+    def add(self, other: EventsOutcome) -> None:
+        self.accepted += other.accepted
+        self.unchanged += other.unchanged
+        self.rejected += other.rejected
+        self.job_ids += other.job_ids
+
+    def counts(self) -> dict[str, int]:
+        return {"accepted": self.accepted, "unchanged": self.unchanged, "rejected": self.rejected}
+
+
+def accept_upload_events(events: list[Any], settings: Settings) -> EventsOutcome:
+    """Accept a message's events in one transaction; each one that can never be accepted is
+    dead-lettered in the same transaction, with its reason. The accepted jobs are published
+    after commit in batches of ``ingest_batch_jobs``, one message each."""
+    outcome = EventsOutcome()
+    with unit_of_work() as uow:
+        uploads = []
+        for event in events:
+            if not isinstance(event, dict):
+                event = {"event": repr(event)[:200]}
+            try:
+                uploads.append(parse_upload_event(event))
+            except (BadRequest, UnsupportedMediaType) as e:
+                add_event_dead_letter(uow.session, event, e)
+                outcome.rejected += 1
+        # Each upload locks its external id until commit: take them in one order (stable, so
+        # two events for one id keep theirs), so two such messages cannot deadlock.
+        for upload in sorted(uploads, key=lambda u: (u.tenant_id, u.external_id)):
+            result = accept_upload(uow, settings, upload, publish=False)
+            if result.status == "accepted" and result.job_id is not None:
+                outcome.accepted += 1
+                outcome.job_ids.append(str(result.job_id))
+            else:
+                outcome.unchanged += 1
+        size = max(settings.ingest_batch_jobs, 1)
+        for start in range(0, len(outcome.job_ids), size):
+            batch = [uuid.UUID(j) for j in outcome.job_ids[start : start + size]]
+            uow.after_commit(functools.partial(publish_ingest_jobs, batch))
+    return outcome
+
+
+class EventBatcher:
+    """Groups upload events into messages of at most :data:`EVENTS_PER_MESSAGE` events and
+    :data:`BYTES_PER_MESSAGE` of content; ``publish`` sends one message. Call :meth:`flush`
+    at the end."""
+
+    def __init__(self, publish: Callable[[list[dict[str, Any]]], None]) -> None:
+        self.publish = publish
+        self.pending: list[dict[str, Any]] = []
+        self.pending_bytes = 0
+
+    def add(self, event: dict[str, Any]) -> int:
+        """Queue ``event``; returns how many events this call published."""
+        size = len(event.get("content_base64") or "")
+        published = 0
+        if self.pending and self.pending_bytes + size > BYTES_PER_MESSAGE:
+            published = self.flush()
+        self.pending.append(event)
+        self.pending_bytes += size
+        if len(self.pending) >= EVENTS_PER_MESSAGE:
+            published += self.flush()
+        return published
+
+    def flush(self) -> int:
+        events, self.pending, self.pending_bytes = self.pending, [], 0
+        if events:
+            self.publish(events)
+        return len(events)
