@@ -140,19 +140,19 @@ def main() -> None:
         print()
         wait_indexed(tenant, len(docs), started, args.timeout)
         with unit_of_work() as uow:
-            texts = list(
-                uow.session.scalars(
-                    select(Chunk.text)
-                    .where(Chunk.tenant_id == tenant)
-                    .order_by(Chunk.document_id, Chunk.ordinal)
-                )
-            )
+            chunks = uow.session.execute(
+                select(Chunk.text, Chunk.token_count)
+                .where(Chunk.tenant_id == tenant)
+                .order_by(Chunk.document_id, Chunk.ordinal)
+            ).all()
+        texts = [text for text, _ in chunks]
         wait_elasticsearch(tenant, args.timeout)
         end_to_end_s = time.monotonic() - started
 
     embedder.model()  # loaded before timing, as in a worker
     encode_started, encode_cpu_started = time.monotonic(), time.process_time()
-    embedder.embed_passages(texts)
+    # With the token counts the chunker recorded, as the worker passes them.
+    embedder.embed_passages(texts, token_counts=[count for _, count in chunks])
     encoder_s = time.monotonic() - encode_started
     encoder_cpu_s = time.process_time() - encode_cpu_started
     stack_cpu = meter.core_seconds()

@@ -54,8 +54,10 @@ class Embedder:
                 self._model = model
             return self._model
 
-    def embed_passages(self, texts: list[str]) -> np.ndarray:
-        return self._encode([self.settings.passage_prompt + t for t in texts])
+    def embed_passages(self, texts: list[str], token_counts: list[int] | None = None) -> np.ndarray:
+        """``token_counts``, where the caller already knows them, spare tokenizing every text
+        once more only to batch texts of similar length together."""
+        return self._encode([self.settings.passage_prompt + t for t in texts], token_counts)
 
     def embed_query(self, text: str) -> np.ndarray:
         encoder = self.query_encoder()
@@ -83,17 +85,18 @@ class Embedder:
                 self._query_encoder_tried = True
             return self._query_encoder
 
-    def _encode(self, texts: list[str]) -> np.ndarray:
+    def _encode(self, texts: list[str], lengths: list[int] | None = None) -> np.ndarray:
         out = np.zeros((len(texts), self.settings.embedding_dim), dtype=np.float32)
         if not texts:
             return out
         model = self.model()
-        lengths = [
-            len(ids)
-            for ids in model.tokenizer(
-                texts, truncation=True, max_length=model.max_seq_length, verbose=False
-            )["input_ids"]
-        ]
+        if lengths is None:
+            lengths = [
+                len(ids)
+                for ids in model.tokenizer(
+                    texts, truncation=True, max_length=model.max_seq_length, verbose=False
+                )["input_ids"]
+            ]
         for batch in length_batches(
             lengths, self.settings.embedding_batch_size, self.settings.embedding_batch_cost_tokens
         ):

@@ -116,8 +116,8 @@ def process_jobs(job_ids: list[uuid.UUID]) -> dict[uuid.UUID, JobOutcome]:
         session = uow.session
         jobs = repo.claimable_jobs(session, job_ids)
         now = repo.now(session)
-        versions = repo.document_versions(session, [(j.document_id, j.version) for j in jobs])
-        claims = [_start(j, versions.get((j.document_id, j.version)), now, settings) for j in jobs]
+        versions = repo.versions_of_jobs(session, jobs)
+        claims = [_start(job, versions, now, settings) for job in jobs]
     return _process([c for c in claims if c is not None], settings, keep=None)
 
 
@@ -164,12 +164,11 @@ def _claim(job_id: uuid.UUID, settings: Settings) -> list[_Claim] | JobOutcome:
         if job.state == JobState.RUNNING and job.lease_expires_at and job.lease_expires_at > now:
             return JobOutcome(str(job_id), job.state, {"leased_elsewhere": True})
         others = repo.claim_queued_jobs(session, settings.ingest_batch_jobs - 1, job.id)
-        jobs = [job, *others]
-        versions = repo.document_versions(session, [(j.document_id, j.version) for j in jobs])
-        first = _start(job, versions.get((job.document_id, job.version)), now, settings)
+        versions = repo.versions_of_jobs(session, [job, *others])
+        first = _start(job, versions, now, settings)
         if first is None:  # the batch-mates stay queued, untouched
             return JobOutcome(str(job_id), job.state, {"error": job.error_message})
-        rest = [_start(j, versions.get((j.document_id, j.version)), now, settings) for j in others]
+        rest = [_start(other, versions, now, settings) for other in others]
         return [first, *(c for c in rest if c is not None)]
 
 
@@ -189,8 +188,12 @@ def _already_finished(job_id: uuid.UUID) -> JobOutcome | None:
 
 
 def _start(
-    job: IngestJob, version: DocumentVersion | None, now: datetime, settings: Settings
+    job: IngestJob,
+    versions: dict[tuple[uuid.UUID, int], DocumentVersion],
+    now: datetime,
+    settings: Settings,
 ) -> _Claim | None:
+    version = versions.get((job.document_id, job.version))
     if version is None or version.raw is None:
         job.state = JobState.FAILED
         job.error_stage, job.error_class = "claim", "MissingContent"
@@ -232,11 +235,14 @@ def _embed(claims: list[_Claim], embedder: Embedder) -> None:
     all_hashes = [h for c in claims for h in c.hashes]
     with unit_of_work() as uow:
         cached = repo.cached_embeddings(uow.session, embedder.model_id, all_hashes)
-    texts = {h: p.text for c in claims for h, p in zip(c.hashes, c.pieces, strict=True)}
+    pieces = {h: p for c in claims for h, p in zip(c.hashes, c.pieces, strict=True)}
     missing = [h for h in dict.fromkeys(all_hashes) if h not in cached]
     fresh: dict[str, list[float]] = {}
     if missing:
-        vectors = embedder.embed_passages([texts[h] for h in missing])
+        vectors = embedder.embed_passages(
+            [pieces[h].text for h in missing],
+            token_counts=[pieces[h].token_count for h in missing],  # the chunker counted them
+        )
         fresh = {h: v.tolist() for h, v in zip(missing, vectors, strict=True)}
         with unit_of_work() as uow:
             repo.store_embeddings(uow.session, embedder.model_id, fresh)
@@ -269,8 +275,8 @@ def _write_all(claims: list[_Claim]) -> dict[uuid.UUID, JobOutcome]:
                 outcomes[claim.job_id] = JobOutcome(str(claim.job_id), state)
                 continue
             doc = docs.get(claim.document_id)
-            if doc is None or doc.tenant_id != claim.tenant_id:
-                doc = None
+            if doc is not None and doc.tenant_id != claim.tenant_id:
+                doc = None  # never another tenant's row
             if doc is None or doc.deleted or doc.version != claim.version:
                 # A newer version or a delete won: writing this one would resurrect stale text.
                 detail: dict[str, Any] = {"superseded_by": doc.version if doc else None}

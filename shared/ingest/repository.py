@@ -85,21 +85,16 @@ def list_documents(
     return session.scalars(query).all()
 
 
-def document_version(
-    session: Session, document_id: uuid.UUID, version: int
-) -> DocumentVersion | None:
-    return session.get(DocumentVersion, (document_id, version))
-
-
-def document_versions(
-    session: Session, keys: Sequence[tuple[uuid.UUID, int]]
+def versions_of_jobs(
+    session: Session, jobs: Sequence[IngestJob]
 ) -> dict[tuple[uuid.UUID, int], DocumentVersion]:
-    """(document id, version) -> that version, for many in one query."""
+    """(document id, version) -> the document version each job processes, in one query."""
+    keys = {(job.document_id, job.version) for job in jobs}
     if not keys:
         return {}
     rows = session.scalars(
         select(DocumentVersion).where(
-            tuple_(DocumentVersion.document_id, DocumentVersion.version).in_(list(set(keys)))
+            tuple_(DocumentVersion.document_id, DocumentVersion.version).in_(list(keys))
         )
     )
     return {(v.document_id, v.version): v for v in rows}

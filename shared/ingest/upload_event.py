@@ -97,7 +97,7 @@ class EventsOutcome:
     accepted: int = 0
     unchanged: int = 0
     rejected: int = 0
-    job_ids: list[str] = field(default_factory=list)
+    job_ids: list[uuid.UUID] = field(default_factory=list)
 
     def add(self, other: EventsOutcome) -> None:
         self.accepted += other.accepted
@@ -130,12 +130,12 @@ def accept_upload_events(events: list[Any], settings: Settings) -> EventsOutcome
             result = accept_upload(uow, settings, upload, publish=False)
             if result.status == "accepted" and result.job_id is not None:
                 outcome.accepted += 1
-                outcome.job_ids.append(str(result.job_id))
+                outcome.job_ids.append(result.job_id)
             else:
                 outcome.unchanged += 1
         size = max(settings.ingest_batch_jobs, 1)
         for start in range(0, len(outcome.job_ids), size):
-            batch = [uuid.UUID(j) for j in outcome.job_ids[start : start + size]]
+            batch = outcome.job_ids[start : start + size]
             uow.after_commit(functools.partial(publish_ingest_jobs, batch))
     return outcome
 
