@@ -53,6 +53,11 @@ def progress(label: str, done: int, total: int, started: float) -> None:
     print(f"\r{label}: {done}/{total} ({rate:.1f}/s)", end="", flush=True)
 
 
+# How often the end is checked: finer would load the stack it measures, coarser would add
+# up to this much to the end-to-end time.
+POLL_S = 0.1
+
+
 def wait_indexed(tenant: str, total: int, started: float, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -71,7 +76,7 @@ def wait_indexed(tenant: str, total: int, started: float, timeout: float) -> Non
             if states.get("indexed", 0) != total:
                 raise SystemExit(f"not every job was indexed: {states}")
             return
-        time.sleep(0.5)
+        time.sleep(POLL_S)
     raise SystemExit(f"timed out; job states: {states}")
 
 
@@ -146,7 +151,7 @@ def main() -> None:
                 .order_by(Chunk.document_id, Chunk.ordinal)
             ).all()
         texts = [text for text, _ in chunks]
-        wait_elasticsearch(tenant, args.timeout)
+        wait_elasticsearch(tenant, args.timeout, interval_s=POLL_S)
         end_to_end_s = time.monotonic() - started
 
     embedder.model()  # loaded before timing, as in a worker

@@ -448,3 +448,29 @@ def test_an_event_the_database_refuses_is_dead_lettered_and_its_neighbours_accep
     wait_for(lambda: len(pg_chunks(tenant)) == 2 or None, 60, what="both good documents")
     assert len(wait_converged(tenant)) == 2
     assert search(client, auth, "moon tides")["results"][0]["text"] == "Tides follow the moon."
+
+
+def test_two_versions_of_one_document_in_one_message_end_at_the_second(
+    client: TestClient, auth, tenant, worker
+):
+    from shared.queue import publish_upload_events
+
+    publish_upload_events(
+        [
+            build_upload_event(tenant_id=tenant, external_id="log.txt", raw=text.encode())
+            for text in ("The ship left port at dawn.", "The ship reached the island at dusk.")
+        ]
+    )
+
+    def indexed() -> str | None:
+        with unit_of_work() as uow:
+            states = live_job_states(uow.session, tenant, ["log.txt"])
+        return states.get("log.txt") if states.get("log.txt") == "indexed" else None
+
+    wait_for(indexed, 60, what="the document's live version indexed")
+    assert set(wait_converged(tenant).values()) == {2}  # version 1's chunks are gone
+    found = search(client, auth, "ship island")["results"]
+    assert [r["text"] for r in found] == ["The ship reached the island at dusk."]
+    document_id = found[0]["document_id"]
+    versions = client.get(f"/v1/documents/{document_id}", headers=auth).json()["versions"]
+    assert [v["version"] for v in versions] == [1, 2]

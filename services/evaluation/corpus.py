@@ -111,7 +111,7 @@ def _wait_jobs(
         time.sleep(1.0)
 
 
-def wait_elasticsearch(tenant_id: str, timeout_s: float) -> None:
+def wait_elasticsearch(tenant_id: str, timeout_s: float, interval_s: float = 0.5) -> None:
     """Until the relay has drained the tenant's outbox and Elasticsearch holds every chunk."""
     es = get_es()
     alias = get_settings().es_chunks_alias()
@@ -132,4 +132,4 @@ def wait_elasticsearch(tenant_id: str, timeout_s: float) -> None:
             raise TimeoutError(
                 f"Elasticsearch holds {in_es} of {chunks} chunks; {backlog} outbox rows left"
             )
-        time.sleep(0.5)
+        time.sleep(interval_s)

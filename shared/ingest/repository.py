@@ -54,13 +54,43 @@ def now(session: Session) -> datetime:
 
 
 def ensure_tenant(session: Session, tenant_id: str) -> None:
-    session.execute(insert(Tenant).values(id=tenant_id, name=tenant_id).on_conflict_do_nothing())
+    ensure_tenants(session, [tenant_id])
+
+
+def ensure_tenants(session: Session, tenant_ids: Sequence[str]) -> None:
+    rows = [{"id": t, "name": t} for t in sorted(set(tenant_ids))]
+    if rows:
+        session.execute(insert(Tenant).values(rows).on_conflict_do_nothing())
 
 
 def document_by_external_id(session: Session, tenant_id: str, external_id: str) -> Document | None:
     return session.scalar(
         select(Document).where(Document.tenant_id == tenant_id, Document.external_id == external_id)
     )
+
+
+def documents_by_external_ids(
+    session: Session, keys: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], Document]:
+    """The documents of (tenant id, external id) pairs that exist, by pair."""
+    if not keys:
+        return {}
+    found = session.scalars(
+        select(Document).where(tuple_(Document.tenant_id, Document.external_id).in_(set(keys)))
+    )
+    return {(d.tenant_id, d.external_id): d for d in found}
+
+
+def add_document_versions(session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    """DocumentVersion rows (column values by name) in one statement."""
+    if rows:
+        session.connection().execute(insert(cast(Table, DocumentVersion.__table__)), rows)
+
+
+def add_jobs(session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    """IngestJob rows (column values by name) in one statement."""
+    if rows:
+        session.connection().execute(insert(cast(Table, IngestJob.__table__)), rows)
 
 
 def document_for_tenant(

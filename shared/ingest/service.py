@@ -10,14 +10,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
-from sqlalchemy import func
 from sqlalchemy.orm import Session
 
 from shared.db import UnitOfWork, unit_of_work
 from shared.errors import ConcordError, NotFound
 from shared.ingest import repository as repo
 from shared.logs import current_request_id
-from shared.models import Document, DocumentVersion, IngestJob, JobState, OutboxOp
+from shared.models import Document, DocumentVersion, JobState, OutboxOp
 from shared.queue import publish_ingest_job, publish_relay
 from shared.settings import Settings
 
@@ -58,67 +57,107 @@ def accept_upload(
 
     Re-uploading unchanged content is a no-op that reports ``unchanged``; changed content
     becomes the next version."""
+    result = accept_uploads(uow, settings, [upload])[0]
+    if publish and result.status == "accepted" and result.job_id is not None:
+        job_id = result.job_id
+        uow.after_commit(lambda: publish_ingest_job(job_id))
+    return result
+
+
+def accept_uploads(
+    uow: UnitOfWork, settings: Settings, uploads: list[Upload]
+) -> list[UploadResult]:
+    """:func:`accept_upload` for many uploads in one transaction, set-wise (one statement
+    each for the tenants, the locks, the documents, the versions and the jobs), in the order
+    given: two uploads of one external id become two versions, or one if the second is
+    unchanged. Publishing the jobs is left to the caller."""
     session = uow.session
     request_id = current_request_id()
-    repo.ensure_tenant(session, upload.tenant_id)
-    repo.lock_key(session, f"external:{upload.tenant_id}:{upload.external_id}")
-    digest = content_hash(upload)
-    doc = repo.document_by_external_id(session, upload.tenant_id, upload.external_id)
-    if doc is not None and not doc.deleted and doc.content_hash == digest:
-        job = repo.latest_job_for(session, doc.id, doc.version)
-        return UploadResult(doc.id, doc.version, job.id if job else None, "unchanged")
+    repo.ensure_tenants(session, [u.tenant_id for u in uploads])
+    # Held until commit. lock_keys takes them in sorted order, so two such batches cannot
+    # deadlock.
+    repo.lock_keys(session, [f"external:{u.tenant_id}:{u.external_id}" for u in uploads])
+    docs = repo.documents_by_external_ids(session, [(u.tenant_id, u.external_id) for u in uploads])
+    now = repo.now(session)
+    results: list[UploadResult] = []
+    versions: list[dict[str, Any]] = []
+    jobs: list[dict[str, Any]] = []
+    for upload in uploads:
+        digest = content_hash(upload)
+        doc = docs.get((upload.tenant_id, upload.external_id))
+        if doc is not None and not doc.deleted and doc.content_hash == digest:
+            results.append(_unchanged(session, doc, jobs))
+            continue
+        if doc is None:
+            doc = Document(
+                id=uuid.uuid4(),
+                tenant_id=upload.tenant_id,
+                external_id=upload.external_id,
+                title=upload.title,
+                metadata_=upload.metadata or {},
+                version=1,
+                content_hash=digest,
+                deleted=False,
+            )
+            session.add(doc)
+            docs[(upload.tenant_id, upload.external_id)] = doc
+        else:
+            doc.version += 1
+            doc.title = upload.title
+            doc.metadata_ = upload.metadata or {}
+            doc.content_hash = digest
+            doc.deleted = False
+            doc.updated_at = now
+        versions.append(
+            {
+                "document_id": doc.id,
+                "version": doc.version,
+                "tenant_id": upload.tenant_id,
+                "content_hash": digest,
+                "content_type": upload.content_type,
+                "filename": upload.filename,
+                "raw": upload.raw,
+                "tombstone": False,
+            }
+        )
+        job_id = uuid.uuid4()
+        jobs.append(
+            {
+                "id": job_id,
+                "tenant_id": upload.tenant_id,
+                "document_id": doc.id,
+                "version": doc.version,
+                "state": JobState.QUEUED.value,
+                "attempts": 0,
+                # If the message never reaches a worker, the sweep re-publishes after the
+                # lease (the database clock: this transaction's now()).
+                "lease_expires_at": now + timedelta(seconds=settings.job_lease_seconds),
+                "stage_timings": {},
+                "detail": {"request_id": request_id} if request_id else {},
+            }
+        )
+        results.append(UploadResult(doc.id, doc.version, job_id, "accepted"))
+    session.flush()  # the documents, before the rows that reference them
+    repo.add_document_versions(session, versions)
+    repo.add_jobs(session, jobs)
+    return results
 
-    if doc is None:
-        doc = Document(
-            id=uuid.uuid4(),
-            tenant_id=upload.tenant_id,
-            external_id=upload.external_id,
-            title=upload.title,
-            metadata_=upload.metadata or {},
-            version=1,
-            content_hash=digest,
-            deleted=False,
-        )
-        session.add(doc)
-    else:
-        doc.version += 1
-        doc.title = upload.title
-        doc.metadata_ = upload.metadata or {}
-        doc.content_hash = digest
-        doc.deleted = False
-        doc.updated_at = repo.now(session)
-    session.flush()
-    session.add(
-        DocumentVersion(
-            document_id=doc.id,
-            version=doc.version,
-            tenant_id=upload.tenant_id,
-            content_hash=digest,
-            content_type=upload.content_type,
-            filename=upload.filename,
-            raw=upload.raw,
-            tombstone=False,
-        )
+
+def _unchanged(session: Session, doc: Document, accepted: list[dict[str, Any]]) -> UploadResult:
+    """The answer for an upload identical to the document's live version: that version's
+    job, whether accepted earlier in this batch or before."""
+    job_id = next(
+        (
+            j["id"]
+            for j in reversed(accepted)
+            if (j["document_id"], j["version"]) == (doc.id, doc.version)
+        ),
+        None,
     )
-    session.flush()
-    job = IngestJob(
-        id=uuid.uuid4(),
-        tenant_id=upload.tenant_id,
-        document_id=doc.id,
-        version=doc.version,
-        state=JobState.QUEUED,
-        attempts=0,
-        # If the message never reaches a worker, the sweep re-publishes after the lease
-        # (the database clock, computed in the INSERT itself).
-        lease_expires_at=func.now() + timedelta(seconds=settings.job_lease_seconds),
-        stage_timings={},
-        detail={"request_id": request_id} if request_id else {},
-    )
-    session.add(job)
-    job_id = job.id
-    if publish:
-        uow.after_commit(lambda: publish_ingest_job(job_id))
-    return UploadResult(doc.id, doc.version, job.id, "accepted")
+    if job_id is None:
+        job = repo.latest_job_for(session, doc.id, doc.version)
+        job_id = job.id if job else None
+    return UploadResult(doc.id, doc.version, job_id, "unchanged")
 
 
 def reject_upload_event(event: dict[str, Any], error: Exception) -> None:

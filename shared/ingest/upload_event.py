@@ -33,7 +33,7 @@ from shared.auth import validate_tenant_id
 from shared.db import unit_of_work
 from shared.errors import BadRequest, UnsupportedMediaType
 from shared.ingest.parsing import resolve_content_type
-from shared.ingest.service import Upload, accept_upload, add_event_dead_letter
+from shared.ingest.service import Upload, accept_uploads, add_event_dead_letter
 from shared.queue import publish_ingest_jobs
 from shared.settings import Settings
 
@@ -124,10 +124,7 @@ def accept_upload_events(events: list[Any], settings: Settings) -> EventsOutcome
             except (BadRequest, UnsupportedMediaType) as e:
                 add_event_dead_letter(uow.session, event, e)
                 outcome.rejected += 1
-        # Each upload locks its external id until commit: take them in one order (stable, so
-        # two events for one id keep theirs), so two such messages cannot deadlock.
-        for upload in sorted(uploads, key=lambda u: (u.tenant_id, u.external_id)):
-            result = accept_upload(uow, settings, upload, publish=False)
+        for result in accept_uploads(uow, settings, uploads):
             if result.status == "accepted" and result.job_id is not None:
                 outcome.accepted += 1
                 outcome.job_ids.append(result.job_id)
