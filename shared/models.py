@@ -11,7 +11,6 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from pgvector.sqlalchemy import Vector
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -30,6 +29,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from shared.vector_type import EmbeddingVector
 
 EMBEDDING_DIM = 384
 
@@ -155,7 +156,7 @@ class Chunk(Base):
     metadata_: Mapped[dict[str, Any]] = mapped_column(
         "metadata", JSONB, nullable=False, server_default="{}"
     )
-    embedding: Mapped[Any] = mapped_column(Vector(EMBEDDING_DIM), nullable=False)
+    embedding: Mapped[Any] = mapped_column(EmbeddingVector(EMBEDDING_DIM), nullable=False)
     updated_at: Mapped[datetime] = _now()
 
 
@@ -164,7 +165,7 @@ class EmbeddingCache(Base):
 
     model: Mapped[str] = mapped_column(Text, primary_key=True)
     text_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
-    embedding: Mapped[Any] = mapped_column(Vector(), nullable=False)
+    embedding: Mapped[Any] = mapped_column(EmbeddingVector(), nullable=False)
     created_at: Mapped[datetime] = _now()
 
 

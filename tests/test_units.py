@@ -174,13 +174,27 @@ def test_onnx_query_encoder_matches_the_sentence_transformers_model(tmp_path) ->
 def test_pgvector_binary_form_reads_back_as_float32() -> None:
     import numpy as np
 
-    from shared.search.repository import embedding_from_bytes
+    from shared.vector_type import vector_from_bytes
 
     values = np.array([0.5, -1.25, 3.0e-8], dtype=">f4")
     raw = (3).to_bytes(2, "big") + (0).to_bytes(2, "big") + values.tobytes()
-    vector = embedding_from_bytes(raw)
+    vector = vector_from_bytes(raw)
     assert vector.dtype == np.float32
     assert vector.tolist() == values.astype(np.float32).tolist()
+
+
+def test_numpy_vectors_are_written_in_pgvector_binary_form_and_lists_as_text() -> None:
+    import numpy as np
+
+    from shared.vector_type import EmbeddingVector, PackedVector, vector_from_bytes
+
+    to_db = EmbeddingVector(3).bind_processor(None)  # type: ignore[arg-type]
+    packed = to_db(np.array([0.5, -1.25, 3.0e-8], dtype=np.float32))
+    assert isinstance(packed, PackedVector)
+    assert vector_from_bytes(packed.data).tolist() == np.float32([0.5, -1.25, 3.0e-8]).tolist()
+    assert to_db([0.5, 2.0]) == "[0.5,2.0]"
+    with pytest.raises(ValueError, match="one dimension"):
+        to_db(np.zeros((2, 3), dtype=np.float32))
 
 
 def test_likely_results_keep_the_per_document_cap_by_chunk_id() -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import numpy as np
 from sqlalchemy.orm import Session
 
 from shared.db import unit_of_work
@@ -71,7 +72,7 @@ class _Claim:
     timings: dict[str, float] = field(default_factory=dict)
     pieces: list[TextChunk] = field(default_factory=list)
     hashes: list[str] = field(default_factory=list)
-    vectors: list[list[float]] = field(default_factory=list)
+    vectors: list[np.ndarray] = field(default_factory=list)
     cache_hits: int = 0
 
 
@@ -237,18 +238,18 @@ def _embed(claims: list[_Claim], embedder: Embedder) -> None:
         cached = repo.cached_embeddings(uow.session, embedder.model_id, all_hashes)
     pieces = {h: p for c in claims for h, p in zip(c.hashes, c.pieces, strict=True)}
     missing = [h for h in dict.fromkeys(all_hashes) if h not in cached]
-    fresh: dict[str, list[float]] = {}
+    fresh: dict[str, np.ndarray] = {}
     if missing:
         vectors = embedder.embed_passages(
             [pieces[h].text for h in missing],
             token_counts=[pieces[h].token_count for h in missing],  # the chunker counted them
         )
-        fresh = {h: v.tolist() for h, v in zip(missing, vectors, strict=True)}
+        fresh = dict(zip(missing, vectors, strict=True))
         with unit_of_work() as uow:
             repo.store_embeddings(uow.session, embedder.model_id, fresh)
     elapsed = time.perf_counter() - started
     for claim in claims:
-        claim.vectors = [list(cached[h]) if h in cached else fresh[h] for h in claim.hashes]
+        claim.vectors = [cached[h] if h in cached else fresh[h] for h in claim.hashes]
         claim.cache_hits = sum(1 for h in claim.hashes if h in cached)
         share = len(claim.hashes) / max(len(all_hashes), 1)
         claim.timings["embed"] = round(elapsed * share, 4)

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
+import numpy as np
 from sqlalchemy import Table, delete, func, select, text, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from shared.models import (
     Chunk,
@@ -26,6 +27,7 @@ from shared.models import (
     Tenant,
 )
 from shared.reconcile.buckets import bucket_of
+from shared.vector_type import vector_bytes, vector_from_bytes
 
 
 def lock_key(session: Session, key: str) -> None:
@@ -252,7 +254,7 @@ class ChunkRow:
     char_end: int
     section: str
     token_count: int
-    embedding: list[float]
+    embedding: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -348,26 +350,29 @@ def delete_superseded_chunks(
 
 
 def chunks_by_ids(session: Session, ids: Sequence[str]) -> dict[str, Chunk]:
+    """The chunks that exist, by id, without their embeddings (which none of the callers
+    needs and which cost the most to read)."""
     if not ids:
         return {}
-    return {c.id: c for c in session.scalars(select(Chunk).where(Chunk.id.in_(ids)))}
+    query = select(Chunk).where(Chunk.id.in_(ids)).options(defer(Chunk.embedding, raiseload=True))
+    return {c.id: c for c in session.scalars(query)}
 
 
 # ------------------------------------------------------------------ embedding cache
 
 
-def cached_embeddings(session: Session, model: str, hashes: Sequence[str]) -> dict[str, Any]:
+def cached_embeddings(session: Session, model: str, hashes: Sequence[str]) -> dict[str, np.ndarray]:
     if not hashes:
         return {}
     rows = session.execute(
-        select(EmbeddingCache.text_hash, EmbeddingCache.embedding).where(
+        select(EmbeddingCache.text_hash, vector_bytes(EmbeddingCache.embedding)).where(
             EmbeddingCache.model == model, EmbeddingCache.text_hash.in_(list(set(hashes)))
         )
     )
-    return {h: e for h, e in rows}
+    return {h: vector_from_bytes(raw) for h, raw in rows}
 
 
-def store_embeddings(session: Session, model: str, vectors: dict[str, list[float]]) -> None:
+def store_embeddings(session: Session, model: str, vectors: dict[str, np.ndarray]) -> None:
     if not vectors:
         return
     session.execute(

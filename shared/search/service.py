@@ -48,6 +48,7 @@ from shared.search.schemas import SearchRequest
 from shared.settings import Settings, get_settings
 from shared.stores import english_analysis
 from shared.stores.elastic import get_es
+from shared.vector_type import vector_from_bytes
 
 log = logging.getLogger(__name__)
 
@@ -334,11 +335,7 @@ def _hydrate(
                 text=row.text,
                 token_count=row.token_count,
                 # The rest are loaded for the candidates that need them (_attach_embeddings).
-                embedding=(
-                    None
-                    if row.embedding is None
-                    else search_repo.embedding_from_bytes(row.embedding)
-                ),
+                embedding=(None if row.embedding is None else vector_from_bytes(row.embedding)),
                 scores={"dense_cosine": round(float(row.cosine), 6)},
             )
         )
