@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job on a fresh machine: set up, bring the whole stack up (Postgres, Redis,
-# Elasticsearch, API, worker, beat), ingest the bundled demo corpus through the queue, and run
+# Elasticsearch, API, workers, beat), ingest the bundled demo corpus through the queue, and run
 # a few searches. The stack keeps running afterwards; stop it with `.venv/bin/concord stack down`.
 set -euo pipefail
 cd "$(dirname "$0")/.."

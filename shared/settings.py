@@ -87,8 +87,10 @@ class Settings(BaseSettings):
     chunk_max_tokens: int = 200
     chunk_overlap_tokens: int = 32
 
-    # Worker processes started by `concord stack up` (each loads the model once).
+    # Processes of the ingest worker `concord stack up` starts (each loads the model once),
+    # and of its relay worker (Elasticsearch relay, sweeps, reconciliation; no model).
     worker_concurrency: int = 2
+    relay_worker_concurrency: int = 1
     # A worker claims up to this many queued jobs per task and embeds them together.
     ingest_batch_jobs: int = 32
 

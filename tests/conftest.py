@@ -40,6 +40,7 @@ os.environ.update(TEST_ENV)
 
 from fastapi.testclient import TestClient  # noqa: E402
 
+from services.cli.stack import INGEST_QUEUES, RELAY_QUEUES, celery_worker_command  # noqa: E402
 from shared.settings import get_settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,17 +101,10 @@ class CeleryProcess:
 
     def argv(self) -> list[str]:
         base = [sys.executable, "-m", "celery", "-A", "workers.celery_app:celery_app"]
-        if self.kind == "worker":
-            return [
-                *base,
-                "worker",
-                "--loglevel=INFO",
-                "--concurrency=1",
-                "-Q",
-                "ingest,relay,maintenance,training",
-                "-n",
-                f"test-{uuid.uuid4().hex[:6]}@%h",
-            ]
+        if self.kind == "worker":  # one process takes every queue
+            return celery_worker_command(
+                INGEST_QUEUES + RELAY_QUEUES, 1, f"test-{uuid.uuid4().hex[:6]}@%h"
+            )
         return [*base, "beat", "--loglevel=INFO", "-s", str(self.log.parent / "beat-schedule")]
 
     def start(self) -> None:

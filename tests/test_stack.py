@@ -124,5 +124,5 @@ def test_docker_compose_file_is_valid():
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    for service in ("postgres", "redis", "elasticsearch", "api", "worker", "beat"):
+    for service in ("postgres", "redis", "elasticsearch", "api", "worker", "relay-worker", "beat"):
         assert f"{service}:" in result.stdout

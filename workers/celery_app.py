@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from celery.signals import setup_logging, worker_process_init
+from celery.signals import celeryd_after_setup, setup_logging, worker_process_init
 from kombu.connection import Connection
 
 from shared.logs import configure_json_logging
@@ -21,6 +21,7 @@ from shared.queue import (
     RELAY_QUEUE,
     RELAY_TASK,
     SWEEP_TASK,
+    TRAINING_QUEUE,
     broker_socket_options,
 )
 from shared.settings import get_settings
@@ -116,18 +117,36 @@ def _json_logs(**_: Any) -> None:
     configure_json_logging()
 
 
+# Whether this worker takes CPU-bound work (embedding, training): decided in the parent once
+# its queues are known, and inherited by the pool's processes. A worker of only the relay and
+# maintenance queues neither loads the model nor sizes torch's threads.
+_takes_model_work = True
+
+
+@celeryd_after_setup.connect  # type: ignore[untyped-decorator]
+def _note_queues(instance: Any, **_: Any) -> None:
+    global _takes_model_work
+    consumed = set(instance.app.amqp.queues.consume_from)
+    _takes_model_work = bool(consumed & {INGEST_QUEUE, TRAINING_QUEUE})
+
+
 @worker_process_init.connect  # type: ignore[untyped-decorator]
 def _init_worker_process(**_: Any) -> None:
-    """Per child process, after fork: fresh connections, a fair share of the CPU for torch,
-    and the model loaded (its dimension checked against the schema) before the first task."""
+    """Per child process, after fork: fresh connections and, in a worker that embeds, a fair
+    share of the CPU for torch and the model loaded (its dimension checked against the
+    schema) before the first task."""
     import os
+
+    from shared.db import dispose_engine_after_fork
+
+    dispose_engine_after_fork()
+    if not _takes_model_work:
+        return
 
     import torch
 
-    from shared.db import dispose_engine_after_fork
     from shared.ingest.embedding import get_embedder
 
-    dispose_engine_after_fork()
     settings = get_settings()
     processes = celery_app.conf.worker_concurrency or os.cpu_count() or 1
     threads = settings.embedding_threads or max(1, (os.cpu_count() or 1) // processes)
