@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -37,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from bench.cpu_meter import StackCpuMeter  # noqa: E402
 from services.evaluation.corpus import wait_elasticsearch  # noqa: E402
 from shared.db import unit_of_work  # noqa: E402
-from shared.ingest.embedding import get_embedder  # noqa: E402
+from shared.ingest.embedding import get_embedder, torch_threads_per_process  # noqa: E402
 from shared.ingest.upload_event import EventBatcher, build_upload_event  # noqa: E402
 from shared.models import Chunk, EmbeddingCache, IngestJob  # noqa: E402
 from shared.queue import publish_upload_event, publish_upload_events  # noqa: E402
@@ -121,7 +120,7 @@ def encode_in_worker_layout(chunks: list[tuple[str, int]], settings: Any) -> tup
     processes as it has, each with its share of torch threads and of the texts. Returns the
     wall time from the common start to the last process's end, and the layout."""
     processes = max(1, settings.worker_concurrency)
-    threads = settings.embedding_threads or max(1, (os.cpu_count() or 1) // processes)
+    threads = torch_threads_per_process(settings, processes)
     context = multiprocessing.get_context("spawn")
     manager = context.Manager()
     ready, go = manager.Semaphore(0), manager.Event()

@@ -64,7 +64,8 @@ class StoresMachine(RuleBasedStateMachine):
     @rule(external_id=st.sampled_from(EXTERNAL_IDS))
     def delete(self, external_id: str) -> None:
         with unit_of_work() as uow:
-            doc = ingest_repo.document_by_external_id(uow.session, self.tenant, external_id)
+            key = (self.tenant, external_id)
+            doc = ingest_repo.documents_by_external_ids(uow.session, [key]).get(key)
             if doc is not None and not doc.deleted:
                 delete_document(uow, self.tenant, doc.id)
 

@@ -145,10 +145,8 @@ def _init_worker_process(**_: Any) -> None:
 
     import torch
 
-    from shared.ingest.embedding import get_embedder
+    from shared.ingest.embedding import get_embedder, torch_threads_per_process
 
-    settings = get_settings()
     processes = celery_app.conf.worker_concurrency or os.cpu_count() or 1
-    threads = settings.embedding_threads or max(1, (os.cpu_count() or 1) // processes)
-    torch.set_num_threads(threads)
+    torch.set_num_threads(torch_threads_per_process(get_settings(), processes))
     get_embedder().model()

@@ -30,7 +30,6 @@ from shared.settings import Settings
 
 SERVICE_USER = "concord"
 INFRA = ("postgres", "redis", "elasticsearch")
-APP = ("api", "worker", "relay-worker", "beat")
 # The CPU-bound work (embedding, reranker training) and the I/O-bound rest.
 INGEST_QUEUES = ("ingest", "training")
 RELAY_QUEUES = ("relay", "maintenance")

@@ -77,10 +77,9 @@ def sync_corpus(
                     title=upload.title,
                 )
             )
-        if i == len(records):
-            result.published += batcher.flush()
         if i % 200 == 0 or i == len(records):
             progress("publish", i, len(records))
+    result.published += batcher.flush()
     for external_id, (doc_id, _) in existing.items():
         if external_id not in wanted:
             with unit_of_work() as uow:

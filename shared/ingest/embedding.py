@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -109,6 +110,13 @@ class Embedder:
             )
             out[batch] = np.asarray(vectors, dtype=np.float32).reshape(len(batch), -1)
         return out
+
+
+def torch_threads_per_process(settings: Settings, processes: int) -> int:
+    """Torch threads for each of ``processes`` encoding processes on this machine: the
+    configured count, else a fair share of the cores (two processes of two threads on two
+    cores ran at half the speed of two of one)."""
+    return settings.embedding_threads or max(1, (os.cpu_count() or 1) // max(processes, 1))
 
 
 def length_batches(lengths: list[int], max_batch: int, batch_cost: int) -> list[list[int]]:

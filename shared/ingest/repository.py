@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -14,6 +14,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session, defer
 
 from shared.models import (
+    Base,
     Chunk,
     DeadLetter,
     Document,
@@ -65,12 +66,6 @@ def ensure_tenants(session: Session, tenant_ids: Sequence[str]) -> None:
         session.execute(insert(Tenant).values(rows).on_conflict_do_nothing())
 
 
-def document_by_external_id(session: Session, tenant_id: str, external_id: str) -> Document | None:
-    return session.scalar(
-        select(Document).where(Document.tenant_id == tenant_id, Document.external_id == external_id)
-    )
-
-
 def documents_by_external_ids(
     session: Session, keys: Sequence[tuple[str, str]]
 ) -> dict[tuple[str, str], Document]:
@@ -83,16 +78,11 @@ def documents_by_external_ids(
     return {(d.tenant_id, d.external_id): d for d in found}
 
 
-def add_document_versions(session: Session, rows: Sequence[dict[str, Any]]) -> None:
-    """DocumentVersion rows (column values by name) in one statement."""
+def insert_rows(session: Session, model: type[Base], rows: Sequence[dict[str, Any]]) -> None:
+    """Rows of ``model``'s table (column values by name) in one executemany: one cached
+    statement whatever the count, which SQLAlchemy sends as multi-row VALUES batches."""
     if rows:
-        session.connection().execute(insert(cast(Table, DocumentVersion.__table__)), rows)
-
-
-def add_jobs(session: Session, rows: Sequence[dict[str, Any]]) -> None:
-    """IngestJob rows (column values by name) in one statement."""
-    if rows:
-        session.connection().execute(insert(cast(Table, IngestJob.__table__)), rows)
+        session.connection().execute(insert(cast(Table, model.__table__)), rows)
 
 
 def document_for_tenant(
@@ -145,13 +135,19 @@ def list_versions(session: Session, document_id: uuid.UUID) -> Sequence[Any]:
     ).all()
 
 
-def latest_job_for(session: Session, document_id: uuid.UUID, version: int) -> IngestJob | None:
-    return session.scalar(
-        select(IngestJob)
-        .where(IngestJob.document_id == document_id, IngestJob.version == version)
-        .order_by(IngestJob.created_at.desc())
-        .limit(1)
+def latest_jobs_for(
+    session: Session, versions: Collection[tuple[uuid.UUID, int]]
+) -> dict[tuple[uuid.UUID, int], uuid.UUID]:
+    """(document id, version) -> the id of its newest job, for many in one query."""
+    if not versions:
+        return {}
+    rows = session.execute(
+        select(IngestJob.document_id, IngestJob.version, IngestJob.id)
+        .distinct(IngestJob.document_id, IngestJob.version)
+        .where(tuple_(IngestJob.document_id, IngestJob.version).in_(list(versions)))
+        .order_by(IngestJob.document_id, IngestJob.version, IngestJob.created_at.desc())
     )
+    return {(document_id, version): job_id for document_id, version, job_id in rows}
 
 
 # ------------------------------------------------------------------ jobs
@@ -419,8 +415,7 @@ def add_outbox_entries(session: Session, entries: Sequence[OutboxEntry]) -> None
         for e in entries
         for cid in e.chunk_ids
     ]
-    if values:
-        session.connection().execute(insert(cast(Table, EsOutbox.__table__)), values)
+    insert_rows(session, EsOutbox, values)
 
 
 def claim_outbox(session: Session, limit: int) -> Sequence[EsOutbox]:

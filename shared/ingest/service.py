@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -16,7 +16,7 @@ from shared.db import UnitOfWork, unit_of_work
 from shared.errors import ConcordError, NotFound
 from shared.ingest import repository as repo
 from shared.logs import current_request_id
-from shared.models import Document, DocumentVersion, JobState, OutboxOp
+from shared.models import Document, DocumentVersion, IngestJob, JobState, OutboxOp
 from shared.queue import publish_ingest_job, publish_relay
 from shared.settings import Settings
 
@@ -86,7 +86,8 @@ def accept_uploads(
         digest = content_hash(upload)
         doc = docs.get((upload.tenant_id, upload.external_id))
         if doc is not None and not doc.deleted and doc.content_hash == digest:
-            results.append(_unchanged(session, doc, jobs))
+            # Its job is filled in below: from this batch, or the version's newest one.
+            results.append(UploadResult(doc.id, doc.version, None, "unchanged"))
             continue
         if doc is None:
             doc = Document(
@@ -138,26 +139,21 @@ def accept_uploads(
         )
         results.append(UploadResult(doc.id, doc.version, job_id, "accepted"))
     session.flush()  # the documents, before the rows that reference them
-    repo.add_document_versions(session, versions)
-    repo.add_jobs(session, jobs)
-    return results
+    repo.insert_rows(session, DocumentVersion, versions)
+    repo.insert_rows(session, IngestJob, jobs)
+    return _with_jobs_of_unchanged(session, results)
 
 
-def _unchanged(session: Session, doc: Document, accepted: list[dict[str, Any]]) -> UploadResult:
-    """The answer for an upload identical to the document's live version: that version's
-    job, whether accepted earlier in this batch or before."""
-    job_id = next(
-        (
-            j["id"]
-            for j in reversed(accepted)
-            if (j["document_id"], j["version"]) == (doc.id, doc.version)
-        ),
-        None,
-    )
-    if job_id is None:
-        job = repo.latest_job_for(session, doc.id, doc.version)
-        job_id = job.id if job else None
-    return UploadResult(doc.id, doc.version, job_id, "unchanged")
+def _with_jobs_of_unchanged(session: Session, results: list[UploadResult]) -> list[UploadResult]:
+    """Unchanged uploads answer with their version's job: one accepted earlier in the same
+    batch, else the newest recorded (one query for all of them)."""
+    accepted = {(r.document_id, r.version): r.job_id for r in results if r.status == "accepted"}
+    unchanged = {(r.document_id, r.version) for r in results if r.status == "unchanged"}
+    known = {**repo.latest_jobs_for(session, unchanged - accepted.keys()), **accepted}
+    return [
+        replace(r, job_id=known.get((r.document_id, r.version))) if r.status == "unchanged" else r
+        for r in results
+    ]
 
 
 def reject_upload_event(event: dict[str, Any], error: Exception) -> None:
