@@ -6,16 +6,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 import uuid
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import delete
 
 from shared.db import unit_of_work
-from shared.ingest import pipeline
+from shared.ingest import pipeline, relay
 from shared.models import DeadLetter, EsOutbox
-from shared.reconcile.service import reconcile, reconcile_and_verify
+from shared.reconcile.service import drain_repairs, reconcile, reconcile_and_verify
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
 from tests.helpers import (
@@ -106,6 +109,47 @@ def test_each_class_of_drift_is_found_exactly_and_repaired(
     )
 
 
+def test_repair_waits_for_repairs_that_another_relay_claimed_first(
+    client: TestClient, auth, tenant, worker
+):
+    """A running relay may claim the queued repairs before the operator's drain does; the
+    check after the repair must wait for that relay instead of reporting its drift as left."""
+    up = upload_text(client, auth, "claimed.txt", "Repairs claimed by another relay.")
+    wait_job(client, auth, up["job_id"])
+    [chunk] = wait_converged(tenant)
+    es = get_es()
+    es.delete(
+        index=get_settings().es_chunks_alias(),
+        id=chunk,
+        version=1,
+        version_type="external_gte",
+        refresh=True,
+    )
+    claimed = threading.Event()
+
+    class SlowElasticsearch:
+        """The other relay: it holds the claimed rows for a second before it sends them."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(es, name)
+
+        def bulk(self, **kwargs: Any) -> Any:
+            claimed.set()
+            time.sleep(1.5)
+            return es.bulk(**kwargs)
+
+    with paused(worker):
+        assert reconcile(tenant, repair=True).repairs_queued == 1
+        other_relay = threading.Thread(target=relay.drain, kwargs={"es": SlowElasticsearch()})
+        other_relay.start()
+        try:
+            assert claimed.wait(timeout=30)
+            drain_repairs({chunk})
+            assert reconcile(tenant).total() == 0
+        finally:
+            other_relay.join(timeout=60)
+
+
 def test_reconcile_cli_reports_and_exits_nonzero_while_drift_remains(client, auth, tenant, worker):
     up = upload_text(client, auth, "cli.txt", "Reconcile me from the command line.")
     wait_job(client, auth, up["job_id"])
@@ -155,8 +199,6 @@ def test_dlq_replay_reruns_a_dead_lettered_job(client, auth, tenant, worker):
 
 
 def test_reindex_switches_atomically_while_searches_keep_answering(client, auth, tenant, worker):
-    import threading
-
     for i in range(8):
         upload_text(client, auth, f"atlas-{i}", f"Atlas page {i}: maps of mountain passes.")
     wait_converged(tenant)

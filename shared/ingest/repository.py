@@ -429,6 +429,17 @@ def claim_outbox(session: Session, limit: int) -> Sequence[EsOutbox]:
     ).all()
 
 
+def due_outbox_rows_for(session: Session, chunk_ids: Sequence[str]) -> int:
+    """Rows of these chunks that are due, whether or not a relay holds them right now."""
+    return count_rows(
+        session,
+        EsOutbox,
+        None,
+        EsOutbox.chunk_id.in_(list(chunk_ids)),
+        EsOutbox.next_attempt_at <= func.now(),
+    )
+
+
 def delete_outbox(session: Session, ids: Sequence[int]) -> None:
     if ids:
         session.execute(delete(EsOutbox).where(EsOutbox.id.in_(list(ids))))

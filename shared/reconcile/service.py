@@ -110,10 +110,27 @@ def reconcile_and_verify(tenant: str | None = None) -> tuple[ReconcileReport, Re
     """Repair, drain the outbox now, and compare again: the second report shows what remains."""
     first = reconcile(tenant, repair=True)
     if first.total():
-        es = get_es()
-        relay.drain(max_batches=10_000)
-        es.indices.refresh(index=get_settings().es_chunks_alias())
+        drain_repairs(set().union(*first.drift.values()) - set(first.unrepairable))
+        get_es().indices.refresh(index=get_settings().es_chunks_alias())
     return first, reconcile(tenant, repair=False)
+
+
+def drain_repairs(chunk_ids: set[str], wait_s: float = 30.0) -> None:
+    """Send the queued repairs and wait until they have left the outbox.
+
+    A running relay worker may have claimed some of them first (claims skip locked rows), so an
+    empty drain here does not mean they were sent: wait for the other relay's transaction too.
+    Rows postponed because Elasticsearch is unreachable are not waited for; the second report
+    then shows their drift as remaining.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        relay.drain(max_batches=10_000)
+        with unit_of_work() as uow:
+            pending = ingest_repo.due_outbox_rows_for(uow.session, sorted(chunk_ids))
+        if not pending or time.monotonic() >= deadline:
+            return
+        time.sleep(0.1)
 
 
 def _es_tenants(es: Elasticsearch, alias: str) -> set[str]:
