@@ -151,3 +151,36 @@ def test_oversized_uploads_are_refused_while_streaming(
     )
     assert big_file.status_code == 413
     assert document_count(tenant) == 0
+
+
+# Form fields and JSON fields that break a published limit or that Postgres cannot store: each
+# refused with 400 and its reason, whichever way the upload comes in.
+BAD_FIELDS = [
+    ({"title": "t" * 1001}, "title is 1001 characters"),
+    ({"external_id": "e" * 513}, "external_id is 513 characters"),
+    ({"title": "a\x00b"}, "title must not contain NUL"),
+    ({"metadata": {"score": float("nan")}}, "NaN"),
+    ({"metadata": {"score": float("inf")}}, "infinite"),
+    ({"metadata": {"note": "a\x00b"}}, "metadata must not contain NUL"),
+]
+
+
+@pytest.mark.parametrize(("fields", "reason"), BAD_FIELDS)
+def test_bad_fields_are_refused_in_forms_and_in_json(
+    client: TestClient, auth: dict[str, str], tenant: str, fields: dict[str, Any], reason: str
+) -> None:
+    import json
+
+    fields = {"external_id": "x", **fields}
+    form = {k: json.dumps(v) if k == "metadata" else v for k, v in fields.items()}
+    multipart = client.post(
+        "/v1/documents", headers=auth, data=form, files={"file": ("x.txt", TEXT, "text/plain")}
+    )
+    assert multipart.status_code == 400, multipart.text
+    assert reason in multipart.json()["error"]["message"]
+    body = json.dumps({"text": "Some text.", **fields})  # NaN as JSON's NaN
+    as_json = client.post(
+        "/v1/documents", headers={**auth, "Content-Type": "application/json"}, content=body
+    )
+    assert as_json.status_code == 400, as_json.text
+    assert document_count(tenant) == 0

@@ -423,13 +423,60 @@ def test_events_published_together_are_accepted_together_and_indexed_as_one_batc
     )
 
 
-def test_an_event_the_database_refuses_is_dead_lettered_and_its_neighbours_accepted(
+def test_events_with_fields_postgres_cannot_store_are_dead_lettered_with_the_reason(
     client: TestClient, auth, tenant, worker
 ):
-    """The message's transaction fails (JSONB stores no NUL character), so its events are
-    accepted one at a time: the others go through, the bad one becomes a dead letter."""
+    """Refused at the door, each with its reason, in the message's own transaction: the
+    events around them are accepted."""
     from shared.queue import publish_upload_events
 
+    good = [
+        build_upload_event(tenant_id=tenant, external_id=f"{name}.txt", raw=text.encode())
+        for name, text in [("tide", "Tides follow the moon."), ("reef", "Reefs shelter fish.")]
+    ]
+    bad = {
+        "nul.txt": ({"metadata": {"note": "a\x00b"}}, "NUL"),
+        "nan.txt": ({"metadata": {"score": float("nan")}}, "NaN"),
+        "surrogate.txt": ({"metadata": {"note": "a\ud800b"}}, "lone surrogate"),
+        "long-title.txt": ({"title": "t" * 1001}, "title is 1001 characters"),
+        "number-title.txt": ({"title": 7}, "'title' must be a string"),
+    }
+    events = [
+        {**build_upload_event(tenant_id=tenant, external_id=name, raw=b"fine text"), **fields}
+        for name, (fields, _) in bad.items()
+    ]
+    publish_upload_events([good[0], *events, good[1]])
+
+    def letters() -> dict[str, DeadLetter] | None:
+        with unit_of_work() as uow:
+            found = uow.session.scalars(
+                select(DeadLetter).where(DeadLetter.tenant_id == tenant)
+            ).all()
+        return {letter.ref: letter for letter in found} if len(found) == len(bad) else None
+
+    found = wait_for(letters, 60, what="a dead letter for each refused event")
+    for name, (_, reason) in bad.items():
+        assert found[name].stage == "intake" and reason in found[name].message, name
+    # Recorded although Postgres could not store them as they came.
+    assert found["nul.txt"].payload["metadata"] == {"note": "ab"}
+    assert found["surrogate.txt"].payload["metadata"] == {"note": "a?b"}
+    assert found["nan.txt"].payload["metadata"] == {"score": "nan"}
+    wait_for(lambda: len(pg_chunks(tenant)) == 2 or None, 60, what="both good documents")
+    assert len(wait_converged(tenant)) == 2
+    assert search(client, auth, "moon tides")["results"][0]["text"] == "Tides follow the moon."
+
+
+def test_an_event_the_database_refuses_is_dead_lettered_and_its_neighbours_accepted(
+    tenant, worker, monkeypatch
+):
+    """Should an event the door lets through fail in Postgres, the message's transaction
+    fails, so its events are accepted one at a time: the others go through, the bad one
+    becomes a dead letter. (The door's check is switched off to let a NUL through; the task
+    runs in this process.)"""
+    from shared.ingest import upload_event
+    from workers.tasks import accept_upload_events
+
+    monkeypatch.setattr(upload_event, "check_upload_fields", lambda *args: None)
     good = [
         build_upload_event(tenant_id=tenant, external_id=f"{name}.txt", raw=text.encode())
         for name, text in [("tide", "Tides follow the moon."), ("reef", "Reefs shelter fish.")]
@@ -437,17 +484,14 @@ def test_an_event_the_database_refuses_is_dead_lettered_and_its_neighbours_accep
     bad = build_upload_event(
         tenant_id=tenant, external_id="nul.txt", raw=b"fine text", metadata={"note": "a\x00b"}
     )
-    publish_upload_events([good[0], bad, good[1]])
-
-    def letter() -> DeadLetter | None:
-        with unit_of_work() as uow:
-            return uow.session.scalar(select(DeadLetter).where(DeadLetter.tenant_id == tenant))
-
-    found = wait_for(letter, 60, what="the refused event's dead letter")
-    assert found.ref == "nul.txt" and found.payload["metadata"] == {"note": "ab"}
+    result = accept_upload_events.apply(args=[[good[0], bad, good[1]]]).get()
+    assert result == {"accepted": 2, "unchanged": 0, "rejected": 1}
+    with unit_of_work() as uow:
+        letter = uow.session.scalar(select(DeadLetter).where(DeadLetter.tenant_id == tenant))
+    assert letter is not None and letter.ref == "nul.txt"
+    assert "json" in letter.message.lower() and letter.payload["metadata"] == {"note": "ab"}
     wait_for(lambda: len(pg_chunks(tenant)) == 2 or None, 60, what="both good documents")
     assert len(wait_converged(tenant)) == 2
-    assert search(client, auth, "moon tides")["results"][0]["text"] == "Tides follow the moon."
 
 
 def test_two_versions_of_one_document_in_one_message_end_at_the_second(

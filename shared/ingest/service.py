@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import uuid
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -13,12 +14,60 @@ from typing import Any, Literal
 from sqlalchemy.orm import Session
 
 from shared.db import UnitOfWork, unit_of_work
-from shared.errors import ConcordError, NotFound
+from shared.errors import BadRequest, ConcordError, NotFound
 from shared.ingest import repository as repo
 from shared.logs import current_request_id
 from shared.models import Document, DocumentVersion, IngestJob, JobState, OutboxOp
 from shared.queue import publish_ingest_job, publish_relay
 from shared.settings import Settings
+
+# What the API's OpenAPI schema and docs/upload-event.schema.json publish, for every way in.
+MAX_EXTERNAL_ID_CHARS = 512
+MAX_TITLE_CHARS = 1000
+
+
+def check_upload_fields(external_id: str, title: str, metadata: dict[str, Any]) -> None:
+    """Refuse an upload's names and metadata at the door, with the reason, whichever way it
+    came in (JSON, multipart form or upload event)."""
+    if not external_id:
+        raise BadRequest("external_id is required")
+    if len(external_id) > MAX_EXTERNAL_ID_CHARS:
+        raise BadRequest(
+            f"external_id is {len(external_id)} characters; the limit is {MAX_EXTERNAL_ID_CHARS}"
+        )
+    if len(title) > MAX_TITLE_CHARS:
+        raise BadRequest(f"title is {len(title)} characters; the limit is {MAX_TITLE_CHARS}")
+    refuse_unstorable(external_id, "external_id")
+    refuse_unstorable(title, "title")
+    refuse_unstorable(metadata, "metadata")
+
+
+def refuse_unstorable(value: Any, where: str) -> None:
+    """Refuse at the door what Postgres would refuse at the insert: NUL characters and lone
+    surrogates in text (text and JSONB), NaN and infinities in JSONB."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise BadRequest(f"{where} must not contain NUL characters")
+        if not value.isascii() and not _encodes(value):
+            raise BadRequest(f"{where} must be valid Unicode (it holds a lone surrogate)")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise BadRequest(f"{where} must not hold NaN or infinite numbers")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            refuse_unstorable(key, where)
+            refuse_unstorable(item, where)
+    elif isinstance(value, list):
+        for item in value:
+            refuse_unstorable(item, where)
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -167,26 +216,29 @@ def add_event_dead_letter(session: Session, event: dict[str, Any], error: Except
     message = error.message if isinstance(error, ConcordError) else str(error)
     repo.add_dead_letter(
         session,
-        tenant_id=_without_nul(str(event.get("tenant_id") or "?"))[:64],
+        tenant_id=_storable(str(event.get("tenant_id") or "?"))[:64],
         source="event",
-        ref=_without_nul(str(event.get("external_id") or "?")),
+        ref=_storable(str(event.get("external_id") or "?")),
         stage="intake",
         error_class=type(error).__name__,
-        message=_without_nul(message),
+        message=_storable(message),
         attempts=1,
-        payload=_without_nul({k: v for k, v in event.items() if k != "content_base64"}),
+        payload=_storable({k: v for k, v in event.items() if k != "content_base64"}),
     )
 
 
-def _without_nul(value: Any) -> Any:
-    """Postgres stores no NUL character in text or JSON, and an event that failed for
-    holding one must still be recorded."""
+def _storable(value: Any) -> Any:
+    """An event refused for holding what Postgres cannot store (see refuse_unstorable) must
+    still be recorded: NUL characters are dropped, lone surrogates replaced, and NaN and
+    infinities written as text."""
     if isinstance(value, str):
-        return value.replace("\x00", "")
+        return value.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
     if isinstance(value, dict):
-        return {_without_nul(str(k)): _without_nul(v) for k, v in value.items()}
+        return {_storable(str(k)): _storable(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_without_nul(v) for v in value]
+        return [_storable(v) for v in value]
     return value
 
 

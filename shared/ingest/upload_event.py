@@ -33,7 +33,12 @@ from shared.auth import validate_tenant_id
 from shared.db import unit_of_work
 from shared.errors import BadRequest, UnsupportedMediaType
 from shared.ingest.parsing import resolve_content_type
-from shared.ingest.service import Upload, accept_uploads, add_event_dead_letter
+from shared.ingest.service import (
+    Upload,
+    accept_uploads,
+    add_event_dead_letter,
+    check_upload_fields,
+)
 from shared.queue import publish_ingest_jobs
 from shared.settings import Settings
 
@@ -81,12 +86,17 @@ def parse_upload_event(event: dict[str, Any]) -> Upload:
     metadata = event.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise BadRequest("metadata must be a JSON object")
+    title = event.get("title") or ""
+    for key in ("title", "filename", "content_type"):
+        if not isinstance(event.get(key) or "", str):
+            raise BadRequest(f"upload event field {key!r} must be a string")
+    check_upload_fields(event["external_id"], title, metadata)
     return Upload(
         tenant_id=event["tenant_id"],
         external_id=event["external_id"],
         raw=raw,
         content_type=resolve_content_type(event.get("content_type"), event.get("filename"), raw),
-        title=event.get("title") or "",
+        title=title,
         filename=event.get("filename"),
         metadata=metadata,
     )

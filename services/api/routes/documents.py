@@ -23,7 +23,16 @@ from shared.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from shared.ingest import repository as repo
 from shared.ingest.parsing import resolve_content_type
 from shared.ingest.screening import screen_upload
-from shared.ingest.service import Upload, accept_upload, delete_document, get_document
+from shared.ingest.service import (
+    MAX_EXTERNAL_ID_CHARS,
+    MAX_TITLE_CHARS,
+    Upload,
+    accept_upload,
+    check_upload_fields,
+    delete_document,
+    get_document,
+    refuse_unstorable,
+)
 from shared.search import repository as search_repo
 from shared.search.schemas import NO_NUL
 from shared.settings import Settings
@@ -41,9 +50,9 @@ MULTIPART_OVERHEAD = 64 * 1024
 class TextDocument(BaseModel):
     """The JSON form of an upload; files go as multipart/form-data instead."""
 
-    external_id: str = Field(min_length=1, max_length=512, pattern=NO_NUL)
+    external_id: str = Field(min_length=1, max_length=MAX_EXTERNAL_ID_CHARS, pattern=NO_NUL)
     text: str = Field(min_length=1)
-    title: str = Field(default="", max_length=1000, pattern=NO_NUL)
+    title: str = Field(default="", max_length=MAX_TITLE_CHARS, pattern=NO_NUL)
     content_type: str = "text/plain"
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -76,8 +85,8 @@ async def _upload_from_request(request: Request, tenant_id: str, settings: Setti
                     f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
                 )
             ) from e
-        _without_nul(doc.metadata)
-        _without_nul(doc.text, "text")
+        check_upload_fields(doc.external_id, doc.title, doc.metadata)
+        refuse_unstorable(doc.text, "text")
         raw = doc.text.encode()
         if len(raw) > limit:
             raise PayloadTooLarge(f"text is {len(raw)} bytes; the limit is {limit}")
@@ -108,8 +117,7 @@ async def _upload_from_request(request: Request, tenant_id: str, settings: Setti
             raise BadRequest("external_id is required when the file has no name")
         metadata = _metadata_field(form.get("metadata"))
         title = str(form.get("title") or "")
-        if "\x00" in external_id or "\x00" in title:
-            raise BadRequest("external_id and title must not contain NUL characters")
+        check_upload_fields(external_id, title, metadata)
         content_type = resolve_content_type(file.content_type, filename, raw)
         screen_upload(raw, content_type, filename)
         return Upload(
@@ -126,20 +134,6 @@ async def _upload_from_request(request: Request, tenant_id: str, settings: Setti
     )
 
 
-def _without_nul(value: Any, where: str = "metadata") -> None:
-    """Postgres (text and JSONB) cannot store NUL: refuse it at the door, not at the insert."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise BadRequest(f"{where} must not contain NUL characters")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _without_nul(key, where)
-            _without_nul(item, where)
-    elif isinstance(value, list):
-        for item in value:
-            _without_nul(item, where)
-
-
 def _metadata_field(value: object) -> dict[str, Any]:
     if value in (None, ""):
         return {}
@@ -149,7 +143,6 @@ def _metadata_field(value: object) -> dict[str, Any]:
         raise BadRequest(f"metadata must be a JSON object: {e.msg}") from e
     if not isinstance(parsed, dict):
         raise BadRequest("metadata must be a JSON object")
-    _without_nul(parsed)
     return parsed
 
 
@@ -166,10 +159,10 @@ UPLOAD_REQUEST_BODY = {
                         "file": {"type": "string", "format": "binary", "minLength": 1},
                         "external_id": {
                             "type": "string",
-                            "maxLength": 512,
+                            "maxLength": MAX_EXTERNAL_ID_CHARS,
                             "description": "default: the file's name",
                         },
-                        "title": {"type": "string", "maxLength": 1000},
+                        "title": {"type": "string", "maxLength": MAX_TITLE_CHARS},
                         "metadata": {"type": "string", "description": "a JSON object"},
                     },
                 }
