@@ -20,3 +20,23 @@ def test_pgvector_hnsw_index_exists():
             text("SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_chunks_embedding_hnsw'")
         ).scalar_one()
     assert "hnsw" in indexdef and "vector_cosine_ops" in indexdef
+
+
+def test_the_index_refreshes_on_elasticsearch_defaults_so_idle_shards_skip_refreshes() -> None:
+    """An explicit refresh_interval (even Elasticsearch's own 1 s) turns off the skipping of
+    refreshes on shards nobody searches; ensure_index removes one an older version set."""
+    from shared.stores.elastic import get_es
+    from shared.stores.es_index import ensure_index
+
+    es, settings = get_es(), get_settings()
+    index = ensure_index(settings, es)
+
+    def explicit_refresh_interval() -> object:
+        found = es.indices.get_settings(index=index, name="index.refresh_interval")
+        return found.get(index, {}).get("settings", {}).get("index", {}).get("refresh_interval")
+
+    assert explicit_refresh_interval() is None
+    es.indices.put_settings(index=index, settings={"index": {"refresh_interval": "1s"}})
+    assert explicit_refresh_interval() == "1s"
+    assert ensure_index(settings, es) == index
+    assert explicit_refresh_interval() is None
