@@ -28,9 +28,8 @@ MAX_TITLE_CHARS = 1000
 
 def check_upload_fields(external_id: str, title: str, metadata: dict[str, Any]) -> None:
     """Refuse an upload's names and metadata at the door, with the reason, whichever way it
-    came in (JSON, multipart form or upload event)."""
-    if not external_id:
-        raise BadRequest("external_id is required")
+    came in (JSON, multipart form or upload event; each has made sure there is an
+    external_id)."""
     if len(external_id) > MAX_EXTERNAL_ID_CHARS:
         raise BadRequest(
             f"external_id is {len(external_id)} characters; the limit is {MAX_EXTERNAL_ID_CHARS}"

@@ -53,9 +53,13 @@ class ReconcileReport:
     buckets_differing: int = 0
     ids_read: int = 0
     drift: dict[str, set[str]] = field(default_factory=lambda: {c: set() for c in CLASSES})
-    repairs_queued: int = 0
+    repaired_ids: set[str] = field(default_factory=set)  # chunks with a repair queued
     unrepairable: list[str] = field(default_factory=list)
     duration_s: float = 0.0
+
+    @property
+    def repairs_queued(self) -> int:
+        return len(self.repaired_ids)
 
     def total(self) -> int:
         return sum(len(ids) for ids in self.drift.values())
@@ -109,8 +113,8 @@ def reconcile(
 def reconcile_and_verify(tenant: str | None = None) -> tuple[ReconcileReport, ReconcileReport]:
     """Repair, drain the outbox now, and compare again: the second report shows what remains."""
     first = reconcile(tenant, repair=True)
-    if first.total():
-        drain_repairs(set().union(*first.drift.values()) - set(first.unrepairable))
+    if first.repaired_ids:
+        drain_repairs(first.repaired_ids)
         get_es().indices.refresh(index=get_settings().es_chunks_alias())
     return first, reconcile(tenant, repair=False)
 
@@ -261,7 +265,7 @@ def _queue_repairs(
             version=chunk.version,
             chunk_ids=[chunk.id],
         )
-        report.repairs_queued += 1
+        report.repaired_ids.add(chunk.id)
     orphans = sorted(report.drift["orphaned"])
     copies = _es_by_ids(es, alias, orphans)
     versions = repo.document_versions_for_chunks(session, orphans)
@@ -280,4 +284,4 @@ def _queue_repairs(
             version=max(copy.es_version, doc_version),
             chunk_ids=[cid],
         )
-        report.repairs_queued += 1
+        report.repaired_ids.add(cid)
