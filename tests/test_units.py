@@ -319,3 +319,39 @@ def test_event_batcher_groups_by_count_and_by_content_size() -> None:
     assert batcher.add(big) == 40 - upload_event.EVENTS_PER_MESSAGE  # the big one goes alone
     assert batcher.flush() == 1 and batcher.flush() == 0
     assert [len(m) for m in sent] == [32, 8, 1] and sent[-1] == ["big"]
+
+
+def test_the_schemathesis_hook_reads_a_form_as_sent_and_keeps_real_violations() -> None:
+    from tests.schemathesis_hooks import form_as_sent_is_valid
+
+    schema = {
+        "type": "object",
+        "required": ["file"],
+        "properties": {
+            "file": {"type": "string", "format": "binary", "minLength": 1},
+            "title": {"type": "string", "maxLength": 1000},
+        },
+    }
+
+    def form(*parts: tuple[str, bytes, str | None]) -> bytes:
+        body = b""
+        for name, value, filename in parts:
+            disposition = f'form-data; name="{name}"' + (
+                f'; filename="{filename}"' if filename else ""
+            )
+            body += f"--b\r\nContent-Disposition: {disposition}\r\n\r\n".encode() + value + b"\r\n"
+        return body + b"--b--\r\n"
+
+    content_type = "multipart/form-data; boundary=b"
+    upload = ("file", b"h+\xff", "file")
+    # The case CI reported: a "number" title reaches the server as text.
+    assert form_as_sent_is_valid(
+        form(upload, ("title", b"-1.164545836139942e-293", None)), content_type, schema
+    )
+    assert not form_as_sent_is_valid(
+        form(upload, ("title", b"t" * 1001, None)), content_type, schema
+    )
+    assert not form_as_sent_is_valid(form(("title", b"no file", None)), content_type, schema)
+    assert not form_as_sent_is_valid(
+        form(upload, ("title", b"short", None), ("title", b"t" * 1001, None)), content_type, schema
+    )
