@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import numpy as np
 from sqlalchemy import Table, delete, func, select, text, tuple_, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.dialects.postgresql import distinct_on, insert
 from sqlalchemy.orm import Session, defer
 
 from shared.models import (
@@ -143,7 +143,7 @@ def latest_jobs_for(
         return {}
     rows = session.execute(
         select(IngestJob.document_id, IngestJob.version, IngestJob.id)
-        .distinct(IngestJob.document_id, IngestJob.version)
+        .ext(distinct_on(IngestJob.document_id, IngestJob.version))
         .where(tuple_(IngestJob.document_id, IngestJob.version).in_(list(versions)))
         .order_by(IngestJob.document_id, IngestJob.version, IngestJob.created_at.desc())
     )

@@ -128,10 +128,11 @@ def drain_repairs(chunk_ids: set[str], wait_s: float = 30.0) -> None:
     then shows their drift as remaining.
     """
     deadline = time.monotonic() + wait_s
+    ids = sorted(chunk_ids)
     while True:
         relay.drain(max_batches=10_000)
         with unit_of_work() as uow:
-            pending = ingest_repo.due_outbox_rows_for(uow.session, sorted(chunk_ids))
+            pending = ingest_repo.due_outbox_rows_for(uow.session, ids)
         if not pending or time.monotonic() >= deadline:
             return
         time.sleep(0.1)
