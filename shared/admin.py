@@ -130,7 +130,9 @@ def replay_dead_letter(uow: UnitOfWork, letter_id: int, tenant_id: str | None = 
         job.attempts = 0
         job.error_stage = job.error_class = job.error_message = None
         job.finished_at = None
-        ingest_repo.extend_lease(job, ingest_repo.now(session), get_settings().job_lease_seconds)
+        ingest_repo.extend_lease(
+            job, ingest_repo.now(session), get_settings().queued_republish_seconds
+        )
         uow.after_commit(functools.partial(publish_ingest_job, job.id))
         what = f"job {job.id} queued again"
     elif letter.source == "outbox":

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
+from typing import Any
 
-from sqlalchemy import Engine, create_engine
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import ColumnElement, Engine, any_, bindparam, create_engine
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.orm import QueryableAttribute, Session, sessionmaker
 
 from shared.settings import get_settings
 
@@ -66,3 +68,9 @@ def dispose_engine_after_fork() -> None:
     """Drop pooled connections inherited across fork (they belong to the parent)."""
     if get_engine.cache_info().currsize:
         get_engine().dispose(close=False)
+
+
+def any_of(column: QueryableAttribute[Any], values: Iterable[Any]) -> ColumnElement[bool]:
+    """``column = ANY(:values)``: one array parameter however many values. (An ``IN`` list
+    binds a parameter per value, and Postgres refuses a statement with more than 65,535.)"""
+    return column == any_(bindparam(None, list(values), type_=ARRAY(column.type)))

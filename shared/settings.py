@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     # (see shared/ingest/embedding.length_batches).
     embedding_batch_size: int = 32
     embedding_batch_cost_tokens: int = 200
+    # Vectors are cached this many chunks at a time while a batch is embedded, so that an
+    # attempt cut short by the task's time limit leaves its work to the next attempt.
+    embed_commit_chunks: int = 2048
     embedding_device: str = "cpu"
     # Torch threads per worker process; 0 = the machine's cores divided among the worker's
     # processes, so that concurrent processes do not oversubscribe the CPU.
@@ -91,13 +94,23 @@ class Settings(BaseSettings):
     # and of its relay worker (Elasticsearch relay, sweeps, reconciliation; no model).
     worker_concurrency: int = 2
     relay_worker_concurrency: int = 1
-    # A worker claims up to this many queued jobs per task and embeds them together.
+    # A worker claims up to this many queued jobs per task and embeds them together, and
+    # batch-mates only while their raw content stays within ingest_batch_bytes (one large
+    # document is a batch of its own).
     ingest_batch_jobs: int = 32
+    ingest_batch_bytes: int = 1024 * 1024
 
-    # Jobs and durability
-    job_lease_seconds: int = 300
+    # Jobs and durability. A running job's lease is short and renewed by a heartbeat from
+    # the process working on it (shared/ingest/heartbeat.py): a job whose process died is
+    # taken over by the next sweep after the lease runs out (20 + 5 s at most), while a long
+    # job whose process is alive keeps its lease for as long as it runs.
+    job_lease_seconds: int = 20
+    job_heartbeat_seconds: float = 5.0
+    # A queued job whose message has not been taken this long after it was published is
+    # published again (its message was lost, or the queue is that far behind).
+    queued_republish_seconds: int = 300
     job_max_attempts: int = 5
-    sweep_interval_seconds: float = 15.0
+    sweep_interval_seconds: float = 5.0
     task_soft_time_limit_s: int = 240
     task_time_limit_s: int = 280
     broker_visibility_timeout_s: int = 3600
@@ -154,10 +167,10 @@ class Settings(BaseSettings):
                 "task_time_limit_s must be below broker_visibility_timeout_s, or Redis "
                 "redelivers tasks that are still running"
             )
-        if self.job_lease_seconds <= self.task_time_limit_s:
+        if self.job_heartbeat_seconds * 3 > self.job_lease_seconds:
             raise ValueError(
-                "job_lease_seconds must exceed task_time_limit_s, or the sweep re-publishes "
-                "jobs that are still running"
+                "job_lease_seconds must be at least three job_heartbeat_seconds, or one late "
+                "heartbeat lets the sweep take a job from a worker that is still running it"
             )
         return self
 

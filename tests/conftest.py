@@ -24,10 +24,8 @@ TEST_ENV = {
     "CONCORD_PG_DATABASE": "concord_test",
     "CONCORD_ES_INDEX_PREFIX": "concord-test",
     "CONCORD_REDIS_DB": "1",
-    "CONCORD_JOB_LEASE_SECONDS": "20",
     "CONCORD_TASK_SOFT_TIME_LIMIT_S": "15",
     "CONCORD_TASK_TIME_LIMIT_S": "18",
-    "CONCORD_SWEEP_INTERVAL_SECONDS": "3",
     "CONCORD_RELAY_INTERVAL_SECONDS": "1",
     # Tests inject drift on purpose; a periodic repair must not race them.
     "CONCORD_RECONCILE_INTERVAL_SECONDS": "0",

@@ -288,7 +288,7 @@ def test_redis_restarted_empty_loses_no_accepted_upload(
                     IngestJob.lease_expires_at
                     < func.now()
                     - timedelta(seconds=time.monotonic() - returned)
-                    + timedelta(seconds=get_settings().job_lease_seconds),
+                    + timedelta(seconds=get_settings().queued_republish_seconds),
                 )
             )
         return waiting == 0

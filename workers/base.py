@@ -6,37 +6,18 @@ else fails at once. Never swallow an exception inside a task.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import redis
 from celery import Task
-from elasticsearch import ConnectionError as EsConnectionError
-from sqlalchemy.exc import DBAPIError, OperationalError
 
-from shared.errors import StoreUnavailable
+from shared.retry import is_retriable, retry_delay
 from shared.settings import get_settings
 from workers.celery_app import celery_app
 
-RETRIABLE: tuple[type[BaseException], ...] = (
-    OperationalError,
-    StoreUnavailable,
-    redis.ConnectionError,
-    EsConnectionError,
-)
+__all__ = ["concord_task", "is_retriable", "retry_delay"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def is_retriable(error: BaseException) -> bool:
-    if isinstance(error, DBAPIError) and error.connection_invalidated:
-        return True
-    return isinstance(error, RETRIABLE)
-
-
-def retry_delay(retries: int, base: float = 2.0, cap: float = 120.0) -> float:
-    return float(min(cap, base * 2**retries) * random.uniform(0.5, 1.0))
 
 
 def concord_task(

@@ -46,7 +46,7 @@ def process_job(self: Task, job_id: str) -> dict[str, Any]:
         retries = self.request.retries or 0
         if is_retriable(e) and retries < (self.max_retries or 0):
             raise self.retry(exc=e, countdown=retry_delay(retries)) from e
-        pipeline.record_failure(uuid.UUID(job_id), e, dead_letter=is_retriable(e))
+        pipeline.record_failure(uuid.UUID(job_id), e)
         raise
     return {"job_id": outcome.job_id, "state": str(outcome.state), **outcome.detail}
 

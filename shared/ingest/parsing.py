@@ -95,7 +95,21 @@ def parse(
     }[kind]()
     if not parsed.text.strip():
         raise ParseError(f"no text could be extracted from this {kind} document")
-    return parsed
+    return ParsedDocument(
+        storable_text(parsed.text),
+        [Section(s.start, storable_text(s.path)) for s in parsed.sections],
+    )
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def storable_text(text: str) -> str:
+    """Text that Postgres, Elasticsearch and the tokenizer all accept, at the same offsets:
+    a NUL (JSON's "\\u0000", a PDF's text layer) becomes a space and a lone surrogate (JSON's
+    "\\ud800") U+FFFD, one character for one, so the sections' offsets still hold."""
+    text = text.replace("\x00", " ")
+    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
 
 
 def _decode(raw: bytes) -> str:
@@ -198,7 +212,7 @@ def _parse_pdf(raw: bytes) -> ParsedDocument:
 
 def _load_json(raw: bytes) -> object:
     try:
-        return json.loads(_decode(raw))
+        return _json_loads(_decode(raw))
     except json.JSONDecodeError as e:
         raise ParseError(f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from e
 
@@ -209,10 +223,25 @@ def _load_jsonl(raw: bytes) -> list[object]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            records.append(_json_loads(line))
         except json.JSONDecodeError as e:
             raise ParseError(f"invalid JSON on line {number}: {e.msg}") from e
+        except ParseError as e:
+            raise ParseError(f"line {number}: {e.message}") from e
     return records
+
+
+def _json_loads(text: str) -> object:
+    """json.loads, with the two refusals it raises as other errors given as parse errors: a
+    number of more digits than Python converts (4,300), and nesting deeper than the stack."""
+    try:
+        return json.loads(text)
+    except RecursionError as e:
+        raise ParseError("the JSON is nested too deeply") from e
+    except ValueError as e:
+        if isinstance(e, json.JSONDecodeError):
+            raise
+        raise ParseError(f"the JSON holds a value Python cannot read: {e}") from e
 
 
 def _parse_json_records(records: list[object], text_fields: tuple[str, ...]) -> ParsedDocument:

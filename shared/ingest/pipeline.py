@@ -17,7 +17,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,10 +31,12 @@ from shared.errors import ParseError
 from shared.ingest import repository as repo
 from shared.ingest.chunking import Chunker, TextChunk
 from shared.ingest.embedding import Embedder, get_embedder
-from shared.ingest.parsing import parse
+from shared.ingest.heartbeat import LeaseHeartbeat
+from shared.ingest.parsing import ParsedDocument, parse
 from shared.logs import job_context
 from shared.models import Document, DocumentVersion, IngestJob, JobState, OutboxOp
 from shared.queue import publish_ingest_job, publish_relay
+from shared.retry import describe_error, is_retriable
 from shared.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,7 @@ class _Claim:
     content_type: str
     request_id: str | None = None  # of the upload that created the job, for the logs
     timings: dict[str, float] = field(default_factory=dict)
+    parsed: ParsedDocument | None = None
     pieces: list[TextChunk] = field(default_factory=list)
     hashes: list[str] = field(default_factory=list)
     vectors: list[np.ndarray] = field(default_factory=list)
@@ -125,25 +128,93 @@ def process_jobs(job_ids: list[uuid.UUID]) -> dict[uuid.UUID, JobOutcome]:
 def _process(
     claims: list[_Claim], settings: Settings, keep: uuid.UUID | None
 ) -> dict[uuid.UUID, JobOutcome]:
-    """Parse, chunk, embed and write claimed jobs. If that fails, the claimed jobs that did
-    not finish are released to the queue at once (except ``keep``, which its task retries)
-    rather than left waiting for their leases to expire."""
+    """Parse, chunk, embed and write claimed jobs, each job's failure its own.
+
+    A batch holds jobs of many tenants, so an error that belongs to one job (its content, a
+    library's exception on it, a row Postgres refuses) fails that job alone, with its stage,
+    class and message, and its batch-mates go on. An error a retry may fix (a store out of
+    reach) or one outside any job releases every unfinished job to the queue at once rather
+    than leaving them to their leases; ``keep`` (the task's own job) is retried by its task
+    instead of being published again."""
     outcomes: dict[uuid.UUID, JobOutcome] = {}
-    try:
-        chunker = _chunker(settings, get_embedder())
-        ready = []
-        for claim in claims:
-            failed = _parse_and_chunk(claim, chunker, settings)
-            if failed:
-                outcomes[claim.job_id] = failed
-            else:
-                ready.append(claim)
-        _embed(ready, get_embedder())
-        outcomes.update(_write_all(ready))
-    except Exception:
-        _release([c.job_id for c in claims if c.job_id not in outcomes and c.job_id != keep])
-        raise
+    with LeaseHeartbeat([c.job_id for c in claims], settings):
+        try:
+            embedder = get_embedder()
+            chunker = _chunker(settings, embedder)
+            ready = _each_alone(claims, "parse", lambda c: _parse(c, settings), outcomes)
+            ready = _each_alone(ready, "chunk", lambda c: _chunk(c, chunker), outcomes)
+            ready = _together(
+                ready,
+                "embed",
+                lambda g: _embed(g, embedder, settings.embed_commit_chunks),
+                outcomes,
+            )
+            _together(ready, "write", lambda g: outcomes.update(_write_all(g)), outcomes)
+        except Exception:
+            unfinished = [c.job_id for c in claims if c.job_id not in outcomes]
+            _release(unfinished, settings, retried_by_task=keep)
+            raise
     return outcomes
+
+
+def _each_alone(
+    claims: list[_Claim],
+    stage: str,
+    step: Callable[[_Claim], object],
+    outcomes: dict[uuid.UUID, JobOutcome],
+) -> list[_Claim]:
+    """Run ``step`` on each claim; those it fails for are recorded and left out."""
+    done = []
+    for claim in claims:
+        try:
+            step(claim)
+        except Exception as e:
+            outcomes[claim.job_id] = _job_failed(claim, stage, e)
+            continue
+        done.append(claim)
+    return done
+
+
+def _together(
+    claims: list[_Claim],
+    stage: str,
+    step: Callable[[list[_Claim]], object],
+    outcomes: dict[uuid.UUID, JobOutcome],
+) -> list[_Claim]:
+    """Run ``step`` on the claims as one batch (one encoder call, one transaction); if that
+    fails for a reason a retry will not fix, run it on each claim alone, so that the error
+    is charged to the job that caused it and every other job still gets through."""
+    if not claims:
+        return []
+    try:
+        step(claims)
+        return claims
+    except Exception as e:
+        if is_retriable(e):
+            raise
+        if len(claims) == 1:
+            outcomes[claims[0].job_id] = _job_failed(claims[0], stage, e)
+            return []
+        log.warning(
+            "%s of a batch of %d jobs failed (%s); one job at a time",
+            stage, len(claims), describe_error(e),
+        )  # fmt: skip
+    return _each_alone(claims, stage, lambda c: step([c]), outcomes)
+
+
+def _job_failed(claim: _Claim, stage: str, error: Exception) -> JobOutcome:
+    """Record that ``claim``'s job failed at ``stage``. Content the parser refuses is the
+    upload's own fault (``failed``, with the reason); any other error is dead-lettered, where
+    an operator can replay it once its cause is fixed. Errors a retry may fix are not a
+    job's own: they propagate and release the whole batch."""
+    if is_retriable(error):
+        raise error
+    dead_letter = not isinstance(error, ParseError)
+    with job_context(str(claim.job_id), claim.request_id):
+        log.warning("job failed at %s: %s", stage, describe_error(error), exc_info=dead_letter)
+    _fail(claim.job_id, stage, error, dead_letter=dead_letter)
+    state = JobState.DEAD_LETTERED if dead_letter else JobState.FAILED
+    return JobOutcome(str(claim.job_id), state, {"error": describe_error(error), "stage": stage})
 
 
 def _claim(job_id: uuid.UUID, settings: Settings) -> list[_Claim] | JobOutcome:
@@ -164,8 +235,11 @@ def _claim(job_id: uuid.UUID, settings: Settings) -> list[_Claim] | JobOutcome:
         now = repo.now(session)
         if job.state == JobState.RUNNING and job.lease_expires_at and job.lease_expires_at > now:
             return JobOutcome(str(job_id), job.state, {"leased_elsewhere": True})
-        others = repo.claim_queued_jobs(session, settings.ingest_batch_jobs - 1, job.id)
-        versions = repo.versions_of_jobs(session, [job, *others])
+        versions = repo.versions_of_jobs(session, [job])
+        own = versions.get((job.document_id, job.version))
+        room = settings.ingest_batch_bytes - len(own.raw or b"" if own else b"")
+        others = repo.claim_queued_jobs(session, settings.ingest_batch_jobs - 1, job.id, room)
+        versions.update(repo.versions_of_jobs(session, others))
         first = _start(job, versions, now, settings)
         if first is None:  # the batch-mates stay queued, untouched
             return JobOutcome(str(job_id), job.state, {"error": job.error_message})
@@ -216,22 +290,24 @@ def _start(
     )
 
 
-def _parse_and_chunk(claim: _Claim, chunker: Chunker, settings: Settings) -> JobOutcome | None:
-    try:
-        with _timed(claim.timings, "parse"):
-            parsed = parse(claim.raw, claim.content_type, settings.json_text_fields)
-        with _timed(claim.timings, "chunk"):
-            claim.pieces = chunker.chunk(parsed)
-    except ParseError as e:
-        _fail(claim.job_id, "parse", e, dead_letter=False)
-        return JobOutcome(str(claim.job_id), JobState.FAILED, {"error": e.message})
-    claim.hashes = [text_hash(p.text) for p in claim.pieces]
-    return None
+def _parse(claim: _Claim, settings: Settings) -> None:
+    with _timed(claim.timings, "parse"):
+        claim.parsed = parse(claim.raw, claim.content_type, settings.json_text_fields)
 
 
-def _embed(claims: list[_Claim], embedder: Embedder) -> None:
-    """One encoder call for every chunk of the batch that this model has never embedded; each
-    job is charged its share of the time by chunk count."""
+def _chunk(claim: _Claim, chunker: Chunker) -> None:
+    assert claim.parsed is not None
+    with _timed(claim.timings, "chunk"):
+        claim.pieces = chunker.chunk(claim.parsed)
+        claim.hashes = [text_hash(p.text) for p in claim.pieces]
+    claim.parsed = None  # the chunks hold what is needed now
+
+
+def _embed(claims: list[_Claim], embedder: Embedder, commit_every: int) -> None:
+    """Encode every chunk of the batch that this model has never embedded; each job is
+    charged its share of the time by chunk count. The vectors are cached as they are made,
+    ``commit_every`` chunks at a time, so that an attempt cut short (a time limit, a crash)
+    leaves its work for the next one: a document of any size gets through in the end."""
     started = time.perf_counter()
     all_hashes = [h for c in claims for h in c.hashes]
     with unit_of_work() as uow:
@@ -239,14 +315,16 @@ def _embed(claims: list[_Claim], embedder: Embedder) -> None:
     pieces = {h: p for c in claims for h, p in zip(c.hashes, c.pieces, strict=True)}
     missing = [h for h in dict.fromkeys(all_hashes) if h not in cached]
     fresh: dict[str, np.ndarray] = {}
-    if missing:
+    for start in range(0, len(missing), commit_every):
+        part = missing[start : start + commit_every]
         vectors = embedder.embed_passages(
-            [pieces[h].text for h in missing],
-            token_counts=[pieces[h].token_count for h in missing],  # the chunker counted them
+            [pieces[h].text for h in part],
+            token_counts=[pieces[h].token_count for h in part],  # the chunker counted them
         )
-        fresh = dict(zip(missing, vectors, strict=True))
+        made = dict(zip(part, vectors, strict=True))
         with unit_of_work() as uow:
-            repo.store_embeddings(uow.session, embedder.model_id, fresh)
+            repo.store_embeddings(uow.session, embedder.model_id, made)
+        fresh.update(made)
     elapsed = time.perf_counter() - started
     for claim in claims:
         claim.vectors = [cached[h] if h in cached else fresh[h] for h in claim.hashes]
@@ -371,28 +449,40 @@ def _finish(
     return JobOutcome(str(claim.job_id), JobState.INDEXED, detail)
 
 
-def _release(job_ids: list[uuid.UUID]) -> None:
-    """Hand unfinished batch-mates back to the queue at once."""
+def _release(
+    job_ids: list[uuid.UUID], settings: Settings, retried_by_task: uuid.UUID | None
+) -> None:
+    """Hand unfinished jobs back to the queue at once, each with a message of its own, except
+    ``retried_by_task``: its task's retry brings it back, and should that message be lost,
+    its lease (expired now) lets the next sweep publish it. Best effort: if Postgres is out
+    of reach too, the jobs' leases (no longer renewed) run out and the sweep takes them."""
     if not job_ids:
         return
-    with unit_of_work() as uow:
-        for job_id in job_ids:
-            job = repo.lock_job(uow.session, job_id)
-            if job is not None and job.state == JobState.RUNNING:
+    try:
+        with unit_of_work() as uow:
+            now = repo.now(uow.session)
+            for job in repo.lock_jobs(uow.session, job_ids).values():
+                if job.state != JobState.RUNNING:
+                    continue
                 job.state = JobState.QUEUED
-                job.lease_expires_at = repo.now(uow.session)
-                uow.after_commit(functools.partial(publish_ingest_job, job_id))
+                if job.id == retried_by_task:
+                    job.lease_expires_at = now
+                else:
+                    repo.extend_lease(job, now, settings.queued_republish_seconds)
+                    uow.after_commit(functools.partial(publish_ingest_job, job.id))
+    except Exception as e:
+        log.warning("could not release %d jobs (%s); their leases will run out", len(job_ids), e)
 
 
 def _fail(job_id: uuid.UUID, stage: str, error: Exception, dead_letter: bool) -> None:
     with unit_of_work() as uow:
         job = repo.lock_job(uow.session, job_id)
-        if job is None:
-            return
+        if job is None or job.state in (JobState.INDEXED, JobState.DEAD_LETTERED):
+            return  # finished meanwhile, by a worker that took it over
         job.state = JobState.DEAD_LETTERED if dead_letter else JobState.FAILED
         job.error_stage = stage
         job.error_class = type(error).__name__
-        job.error_message = str(error)[:4000]
+        job.error_message = describe_error(error)
         job.finished_at = repo.now(uow.session)
         job.lease_expires_at = None
         if dead_letter:
@@ -403,12 +493,13 @@ def _fail(job_id: uuid.UUID, stage: str, error: Exception, dead_letter: bool) ->
                 ref=str(job.id),
                 stage=stage,
                 error_class=type(error).__name__,
-                message=str(error),
+                message=job.error_message,
                 attempts=job.attempts,
                 payload={"document_id": str(job.document_id), "version": job.version},
             )
 
 
-def record_failure(job_id: uuid.UUID, error: Exception, dead_letter: bool) -> None:
-    """Used by the task wrapper when retries are exhausted or the error is not retriable."""
-    _fail(job_id, "process", error, dead_letter=dead_letter)
+def record_failure(job_id: uuid.UUID, error: Exception) -> None:
+    """Used by the task when its retries are spent or its error is not one a retry fixes:
+    the job is dead-lettered with the error, where an operator can see and replay it."""
+    _fail(job_id, "process", error, dead_letter=True)

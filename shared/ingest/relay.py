@@ -105,9 +105,8 @@ def _relay_batch(settings: Settings, es: Elasticsearch) -> RelayReport:
             riders.setdefault(row.chunk_id, []).append(row.id)
             if row.chunk_id not in newest or _order(row) > _order(newest[row.chunk_id]):
                 newest[row.chunk_id] = row
-        chunks = repo.chunks_by_ids(
-            session, [r.chunk_id for r in newest.values() if r.op in WRITES]
-        )
+        # Deletes too: each is checked against Postgres now, when it is applied.
+        chunks = repo.chunks_by_ids(session, list(newest))
         docs = repo.documents_by_ids(session, [c.document_id for c in chunks.values()])
         actions, sent_rows = _actions(list(newest.values()), chunks, docs)
         report.sent = len(sent_rows)
@@ -228,6 +227,21 @@ def _actions(
                         "_id": chunk.id,
                         "version": chunk.version,
                         "version_type": _version_type(row.op),
+                    }
+                }
+            )
+            actions.append(es_document(chunk, docs[chunk.document_id]))
+            sent.append(row)
+        elif row.op in DELETES and chunk is not None and chunk.version >= row.version:
+            # Postgres holds a live copy at or above the delete's version: the delete was
+            # decided on a view that a write overtook (a reconcile or a search that raced
+            # it). The live copy is sent instead, so a delete never removes live data.
+            actions.append(
+                {
+                    "index": {
+                        "_id": chunk.id,
+                        "version": chunk.version,
+                        "version_type": "external_gte",
                     }
                 }
             )

@@ -13,6 +13,7 @@ from sqlalchemy import Table, delete, func, select, text, tuple_, update
 from sqlalchemy.dialects.postgresql import distinct_on, insert
 from sqlalchemy.orm import Session, defer
 
+from shared.db import any_of
 from shared.models import (
     Base,
     Chunk,
@@ -137,17 +138,17 @@ def list_versions(session: Session, document_id: uuid.UUID) -> Sequence[Any]:
 
 def latest_jobs_for(
     session: Session, versions: Collection[tuple[uuid.UUID, int]]
-) -> dict[tuple[uuid.UUID, int], uuid.UUID]:
-    """(document id, version) -> the id of its newest job, for many in one query."""
+) -> dict[tuple[uuid.UUID, int], tuple[uuid.UUID, str]]:
+    """(document id, version) -> the id and state of its newest job, for many in one query."""
     if not versions:
         return {}
     rows = session.execute(
-        select(IngestJob.document_id, IngestJob.version, IngestJob.id)
+        select(IngestJob.document_id, IngestJob.version, IngestJob.id, IngestJob.state)
         .ext(distinct_on(IngestJob.document_id, IngestJob.version))
         .where(tuple_(IngestJob.document_id, IngestJob.version).in_(list(versions)))
         .order_by(IngestJob.document_id, IngestJob.version, IngestJob.created_at.desc())
     )
-    return {(document_id, version): job_id for document_id, version, job_id in rows}
+    return {(document_id, version): (job_id, state) for document_id, version, job_id, state in rows}
 
 
 # ------------------------------------------------------------------ jobs
@@ -169,7 +170,7 @@ def lock_jobs(session: Session, job_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID,
         return {}
     jobs = session.scalars(
         select(IngestJob)
-        .where(IngestJob.id.in_(list(set(job_ids))))
+        .where(any_of(IngestJob.id, job_ids))
         .order_by(IngestJob.id)
         .with_for_update()
     )
@@ -209,6 +210,16 @@ def queued_jobs_published_before(
 
 def extend_lease(job: IngestJob, at: datetime, seconds: int) -> None:
     job.lease_expires_at = at + timedelta(seconds=seconds)
+
+
+def renew_leases(session: Session, job_ids: Sequence[uuid.UUID], seconds: int) -> None:
+    """The heartbeat: the leases of those of ``job_ids`` still running, from the database's
+    clock."""
+    session.execute(
+        update(IngestJob)
+        .where(any_of(IngestJob.id, job_ids), IngestJob.state == JobState.RUNNING)
+        .values(lease_expires_at=func.now() + timedelta(seconds=seconds))
+    )
 
 
 def add_dead_letter(
@@ -350,7 +361,9 @@ def chunks_by_ids(session: Session, ids: Sequence[str]) -> dict[str, Chunk]:
     needs and which cost the most to read)."""
     if not ids:
         return {}
-    query = select(Chunk).where(Chunk.id.in_(ids)).options(defer(Chunk.embedding, raiseload=True))
+    query = (
+        select(Chunk).where(any_of(Chunk.id, ids)).options(defer(Chunk.embedding, raiseload=True))
+    )
     return {c.id: c for c in session.scalars(query)}
 
 
@@ -362,7 +375,7 @@ def cached_embeddings(session: Session, model: str, hashes: Sequence[str]) -> di
         return {}
     rows = session.execute(
         select(EmbeddingCache.text_hash, vector_bytes(EmbeddingCache.embedding)).where(
-            EmbeddingCache.model == model, EmbeddingCache.text_hash.in_(list(set(hashes)))
+            EmbeddingCache.model == model, any_of(EmbeddingCache.text_hash, hashes)
         )
     )
     return {h: vector_from_bytes(raw) for h, raw in rows}
@@ -371,10 +384,10 @@ def cached_embeddings(session: Session, model: str, hashes: Sequence[str]) -> di
 def store_embeddings(session: Session, model: str, vectors: dict[str, np.ndarray]) -> None:
     if not vectors:
         return
-    session.execute(
-        insert(EmbeddingCache)
-        .values([{"model": model, "text_hash": h, "embedding": v} for h, v in vectors.items()])
-        .on_conflict_do_nothing()
+    # Executed with a list of rows, sent as multi-row VALUES batches (see insert_rows).
+    session.connection().execute(
+        insert(cast(Table, EmbeddingCache.__table__)).on_conflict_do_nothing(),
+        [{"model": model, "text_hash": h, "embedding": v} for h, v in vectors.items()],
     )
 
 
@@ -435,14 +448,14 @@ def due_outbox_rows_for(session: Session, chunk_ids: Sequence[str]) -> int:
         session,
         EsOutbox,
         None,
-        EsOutbox.chunk_id.in_(list(chunk_ids)),
+        any_of(EsOutbox.chunk_id, chunk_ids),
         EsOutbox.next_attempt_at <= func.now(),
     )
 
 
 def delete_outbox(session: Session, ids: Sequence[int]) -> None:
     if ids:
-        session.execute(delete(EsOutbox).where(EsOutbox.id.in_(list(ids))))
+        session.execute(delete(EsOutbox).where(any_of(EsOutbox.id, ids)))
 
 
 def postpone_outbox(
@@ -456,7 +469,7 @@ def postpone_outbox(
     }
     if count_attempt:
         values["attempts"] = EsOutbox.attempts + 1
-    session.execute(update(EsOutbox).where(EsOutbox.id.in_(list(ids))).values(**values))
+    session.execute(update(EsOutbox).where(any_of(EsOutbox.id, ids)).values(**values))
 
 
 def count_rows(session: Session, model: Any, tenant_id: str | None = None, *conditions: Any) -> int:
@@ -477,7 +490,7 @@ def outbox_backlog(session: Session, tenant_id: str | None = None) -> int:
 def documents_by_ids(session: Session, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Document]:
     if not ids:
         return {}
-    return {d.id: d for d in session.scalars(select(Document).where(Document.id.in_(set(ids))))}
+    return {d.id: d for d in session.scalars(select(Document).where(any_of(Document.id, ids)))}
 
 
 def count_chunks(session: Session, document_id: uuid.UUID) -> int:
@@ -531,21 +544,37 @@ def stage_time_totals(session: Session) -> dict[str, tuple[int, float]]:
     return {stage: (int(count), float(total)) for stage, count, total in rows}
 
 
-def claim_queued_jobs(session: Session, limit: int, exclude: uuid.UUID) -> Sequence[IngestJob]:
-    """Oldest queued jobs that no one else is claiming right now (for batching).
+def claim_queued_jobs(
+    session: Session, limit: int, exclude: uuid.UUID, max_bytes: int
+) -> Sequence[IngestJob]:
+    """Oldest queued jobs that no one else is claiming right now (for batching), at most
+    ``limit`` of them and at most ``max_bytes`` of raw content together: a batch is bounded
+    by its work, not only by its job count.
 
     (Newest-first was tried, so that the messages that come next still find their own jobs
     queued: it let the batches run ahead of the intake events in the same queue, which then
     ran on their own afterwards, with no encoding beside them; the run took longer.)"""
-    if limit <= 0:
+    if limit <= 0 or max_bytes <= 0:
         return []
-    return session.scalars(
-        select(IngestJob)
+    rows = session.execute(
+        select(IngestJob, func.coalesce(func.octet_length(DocumentVersion.raw), 0))
+        .join(
+            DocumentVersion,
+            (DocumentVersion.document_id == IngestJob.document_id)
+            & (DocumentVersion.version == IngestJob.version),
+        )
         .where(IngestJob.state == JobState.QUEUED, IngestJob.id != exclude)
         .order_by(IngestJob.created_at)
         .limit(limit)
-        .with_for_update(skip_locked=True)
+        .with_for_update(of=IngestJob, skip_locked=True)
     ).all()
+    taken, total = [], 0
+    for job, size in rows:
+        total += size
+        if total > max_bytes:
+            break
+        taken.append(job)
+    return taken
 
 
 def claimable_jobs(session: Session, job_ids: Sequence[uuid.UUID]) -> Sequence[IngestJob]:
@@ -556,7 +585,7 @@ def claimable_jobs(session: Session, job_ids: Sequence[uuid.UUID]) -> Sequence[I
     return session.scalars(
         select(IngestJob)
         .where(
-            IngestJob.id.in_(list(set(job_ids))),
+            any_of(IngestJob.id, job_ids),
             (IngestJob.state == JobState.QUEUED)
             | ((IngestJob.state == JobState.RUNNING) & (IngestJob.lease_expires_at < func.now())),
         )

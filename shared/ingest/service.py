@@ -127,15 +127,42 @@ def accept_uploads(
     repo.lock_keys(session, [f"external:{u.tenant_id}:{u.external_id}" for u in uploads])
     docs = repo.documents_by_external_ids(session, [(u.tenant_id, u.external_id) for u in uploads])
     now = repo.now(session)
+    newest_jobs = repo.latest_jobs_for(session, [(d.id, d.version) for d in docs.values()])
     results: list[UploadResult] = []
     versions: list[dict[str, Any]] = []
     jobs: list[dict[str, Any]] = []
+
+    def new_job(doc: Document) -> uuid.UUID:
+        job_id = uuid.uuid4()
+        jobs.append(
+            {
+                "id": job_id,
+                "tenant_id": doc.tenant_id,
+                "document_id": doc.id,
+                "version": doc.version,
+                "state": JobState.QUEUED.value,
+                "attempts": 0,
+                # If the message never reaches a worker, the sweep publishes it again
+                # after this (the database clock: this transaction's now()).
+                "lease_expires_at": now + timedelta(seconds=settings.queued_republish_seconds),
+                "stage_timings": {},
+                "detail": {"request_id": request_id} if request_id else {},
+            }
+        )
+        newest_jobs[(doc.id, doc.version)] = (job_id, JobState.QUEUED.value)
+        return job_id
+
     for upload in uploads:
         digest = content_hash(upload)
         doc = docs.get((upload.tenant_id, upload.external_id))
         if doc is not None and not doc.deleted and doc.content_hash == digest:
-            # Its job is filled in below: from this batch, or the version's newest one.
-            results.append(UploadResult(doc.id, doc.version, None, "unchanged"))
+            newest = newest_jobs.get((doc.id, doc.version))
+            if newest is None or newest[1] not in (JobState.FAILED, JobState.DEAD_LETTERED):
+                # Its job is filled in below: from this batch, or the version's newest one.
+                results.append(UploadResult(doc.id, doc.version, None, "unchanged"))
+                continue
+            # The same content again after its job failed: a retry of that version.
+            results.append(UploadResult(doc.id, doc.version, new_job(doc), "accepted"))
             continue
         if doc is None:
             doc = Document(
@@ -169,37 +196,15 @@ def accept_uploads(
                 "tombstone": False,
             }
         )
-        job_id = uuid.uuid4()
-        jobs.append(
-            {
-                "id": job_id,
-                "tenant_id": upload.tenant_id,
-                "document_id": doc.id,
-                "version": doc.version,
-                "state": JobState.QUEUED.value,
-                "attempts": 0,
-                # If the message never reaches a worker, the sweep re-publishes after the
-                # lease (the database clock: this transaction's now()).
-                "lease_expires_at": now + timedelta(seconds=settings.job_lease_seconds),
-                "stage_timings": {},
-                "detail": {"request_id": request_id} if request_id else {},
-            }
-        )
-        results.append(UploadResult(doc.id, doc.version, job_id, "accepted"))
+        results.append(UploadResult(doc.id, doc.version, new_job(doc), "accepted"))
     session.flush()  # the documents, before the rows that reference them
     repo.insert_rows(session, DocumentVersion, versions)
     repo.insert_rows(session, IngestJob, jobs)
-    return _with_jobs_of_unchanged(session, results)
-
-
-def _with_jobs_of_unchanged(session: Session, results: list[UploadResult]) -> list[UploadResult]:
-    """Unchanged uploads answer with their version's job: one accepted earlier in the same
-    batch, else the newest recorded (one query for all of them)."""
-    accepted = {(r.document_id, r.version): r.job_id for r in results if r.status == "accepted"}
-    unchanged = {(r.document_id, r.version) for r in results if r.status == "unchanged"}
-    known = {**repo.latest_jobs_for(session, unchanged - accepted.keys()), **accepted}
+    # Unchanged uploads answer with their version's newest job.
     return [
-        replace(r, job_id=known.get((r.document_id, r.version))) if r.status == "unchanged" else r
+        replace(r, job_id=newest_jobs.get((r.document_id, r.version), (None, ""))[0])
+        if r.status == "unchanged"
+        else r
         for r in results
     ]
 

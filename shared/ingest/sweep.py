@@ -1,14 +1,15 @@
 """The lease sweep: recovery from Postgres, never from Redis redelivery.
 
-A job whose lease expired lost its message (Redis restarted empty) or its worker (kill -9).
-The sweep renews the lease and publishes the job again; a job that has used up its attempts
-is dead-lettered with the last error it recorded.
+A running job whose lease expired lost its worker (kill -9, OOM, a lost host): a live worker
+renews it every few seconds (shared/ingest/heartbeat.py). A queued job whose lease expired
+has waited ``queued_republish_seconds`` since its message was published: the message was lost.
+The sweep gives either a fresh lease and publishes the job again; a job that has used up its
+attempts is dead-lettered with the last error it recorded.
 
-Waiting for the lease (minutes, as it must outlast the task time limit) is too slow when
-Redis comes back empty: then the ingest queue is empty while Postgres still has queued jobs
-published more than a sweep period ago, and those are published again at once. A job whose
-message was only taken by a worker a moment ago gets a second message, which its lease makes
-a no-op.
+Waiting out a queued job's lease (minutes) is too slow when Redis comes back empty: then the
+ingest queue is empty while Postgres still has queued jobs published more than a sweep period
+ago, and those are published again at once. A job whose message was only taken by a worker a
+moment ago gets a second message, which finds it running: a no-op.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def _republish_lost_messages(settings: Settings, limit: int) -> list[str]:
         now = repo.now(session)
         stale = now - timedelta(seconds=settings.sweep_interval_seconds)
         for job in repo.queued_jobs_published_before(
-            session, stale, settings.job_lease_seconds, limit
+            session, stale, settings.queued_republish_seconds, limit
         ):
             republished.append(_publish_again(uow, job, now, settings))
     return republished
@@ -95,6 +96,6 @@ def _republish_lost_messages(settings: Settings, limit: int) -> list[str]:
 
 def _publish_again(uow: UnitOfWork, job: IngestJob, now: datetime, settings: Settings) -> str:
     """A fresh lease, and the job's message again once the lease is committed."""
-    repo.extend_lease(job, now, settings.job_lease_seconds)
+    repo.extend_lease(job, now, settings.queued_republish_seconds)
     uow.after_commit(functools.partial(publish_ingest_job, job.id))
     return str(job.id)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from sqlalchemy import ColumnElement, func, literal_column, select
 from sqlalchemy.orm import Session
 
+from shared.db import any_of
 from shared.models import Chunk, Document
 from shared.reconcile.buckets import SQL_HASH_NUM
 
@@ -32,13 +33,13 @@ def bucket_stats(session: Session, tenant_id: str) -> dict[int, tuple[int, int, 
 def chunks_in_buckets(
     session: Session, tenant_id: str, buckets: Sequence[int]
 ) -> dict[str, tuple[int, str]]:
-    return _fingerprints(session, tenant_id, Chunk.bucket.in_(list(buckets))) if buckets else {}
+    return _fingerprints(session, tenant_id, any_of(Chunk.bucket, buckets)) if buckets else {}
 
 
 def chunks_by_ids(
     session: Session, tenant_id: str, ids: Sequence[str]
 ) -> dict[str, tuple[int, str]]:
-    return _fingerprints(session, tenant_id, Chunk.id.in_(list(ids))) if ids else {}
+    return _fingerprints(session, tenant_id, any_of(Chunk.id, ids)) if ids else {}
 
 
 def _fingerprints(
@@ -56,7 +57,7 @@ def _fingerprints(
 def chunk_tenants(session: Session, ids: Sequence[str]) -> dict[str, str]:
     if not ids:
         return {}
-    rows = session.execute(select(Chunk.id, Chunk.tenant_id).where(Chunk.id.in_(list(ids))))
+    rows = session.execute(select(Chunk.id, Chunk.tenant_id).where(any_of(Chunk.id, ids)))
     return {cid: tenant for cid, tenant in rows}
 
 
@@ -72,7 +73,9 @@ def document_versions_for_chunks(
 ) -> dict[str, tuple[uuid.UUID, int]]:
     """chunk id -> (document id, the document's current version), for documents we know."""
     doc_ids = {document_id_of(cid) for cid in ids}
-    rows = session.execute(select(Document.id, Document.version).where(Document.id.in_(doc_ids)))
+    rows = session.execute(
+        select(Document.id, Document.version).where(any_of(Document.id, doc_ids))
+    )
     versions = {doc_id: version for doc_id, version in rows}
     return {
         cid: (document_id_of(cid), versions[document_id_of(cid)])

@@ -145,8 +145,13 @@ def _id_among(ids: Sequence[str]) -> ColumnElement[bool]:
 
 
 def queue_repair(session: Session, tenant_id: str, stale_ids: Sequence[str]) -> None:
-    """Queue an Elasticsearch delete for hits Postgres does not hold live. The delete carries
-    the document's current version, so it can never block a later, newer write."""
+    """Queue an Elasticsearch delete for hits Postgres does not hold live.
+
+    A stale copy is older than the document's version V (a copy at V would be live), so the
+    delete is a purge at V - 1 (``external_gte``: it removes copies up to V - 1), never at V:
+    V's own index write, which may still be in the outbox (a re-upload right after a
+    delete), then always wins over the cleanup. A deleted document's tombstone version is
+    never written, so its copies are purged at V itself."""
     by_doc: dict[uuid.UUID, list[str]] = {}
     for cid in stale_ids:
         try:
@@ -164,8 +169,8 @@ def queue_repair(session: Session, tenant_id: str, stale_ids: Sequence[str]) -> 
             session,
             tenant_id=tenant_id,
             document_id=doc_id,
-            op=OutboxOp.DELETE,
-            version=doc.version,
+            op=OutboxOp.PURGE,
+            version=doc.version if doc.deleted else doc.version - 1,
             chunk_ids=orphans,
         )
 

@@ -1,0 +1,56 @@
+"""The heartbeat that keeps a running job's lease alive while its process works on it.
+
+A lease is short (``job_lease_seconds``, 20 s by default), so that the jobs of a process that
+died (SIGKILL, OOM, a lost host) are taken over by the sweep seconds after their last renewal,
+not after the longest a job could ever take. While the process is alive a thread of its own
+renews the leases every ``job_heartbeat_seconds``, however long the job runs; a process that
+hangs is ended by the task's hard time limit, and its heartbeat with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Iterable
+from types import TracebackType
+
+from shared.db import unit_of_work
+from shared.ingest import repository as repo
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class LeaseHeartbeat:
+    """Renews the leases of ``job_ids`` (those still running) until the block ends."""
+
+    def __init__(self, job_ids: Iterable[uuid.UUID], settings: Settings) -> None:
+        self._job_ids = list(job_ids)
+        self._interval = settings.job_heartbeat_seconds
+        self._lease_seconds = settings.job_lease_seconds
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
+
+    def __enter__(self) -> LeaseHeartbeat:
+        if self._job_ids:
+            self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self._interval + 5)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._interval):
+            try:
+                with unit_of_work() as uow:
+                    repo.renew_leases(uow.session, self._job_ids, self._lease_seconds)
+            except Exception as e:  # Postgres away: the next beat tries again
+                log.warning("lease heartbeat for %d jobs failed: %s", len(self._job_ids), e)

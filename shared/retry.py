@@ -1,0 +1,55 @@
+"""Which errors are worth retrying, and how an error is described where others may read it.
+
+A store that cannot be reached (Postgres, Elasticsearch, Redis) is retried with backoff; any
+other error is a property of the work itself and fails it at once.
+"""
+
+from __future__ import annotations
+
+import random
+
+import redis
+from billiard.exceptions import SoftTimeLimitExceeded
+from elasticsearch import ConnectionError as EsConnectionError
+from sqlalchemy.exc import DBAPIError, OperationalError, StatementError
+
+from shared.errors import ConcordError, StoreUnavailable
+
+RETRIABLE: tuple[type[BaseException], ...] = (
+    OperationalError,
+    StoreUnavailable,
+    redis.ConnectionError,
+    EsConnectionError,
+    # A task past its soft time limit: the work it did is kept (embeddings are cached as
+    # they are made, see shared/ingest/pipeline._embed), so the next attempt goes further.
+    SoftTimeLimitExceeded,
+)
+
+MAX_ERROR_MESSAGE_CHARS = 1000
+
+
+def is_retriable(error: BaseException) -> bool:
+    if isinstance(error, DBAPIError) and error.connection_invalidated:
+        return True
+    return isinstance(error, RETRIABLE)
+
+
+def retry_delay(retries: int, base: float = 2.0, cap: float = 120.0) -> float:
+    """Exponential backoff with jitter, in seconds, before retry number ``retries + 1``."""
+    return float(min(cap, base * 2**retries) * random.uniform(0.5, 1.0))
+
+
+def describe_error(error: BaseException) -> str:
+    """The message recorded on a job or dead letter, which its tenant can read. A database
+    error's text carries its statement and parameters (every row of a batch, of any tenant):
+    only the server's primary message is kept."""
+    if isinstance(error, ConcordError):
+        message = error.message
+    elif isinstance(error, StatementError) and error.orig is not None:
+        orig = error.orig
+        diag = getattr(orig, "diag", None)
+        primary = getattr(diag, "message_primary", None) or str(orig).split("\n", 1)[0]
+        message = f"{type(orig).__name__}: {primary}"
+    else:
+        message = str(error) or type(error).__name__
+    return message[:MAX_ERROR_MESSAGE_CHARS]

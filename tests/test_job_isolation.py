@@ -1,0 +1,190 @@
+"""One tenant's input never harms another's work (issue 18): a batch holds jobs of many
+tenants, and an error that belongs to one job fails that job alone.
+
+Each test puts an offending tenant's jobs and a victim tenant's ordinary jobs into the same
+claimed batch (the worker is paused while both upload), then checks that every victim job
+ends indexed in both stores, and that the offender's jobs end failed or dead-lettered with a
+stage, a class and a message that carries none of the victim's data."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+from sqlalchemy.exc import DataError
+
+from shared.db import unit_of_work
+from shared.ingest import pipeline
+from shared.ingest import repository as repo
+from shared.models import DeadLetter, IngestJob
+from shared.settings import get_settings
+from tests.conftest import CeleryProcess, wait_for
+from tests.helpers import key_headers, paused, upload_text, wait_converged
+
+VICTIM_MARKER = "kestrel-victim-secret"
+
+
+def _victim_uploads(client: TestClient, auth: dict[str, str], n: int = 8) -> list[str]:
+    return [
+        upload_text(
+            client,
+            auth,
+            f"victim-{i}.txt",
+            f"Ordinary note {i} about the {VICTIM_MARKER} river survey. It has two sentences.",
+        )["job_id"]
+        for i in range(n)
+    ]
+
+
+def _jobs(job_ids: list[str]) -> dict[str, IngestJob]:
+    with unit_of_work() as uow:
+        jobs = uow.session.scalars(
+            select(IngestJob).where(IngestJob.id.in_([uuid.UUID(j) for j in job_ids]))
+        ).all()
+    return {str(j.id): j for j in jobs}
+
+
+def _wait_finished(job_ids: list[str], timeout: float = 120) -> dict[str, IngestJob]:
+    def finished() -> dict[str, IngestJob] | None:
+        jobs = _jobs(job_ids)
+        done = all(j.state in ("indexed", "failed", "dead_lettered") for j in jobs.values())
+        return jobs if done and len(jobs) == len(job_ids) else None
+
+    return dict(wait_for(finished, timeout, what="every job to finish"))
+
+
+def _assert_victim_unharmed(victim: str, victim_jobs: list[str]) -> None:
+    jobs = _wait_finished(victim_jobs)
+    assert {j.state for j in jobs.values()} == {"indexed"}, {
+        k: (j.state, j.error_message) for k, j in jobs.items()
+    }
+    chunks = wait_converged(victim)
+    assert len(chunks) == len(victim_jobs)
+
+
+def _assert_failed_alone(job: IngestJob) -> None:
+    assert job.state in ("failed", "dead_lettered"), job.state
+    assert job.error_stage and job.error_class and job.error_message
+    assert VICTIM_MARKER not in job.error_message
+    assert "[SQL:" not in job.error_message and "parameters" not in job.error_message
+
+
+POISON_JSON = {
+    # json.loads refuses more than 4,300 digits with a ValueError, not a JSONDecodeError.
+    "digits": '{"text": "a long number follows", "n": ' + "9" * 5000 + "}",
+    # Nested past Python's recursion limit: a RecursionError.
+    "nesting": '{"text": "deeply nested", "x": ' + "[" * 5000 + "]" * 5000 + "}",
+}
+
+
+def test_poison_json_fails_alone_and_its_batch_mates_of_another_tenant_are_indexed(
+    client: TestClient, worker: CeleryProcess
+) -> None:
+    victim, offender = f"v-{uuid.uuid4().hex[:10]}", f"o-{uuid.uuid4().hex[:10]}"
+    victim_auth = key_headers(victim, ["read", "write"])
+    offender_auth = key_headers(offender, ["read", "write"])
+    with paused(worker):
+        poison_jobs = {
+            name: upload_text(
+                client, offender_auth, f"{name}.json", text, content_type="application/json"
+            )["job_id"]
+            for name, text in POISON_JSON.items()
+        }
+        # NUL and a lone surrogate, written as JSON escapes, reach the parsed text.
+        odd = upload_text(
+            client,
+            offender_auth,
+            "odd.json",
+            '{"text": "a NUL \\u0000 here and a lone surrogate \\ud800 there."}',
+            content_type="application/json",
+        )["job_id"]
+        victim_jobs = _victim_uploads(client, victim_auth)
+    _assert_victim_unharmed(victim, victim_jobs)
+    jobs = _wait_finished([*poison_jobs.values(), odd])
+    for name, job_id in poison_jobs.items():
+        job = jobs[job_id]
+        _assert_failed_alone(job)
+        assert job.state == "failed" and job.error_stage == "parse", (name, job.error_message)
+    # Text Postgres and the tokenizer cannot take is made storable at the same offsets.
+    assert jobs[odd].state == "indexed", jobs[odd].error_message
+
+    # The same content again is a retry of the failed version, not "unchanged".
+    again = client.post(
+        "/v1/documents",
+        headers=offender_auth,
+        json={
+            "external_id": "digits.json",
+            "text": POISON_JSON["digits"],
+            "content_type": "application/json",
+        },
+    )
+    assert again.status_code == 202 and again.json()["status"] == "accepted", again.text
+    assert again.json()["job_id"] != poison_jobs["digits"]
+    retried = _wait_finished([again.json()["job_id"]])[again.json()["job_id"]]
+    assert retried.state == "failed" and retried.version == jobs[poison_jobs["digits"]].version
+
+
+def _claims_of(job_ids: list[str]) -> list[Any]:
+    with unit_of_work() as uow:
+        session = uow.session
+        jobs = repo.claimable_jobs(session, [uuid.UUID(j) for j in job_ids])
+        versions = repo.versions_of_jobs(session, jobs)
+        now = repo.now(session)
+        claims = [pipeline._start(job, versions, now, get_settings()) for job in jobs]
+    return [c for c in claims if c is not None]
+
+
+@pytest.mark.parametrize("stage", ["parse", "write"])
+def test_an_unexpected_error_of_one_job_dead_letters_it_alone(
+    client: TestClient, worker: CeleryProcess, monkeypatch: pytest.MonkeyPatch, stage: str
+) -> None:
+    """Errors no one foresaw (a library's exception in the parser, a row the database
+    refuses): the offender is dead-lettered with a message free of SQL and parameters, and
+    its batch-mates of another tenant are indexed by the same batch."""
+    victim, offender = f"v-{uuid.uuid4().hex[:10]}", f"o-{uuid.uuid4().hex[:10]}"
+    victim_auth = key_headers(victim, ["read", "write"])
+    offender_auth = key_headers(offender, ["read", "write"])
+
+    if stage == "parse":
+        real_parse = pipeline.parse
+
+        def parse(raw: bytes, content_type: str, fields: tuple[str, ...]) -> Any:
+            if b"offending" in raw:
+                raise KeyError("a parser library's own exception")
+            return real_parse(raw, content_type, fields)
+
+        monkeypatch.setattr(pipeline, "parse", parse)
+    else:
+        real_upsert = repo.upsert_chunks
+
+        def upsert(session: Any, versions: Any) -> None:
+            if any(v.tenant_id == offender for v in versions):
+                # As psycopg reports a value Postgres refuses: the statement and every row's
+                # parameters travel in the exception's text.
+                raise DataError(
+                    "INSERT INTO chunks ...",
+                    {"text": f"{VICTIM_MARKER} row"},
+                    Exception("value out of range"),
+                )
+            real_upsert(session, versions)
+
+        monkeypatch.setattr(repo, "upsert_chunks", upsert)
+
+    with paused(worker):
+        bad = upload_text(client, offender_auth, "bad.txt", "An offending document.")["job_id"]
+        victim_jobs = _victim_uploads(client, victim_auth, n=4)
+        outcomes = pipeline._process(_claims_of([bad, *victim_jobs]), get_settings(), keep=None)
+        assert outcomes[uuid.UUID(bad)].state == "dead_lettered"
+        assert {outcomes[uuid.UUID(j)].state for j in victim_jobs} == {"indexed"}
+    _assert_victim_unharmed(victim, victim_jobs)
+    job = _jobs([bad])[bad]
+    _assert_failed_alone(job)
+    assert (job.state, job.error_stage) == ("dead_lettered", stage)
+    with unit_of_work() as uow:
+        letter = uow.session.scalar(select(DeadLetter).where(DeadLetter.ref == bad))
+    assert letter is not None and letter.tenant_id == offender
+    assert VICTIM_MARKER not in letter.message and VICTIM_MARKER not in json.dumps(letter.payload)
