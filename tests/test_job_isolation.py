@@ -188,3 +188,35 @@ def test_an_unexpected_error_of_one_job_dead_letters_it_alone(
         letter = uow.session.scalar(select(DeadLetter).where(DeadLetter.ref == bad))
     assert letter is not None and letter.tenant_id == offender
     assert VICTIM_MARKER not in letter.message and VICTIM_MARKER not in json.dumps(letter.payload)
+
+
+def test_an_upload_waiting_on_a_lock_does_not_stall_other_requests(live_api: str) -> None:
+    """The upload route's transaction runs in a worker thread: while one upload waits for
+    its document's lock (a slow writer of the same external id), the API keeps answering."""
+    import threading
+    import time
+
+    import httpx
+
+    tenant = f"slow-{uuid.uuid4().hex[:10]}"
+    headers = key_headers(tenant, ["read", "write"])
+    answered: dict[str, int] = {}
+
+    def upload() -> None:
+        body = {"external_id": "held.txt", "text": "Held behind a lock for a while."}
+        answered["upload"] = httpx.post(
+            f"{live_api}/v1/documents", headers=headers, json=body, timeout=60
+        ).status_code
+
+    with unit_of_work() as uow:  # a slow writer holds the external id's lock
+        repo.lock_key(uow.session, f"external:{tenant}:held.txt")
+        waiting = threading.Thread(target=upload)
+        waiting.start()
+        time.sleep(1.0)  # the upload is now waiting for the lock
+        started = time.monotonic()
+        health = httpx.get(f"{live_api}/healthz", timeout=30)
+        elapsed = time.monotonic() - started
+        assert health.status_code == 200 and "upload" not in answered
+    waiting.join(timeout=30)
+    assert answered["upload"] == 202
+    assert elapsed < 1.0, f"/healthz took {elapsed:.2f} s while an upload waited for a lock"

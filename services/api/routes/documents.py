@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from elasticsearch import ApiError, TransportError
 from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 from starlette.datastructures import UploadFile
@@ -27,6 +28,7 @@ from shared.ingest.service import (
     MAX_EXTERNAL_ID_CHARS,
     MAX_TITLE_CHARS,
     Upload,
+    UploadResult,
     accept_upload,
     check_upload_fields,
     delete_document,
@@ -91,7 +93,7 @@ async def _upload_from_request(request: Request, tenant_id: str, settings: Setti
         if len(raw) > limit:
             raise PayloadTooLarge(f"text is {len(raw)} bytes; the limit is {limit}")
         content_type = resolve_content_type(doc.content_type, None, raw)
-        screen_upload(raw, content_type)
+        await run_in_threadpool(screen_upload, raw, content_type)
         return Upload(
             tenant_id=tenant_id,
             external_id=doc.external_id,
@@ -119,7 +121,7 @@ async def _upload_from_request(request: Request, tenant_id: str, settings: Setti
         title = str(form.get("title") or "")
         check_upload_fields(external_id, title, metadata)
         content_type = resolve_content_type(file.content_type, filename, raw)
-        screen_upload(raw, content_type, filename)
+        await run_in_threadpool(screen_upload, raw, content_type, filename)
         return Upload(
             tenant_id=tenant_id,
             external_id=external_id,
@@ -182,8 +184,9 @@ async def upload_document(
     request: Request, principal: Writer, settings: SettingsDep
 ) -> JSONResponse:
     upload = await _upload_from_request(request, principal.tenant_id, settings)
-    with unit_of_work() as uow:
-        result = accept_upload(uow, settings, upload)
+    # The transaction (lock waits included) and the publish after it block: in a worker
+    # thread, so that one slow upload does not stall every other request of this process.
+    result = await run_in_threadpool(_accept, settings, upload)
     body = {
         "document_id": str(result.document_id),
         "version": result.version,
@@ -191,6 +194,11 @@ async def upload_document(
         "status": result.status,
     }
     return JSONResponse(body, status_code=202 if result.status == "accepted" else 200)
+
+
+def _accept(settings: Settings, upload: Upload) -> UploadResult:
+    with unit_of_work() as uow:
+        return accept_upload(uow, settings, upload)
 
 
 @router.get("")
