@@ -237,7 +237,7 @@ def _claim(job_id: uuid.UUID, settings: Settings) -> list[_Claim] | JobOutcome:
             return JobOutcome(str(job_id), job.state, {"leased_elsewhere": True})
         versions = repo.versions_of_jobs(session, [job])
         own = versions.get((job.document_id, job.version))
-        room = settings.ingest_batch_bytes - len(own.raw or b"" if own else b"")
+        room = settings.ingest_batch_bytes - (len(own.raw or b"") if own else 0)
         others = repo.claim_queued_jobs(session, settings.ingest_batch_jobs - 1, job.id, room)
         versions.update(repo.versions_of_jobs(session, others))
         first = _start(job, versions, now, settings)

@@ -10,7 +10,6 @@ else is dead-lettered with its reason.
 from __future__ import annotations
 
 import logging
-import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +21,7 @@ from shared.db import unit_of_work
 from shared.ingest import repository as repo
 from shared.models import Chunk, Document, EsOutbox, OutboxOp
 from shared.reconcile.buckets import bucket_of, hash_num
+from shared.retry import retry_delay
 from shared.search.filters import typed_metadata
 from shared.settings import Settings, get_settings
 from shared.stores import english_analysis
@@ -47,8 +47,9 @@ class RelayReport:
         self.unreachable = self.unreachable or other.unreachable
 
 
-def backoff_seconds(attempts: int, base: float = 1.0, cap: float = 60.0) -> float:
-    return float(min(cap, base * 2 ** max(0, attempts)) * random.uniform(0.5, 1.0))
+def backoff_seconds(attempts: int, cap: float = 60.0) -> float:
+    """The relay's backoff: the project's jittered exponential one, from one second."""
+    return retry_delay(attempts, base=1.0, cap=cap)
 
 
 def es_document(chunk: Chunk, doc: Document) -> dict[str, Any]:
