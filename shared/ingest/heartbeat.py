@@ -43,9 +43,10 @@ class LeaseHeartbeat:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        # Not joined: a beat stuck on a silent connection must not hold up the task that is
+        # done. The thread sees the event at its next wake and ends; it renews only jobs that
+        # are still running, so a late beat changes nothing for a finished one.
         self._stopped.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=self._interval + 5)
 
     def _run(self) -> None:
         while not self._stopped.wait(self._interval):
