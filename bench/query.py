@@ -42,7 +42,7 @@ from shared.ingest import repository as repo  # noqa: E402
 from shared.ingest.embedding import get_embedder  # noqa: E402
 from shared.ingest.pipeline import text_hash  # noqa: E402
 from shared.models import Chunk, Document, DocumentVersion  # noqa: E402
-from shared.reconcile.buckets import bucket_of, hash_num  # noqa: E402
+from shared.reconcile.buckets import bucket_of, fingerprint  # noqa: E402
 from shared.settings import get_settings  # noqa: E402
 from shared.stores.elastic import get_es  # noqa: E402
 
@@ -141,6 +141,18 @@ def populate(tenant: str, size: int, texts: list[str], vectors: np.ndarray) -> N
                 vector = vectors[i] + 0.5 * vectors[j] + rng.normal(0, 0.02, vectors.shape[1])
                 vector /= np.linalg.norm(vector)
                 cid = f"{doc_id}:{ordinal}"
+                copied = {
+                    "chunk_id": cid,
+                    "tenant_id": tenant,
+                    "document_id": str(doc_id),
+                    "external_id": f"syn-{n}",
+                    "version": 1,
+                    "ordinal": ordinal,
+                    "text_hash": text_hash(text),
+                    "title": "",
+                    "section": "",
+                    "metadata": {"bucket": n % 10},
+                }
                 tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
                 chunks.append(
                     {
@@ -156,6 +168,7 @@ def populate(tenant: str, size: int, texts: list[str], vectors: np.ndarray) -> N
                         "section": "",
                         "token_count": tokens,
                         "bucket": bucket_of(cid),
+                        "fingerprint": fingerprint(**copied),
                         "metadata": {"bucket": n % 10},
                         "embedding": vector.tolist(),
                     }
@@ -167,21 +180,12 @@ def populate(tenant: str, size: int, texts: list[str], vectors: np.ndarray) -> N
                         "version": 1,
                         "version_type": "external",
                         "_source": {
-                            "chunk_id": cid,
-                            "tenant_id": tenant,
-                            "document_id": str(doc_id),
-                            "external_id": f"syn-{n}",
-                            "version": 1,
-                            "ordinal": ordinal,
-                            "text_hash": text_hash(text),
-                            "title": "",
-                            "section": "",
+                            **copied,
                             "text": text,
-                            "metadata": {"bucket": n % 10},
                             "metadata_num": {"bucket": n % 10},
                             "metadata_date": {},
                             "bucket": bucket_of(cid),
-                            "hash_num": hash_num(text_hash(text)),
+                            "fingerprint": fingerprint(**copied),
                         },
                     }
                 )

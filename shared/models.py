@@ -152,6 +152,8 @@ class Chunk(Base):
     token_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     # Reconciliation compares the stores bucket by bucket (see shared/reconcile).
     bucket: Mapped[int] = mapped_column(SmallInteger, nullable=False, server_default="0")
+    # A hash of the id and every field Elasticsearch copies (shared/reconcile/buckets.py).
+    fingerprint: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     # A copy of the document's metadata, so filters apply inside the HNSW scan itself.
     metadata_: Mapped[dict[str, Any]] = mapped_column(
         "metadata", JSONB, nullable=False, server_default="{}"

@@ -204,7 +204,7 @@ def index_orphan(tenant: str, text: str = "ghost", title: str = "") -> str:
             "stemmed": {"title": analyze(title), "section": "", "text": analyze(text)},
             "metadata": {},
             "bucket": bucket_of(ghost),
-            "hash_num": 0,
+            "fingerprint": 0,
         },
     )
     return ghost

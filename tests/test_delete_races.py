@@ -3,14 +3,19 @@ the relay applies it, and a stale-copy cleanup never blocks the write of a newer
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
+from typing import Any
 
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 from shared.db import unit_of_work
 from shared.ingest import pipeline, relay
 from shared.ingest import repository as repo
-from shared.models import OutboxOp
+from shared.ingest.service import delete_document
+from shared.models import DeadLetter, OutboxOp
 from tests.conftest import CeleryProcess
 from tests.helpers import (
     es_chunks,
@@ -66,3 +71,68 @@ def test_a_stale_copy_cleanup_never_blocks_the_next_versions_write(
         assert set(es_chunks(tenant).values()) == {3} == set(pg_chunks(tenant).values())
     hits = search(client, auth, "ibis nests", mode="lexical")["results"]
     assert [h["document_id"] for h in hits] == [first["document_id"]]
+
+
+def test_an_upload_racing_a_delete_of_the_same_document_becomes_the_next_version(
+    client: TestClient, auth: dict[str, str], tenant: str, worker: CeleryProcess
+) -> None:
+    """The delete holds the document row when the upload arrives; the upload must wait for it
+    and then write the version after the tombstone, not collide with the tombstone's version
+    (a duplicate key, answered 500)."""
+    first = upload_text(client, auth, "racing.txt", "The first version of a racing document.")
+    wait_converged(tenant)
+    answers: list[Any] = []
+    with unit_of_work() as uow:
+        tombstone = delete_document(uow, tenant, uuid.UUID(first["document_id"]))
+        uploader = threading.Thread(
+            target=lambda: answers.append(
+                client.post(
+                    "/v1/documents",
+                    headers=auth,
+                    json={"external_id": "racing.txt", "text": "The racing document, again."},
+                )
+            )
+        )
+        uploader.start()
+        uploader.join(timeout=2)  # the upload is now waiting on the delete's transaction
+        assert uploader.is_alive()
+    uploader.join(timeout=30)
+    [answer] = answers
+    assert answer.status_code == 202, answer.text
+    assert answer.json()["version"] == tombstone + 1
+    live = wait_converged(tenant)
+    assert set(live.values()) == {tombstone + 1}
+    assert es_chunks(tenant) == pg_chunks(tenant)
+
+
+def test_a_single_upload_event_refused_by_the_database_is_dead_lettered(
+    tenant: str, worker: CeleryProcess
+) -> None:
+    """An event that passes the event checks but fails in the accepting transaction for a
+    reason no retry fixes (here: a filename Postgres cannot store) must leave a dead letter,
+    not vanish; a good event in its own message beside it is accepted."""
+    from shared.ingest.upload_event import build_upload_event
+    from shared.queue import publish_upload_event
+
+    bad = build_upload_event(
+        tenant_id=tenant, external_id="bad-filename", raw=b"fine text", filename="a\x00b.txt"
+    )
+    good = build_upload_event(tenant_id=tenant, external_id="good", raw=b"The good event.")
+    publish_upload_event(bad)
+    publish_upload_event(good)
+    deadline = time.monotonic() + 60
+    letters: list[DeadLetter] = []
+    while time.monotonic() < deadline and not letters:
+        with unit_of_work() as uow:
+            letters = list(
+                uow.session.scalars(
+                    select(DeadLetter).where(
+                        DeadLetter.tenant_id == tenant, DeadLetter.source == "event"
+                    )
+                )
+            )
+            uow.session.expunge_all()
+        time.sleep(0.2)
+    assert [letter.ref for letter in letters] == ["bad-filename"]
+    assert letters[0].stage == "intake" and letters[0].message
+    assert len(wait_converged(tenant)) == 1

@@ -9,11 +9,9 @@ from typing import Any
 
 from celery import Task
 
-from shared.db import unit_of_work
-from shared.errors import BadRequest, UnsupportedMediaType
 from shared.ingest import pipeline, relay, sweep
-from shared.ingest.service import accept_upload, reject_upload_event
-from shared.ingest.upload_event import EventsOutcome, parse_upload_event
+from shared.ingest.service import reject_upload_event
+from shared.ingest.upload_event import EventsOutcome
 from shared.ingest.upload_event import accept_upload_events as accept_events_together
 from shared.logs import job_context
 from shared.queue import (
@@ -61,52 +59,46 @@ def process_jobs(self: Task, job_ids: list[str]) -> dict[str, Any]:
 
 @concord_task(ACCEPT_EVENTS_TASK, INGEST_QUEUE)
 def accept_upload_events(self: Task, events: list[Any]) -> dict[str, int]:
-    """Many upload events in one message (``concord ingest`` sends these), accepted in one
-    transaction. If that fails for a reason a retry will not fix, the events are accepted
-    one at a time instead, so that one bad event cannot take its neighbours down. (A retry
-    of the whole message is safe: events already accepted come back ``unchanged``.)"""
+    """Many upload events in one message (``concord ingest`` sends these)."""
+    return _accept_events(self, events if isinstance(events, list) else [events]).counts()
+
+
+@concord_task(ACCEPT_EVENT_TASK, INGEST_QUEUE)
+def accept_upload_event(self: Task, event: Any) -> dict[str, Any]:
+    """Intake for producers that publish one upload event per message: the same path as a
+    list of them, so an event that can never be accepted is dead-lettered, never dropped."""
+    outcome = _accept_events(self, [event])
+    status = "accepted" if outcome.accepted else "unchanged" if outcome.unchanged else "rejected"
+    return {"status": status, "job_id": str(outcome.job_ids[0]) if outcome.job_ids else None}
+
+
+def _accept_events(task: Task, events: list[Any]) -> EventsOutcome:
+    """Accept a message's events in one transaction. If that fails for a reason a retry will
+    not fix, the events are accepted one at a time instead, so that one bad event cannot take
+    its neighbours down, and each one that still fails is dead-lettered with its reason (also
+    once a retriable failure has used up the task's retries). A retry of the whole message is
+    safe: events already accepted come back ``unchanged``."""
     settings = get_settings()
-    events = events if isinstance(events, list) else [events]
     try:
-        return accept_events_together(events, settings).counts()
+        return accept_events_together(events, settings)
     except Exception as e:
-        if is_retriable(e):
-            raise self.retry(exc=e, countdown=retry_delay(self.request.retries or 0)) from e
+        _retry_if_retriable(task, e)
         log.warning("accepting %s events together failed (%s); one at a time", len(events), e)
     outcome = EventsOutcome()
     for event in events:
         try:
             outcome.add(accept_events_together([event], settings))
         except Exception as e:
-            if is_retriable(e):
-                raise self.retry(exc=e, countdown=retry_delay(self.request.retries or 0)) from e
-            reject_upload_event(event if isinstance(event, dict) else {}, e)
+            _retry_if_retriable(task, e)
+            reject_upload_event(event if isinstance(event, dict) else {"event": repr(event)}, e)
             outcome.rejected += 1
-    return outcome.counts()
+    return outcome
 
 
-@concord_task(ACCEPT_EVENT_TASK, INGEST_QUEUE)
-def accept_upload_event(self: Task, event: dict[str, Any]) -> dict[str, Any]:
-    """Intake for producers that publish upload events to the queue directly. An event that
-    can never be accepted is dead-lettered with the reason, where operators can see it."""
-    try:
-        upload = parse_upload_event(event)
-    except (BadRequest, UnsupportedMediaType) as e:
-        reject_upload_event(event, e)
-        return {"status": "rejected", "reason": e.message}
-    try:
-        with unit_of_work() as uow:
-            result = accept_upload(uow, get_settings(), upload)
-    except Exception as e:
-        if is_retriable(e):
-            raise self.retry(exc=e, countdown=retry_delay(self.request.retries or 0)) from e
-        raise
-    return {
-        "document_id": str(result.document_id),
-        "version": result.version,
-        "job_id": str(result.job_id) if result.job_id else None,
-        "status": result.status,
-    }
+def _retry_if_retriable(task: Task, error: Exception) -> None:
+    retries = task.request.retries or 0
+    if is_retriable(error) and retries < (task.max_retries or 0):
+        raise task.retry(exc=error, countdown=retry_delay(retries)) from error
 
 
 @concord_task(RELAY_TASK, RELAY_QUEUE, max_retries=0)

@@ -18,18 +18,25 @@ def reconcile(
     dry_run: bool = typer.Option(
         True, "--dry-run/--repair", help="Only report (default), or repair and verify."
     ),
+    deep: bool = typer.Option(
+        False, "--deep", help="Compare every chunk, not only buckets whose sums differ."
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Compare Postgres and Elasticsearch; exit 1 while drift remains."""
     from shared.reconcile.service import reconcile as run
     from shared.reconcile.service import reconcile_and_verify
 
+    def progress(tenant: str, done: int, total: int) -> None:
+        # stderr, so that --json output stays one parseable document
+        typer.echo(f"{tenant}: {done}/{total} buckets compared", err=True)
+
     if dry_run:
-        report = run(tenant, repair=False)
+        report = run(tenant, repair=False, deep=deep, progress=progress)
         body: dict[str, Any] = {"mode": "dry-run", **report.as_dict()}
         remaining = report.total()
     else:
-        found, after = reconcile_and_verify(tenant)
+        found, after = reconcile_and_verify(tenant, deep=deep, progress=progress)
         body = {"mode": "repair", **found.as_dict(), "after_repair": after.as_dict()}
         remaining = after.total()
     if as_json:

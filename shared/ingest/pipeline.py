@@ -400,6 +400,8 @@ def _write_versions(
                 tenant_id=c.tenant_id,
                 document_id=c.document_id,
                 version=c.version,
+                external_id=docs[c.document_id].external_id,
+                title=docs[c.document_id].title,
                 metadata=docs[c.document_id].metadata_ or {},
                 rows=_chunk_rows(c),
             )

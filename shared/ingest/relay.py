@@ -20,7 +20,7 @@ from elasticsearch import ConnectionTimeout as EsConnectionTimeout
 from shared.db import unit_of_work
 from shared.ingest import repository as repo
 from shared.models import Chunk, Document, EsOutbox, OutboxOp
-from shared.reconcile.buckets import bucket_of, hash_num
+from shared.reconcile.buckets import bucket_of
 from shared.retry import retry_delay
 from shared.search.filters import typed_metadata
 from shared.settings import Settings, get_settings
@@ -74,7 +74,7 @@ def es_document(chunk: Chunk, doc: Document) -> dict[str, Any]:
         "metadata": metadata,
         **typed_metadata(metadata),
         "bucket": bucket_of(chunk.id),
-        "hash_num": hash_num(chunk.text_hash),
+        "fingerprint": chunk.fingerprint,
     }
 
 

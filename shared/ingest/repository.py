@@ -28,7 +28,7 @@ from shared.models import (
     ReconcileRun,
     Tenant,
 )
-from shared.reconcile.buckets import bucket_of
+from shared.reconcile.buckets import bucket_of, fingerprint
 from shared.vector_type import vector_bytes, vector_from_bytes
 
 
@@ -68,14 +68,18 @@ def ensure_tenants(session: Session, tenant_ids: Sequence[str]) -> None:
 
 
 def documents_by_external_ids(
-    session: Session, keys: Sequence[tuple[str, str]]
+    session: Session, keys: Sequence[tuple[str, str]], for_update: bool = False
 ) -> dict[tuple[str, str], Document]:
-    """The documents of (tenant id, external id) pairs that exist, by pair."""
+    """The documents of (tenant id, external id) pairs that exist, by pair; with
+    ``for_update``, locked in id order until commit."""
     if not keys:
         return {}
-    found = session.scalars(
-        select(Document).where(tuple_(Document.tenant_id, Document.external_id).in_(set(keys)))
+    query = select(Document).where(
+        tuple_(Document.tenant_id, Document.external_id).in_(set(keys))
     )
+    if for_update:
+        query = query.order_by(Document.id).with_for_update()
+    found = session.scalars(query)
     return {(d.tenant_id, d.external_id): d for d in found}
 
 
@@ -271,6 +275,8 @@ class VersionChunks:
     tenant_id: str
     document_id: uuid.UUID
     version: int
+    external_id: str
+    title: str
     metadata: dict[str, Any]
     rows: Sequence[ChunkRow]
 
@@ -293,6 +299,18 @@ def upsert_chunks(session: Session, versions: Sequence[VersionChunks]) -> None:
             "section": r.section,
             "token_count": r.token_count,
             "bucket": bucket_of(r.id),
+            "fingerprint": fingerprint(
+                chunk_id=r.id,
+                tenant_id=v.tenant_id,
+                document_id=str(v.document_id),
+                external_id=v.external_id,
+                version=v.version,
+                ordinal=r.ordinal,
+                text_hash=r.text_hash,
+                title=v.title,
+                section=r.section,
+                metadata=v.metadata,
+            ),
             "embedding": r.embedding,
             "metadata": v.metadata,
         }
@@ -318,6 +336,7 @@ def upsert_chunks(session: Session, versions: Sequence[VersionChunks]) -> None:
                 "char_end": excluded.char_end,
                 "section": excluded.section,
                 "token_count": excluded.token_count,
+                "fingerprint": excluded.fingerprint,
                 "embedding": excluded.embedding,
                 "metadata": excluded.metadata,
                 "updated_at": func.now(),

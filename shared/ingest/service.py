@@ -125,7 +125,11 @@ def accept_uploads(
     # Held until commit. lock_keys takes them in sorted order, so two such batches cannot
     # deadlock.
     repo.lock_keys(session, [f"external:{u.tenant_id}:{u.external_id}" for u in uploads])
-    docs = repo.documents_by_external_ids(session, [(u.tenant_id, u.external_id) for u in uploads])
+    # Locked as well: a delete of one of these documents (which locks its row, not the key)
+    # either commits before this read, and the upload follows its tombstone, or waits for us.
+    docs = repo.documents_by_external_ids(
+        session, [(u.tenant_id, u.external_id) for u in uploads], for_update=True
+    )
     now = repo.now(session)
     newest_jobs = repo.latest_jobs_for(session, [(d.id, d.version) for d in docs.values()])
     results: list[UploadResult] = []

@@ -2,25 +2,75 @@
 
 Every chunk id falls in one of ``BUCKETS`` buckets; both stores keep the bucket with the chunk
 (Postgres column, Elasticsearch field). Per bucket, each side reports (count, sum of versions,
-sum of content-hash numbers): order-independent, so a bucket that agrees needs no more reading,
-and only the buckets that differ are compared chunk by chunk.
+sum of fingerprints): order-independent, so a bucket that agrees needs no more reading, and
+only the buckets that differ are compared chunk by chunk.
+
+A chunk's fingerprint covers its id and every field Elasticsearch holds a copy of (tenant,
+document, version, ordinal, text hash, title, section, metadata). Without the id, a missing
+chunk and an orphan of the same version and text in one bucket would cancel out in the sums;
+without the copied fields, a copy with a wrong title or metadata would count as current.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+from typing import Any
 
 BUCKETS = 1024
-
-# SQL twins of the functions below (the migration and the reconcile repository use them).
-SQL_HASH_NUM = "('x' || substr({column}, 1, 8))::bit(32)::bigint"
 
 
 def bucket_of(chunk_id: str) -> int:
     return int(hashlib.sha256(chunk_id.encode()).hexdigest()[:8], 16) % BUCKETS
 
 
-def hash_num(text_hash: str) -> int:
-    """The first 32 bits of the content hash: summable in Elasticsearch without precision
-    loss (sums stay far below 2^53)."""
-    return int(text_hash[:8], 16)
+def fingerprint(
+    *,
+    chunk_id: str,
+    tenant_id: str,
+    document_id: str,
+    external_id: str,
+    version: int,
+    ordinal: int,
+    text_hash: str,
+    title: str,
+    section: str,
+    metadata: dict[str, Any],
+) -> int:
+    """The first 32 bits of a hash of the chunk's copied fields: summable in Elasticsearch
+    without precision loss (a bucket's sum stays far below 2^53)."""
+    canonical = json.dumps(
+        [
+            chunk_id,
+            tenant_id,
+            document_id,
+            external_id,
+            version,
+            ordinal,
+            text_hash,
+            title,
+            section,
+            metadata,
+        ],
+        sort_keys=True,
+        ensure_ascii=True,
+        separators=(",", ":"),
+    )
+    return int(hashlib.sha256(canonical.encode()).hexdigest()[:8], 16)
+
+
+def fingerprint_of_source(chunk_id: str, source: dict[str, Any]) -> int:
+    """The fingerprint of an Elasticsearch copy, recomputed from its fields (not its stored
+    ``fingerprint``), so a copy edited out of band does not vouch for itself."""
+    return fingerprint(
+        chunk_id=chunk_id,
+        tenant_id=source.get("tenant_id", ""),
+        document_id=source.get("document_id", ""),
+        external_id=source.get("external_id", ""),
+        version=int(source.get("version", 0)),
+        ordinal=int(source.get("ordinal", 0)),
+        text_hash=source.get("text_hash", ""),
+        title=source.get("title", ""),
+        section=source.get("section", ""),
+        metadata=source.get("metadata") or {},
+    )

@@ -5,14 +5,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from sqlalchemy import ColumnElement, func, literal_column, select
+from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
 from shared.db import any_of
-from shared.models import Chunk, Document
-from shared.reconcile.buckets import SQL_HASH_NUM
-
-_HASH_NUM: ColumnElement[int] = literal_column(SQL_HASH_NUM.format(column="chunks.text_hash"))
+from shared.models import Chunk, Document, EsOutbox
 
 
 def pg_tenants(session: Session) -> set[str]:
@@ -20,10 +17,10 @@ def pg_tenants(session: Session) -> set[str]:
 
 
 def bucket_stats(session: Session, tenant_id: str) -> dict[int, tuple[int, int, int]]:
-    """bucket -> (chunks, sum of versions, sum of content-hash numbers). Chunks in Postgres
-    are always live: superseded and tombstoned ones are deleted in the writing transaction."""
+    """bucket -> (chunks, sum of versions, sum of fingerprints). Chunks in Postgres are
+    always live: superseded and tombstoned ones are deleted in the writing transaction."""
     rows = session.execute(
-        select(Chunk.bucket, func.count(), func.sum(Chunk.version), func.sum(_HASH_NUM))
+        select(Chunk.bucket, func.count(), func.sum(Chunk.version), func.sum(Chunk.fingerprint))
         .where(Chunk.tenant_id == tenant_id)
         .group_by(Chunk.bucket)
     )
@@ -32,26 +29,35 @@ def bucket_stats(session: Session, tenant_id: str) -> dict[int, tuple[int, int, 
 
 def chunks_in_buckets(
     session: Session, tenant_id: str, buckets: Sequence[int]
-) -> dict[str, tuple[int, str]]:
+) -> dict[str, tuple[int, int]]:
     return _fingerprints(session, tenant_id, any_of(Chunk.bucket, buckets)) if buckets else {}
 
 
 def chunks_by_ids(
     session: Session, tenant_id: str, ids: Sequence[str]
-) -> dict[str, tuple[int, str]]:
+) -> dict[str, tuple[int, int]]:
     return _fingerprints(session, tenant_id, any_of(Chunk.id, ids)) if ids else {}
 
 
 def _fingerprints(
     session: Session, tenant_id: str, condition: ColumnElement[bool]
-) -> dict[str, tuple[int, str]]:
-    """chunk id -> (version, text hash) of the tenant's chunks that match ``condition``."""
+) -> dict[str, tuple[int, int]]:
+    """chunk id -> (version, fingerprint) of the tenant's chunks that match ``condition``."""
     rows = session.execute(
-        select(Chunk.id, Chunk.version, Chunk.text_hash).where(
+        select(Chunk.id, Chunk.version, Chunk.fingerprint).where(
             Chunk.tenant_id == tenant_id, condition
         )
     )
-    return {cid: (version, text_hash) for cid, version, text_hash in rows}
+    return {cid: (version, fp) for cid, version, fp in rows}
+
+
+def chunks_with_queued_writes(session: Session, ids: Sequence[str]) -> set[str]:
+    """The chunks among ``ids`` that already have an outbox row waiting (a repair queued by an
+    earlier reconcile, or an ingest write not yet relayed): queuing another would only repeat
+    it."""
+    if not ids:
+        return set()
+    return set(session.scalars(select(EsOutbox.chunk_id).where(any_of(EsOutbox.chunk_id, ids))))
 
 
 def chunk_tenants(session: Session, ids: Sequence[str]) -> dict[str, str]:

@@ -1,24 +1,32 @@
 """Reconciliation: prove that Elasticsearch holds exactly the live chunks of Postgres (the
-source of truth), at their versions and content hashes, and repair what differs.
+source of truth), at their versions and fingerprints, and repair what differs.
 
 Cost grows with the drift, not the corpus: per tenant, both stores report per-bucket
-(count, sum of versions, sum of content-hash numbers); only buckets that differ are read chunk
-by chunk. Drift is classified as
+(count, sum of versions, sum of fingerprints); only buckets that differ are read chunk by
+chunk. Drift is classified as
 
 * ``missing``: live in Postgres, absent from Elasticsearch;
-* ``stale``: in both, but Elasticsearch holds another version or content hash;
+* ``stale``: in both, but the copy holds another version, or fields whose fingerprint differs
+  (text, title, section, metadata...);
 * ``orphaned``: in Elasticsearch but not live in Postgres (tombstoned or superseded);
 * ``wrong_tenant``: in Elasticsearch under another tenant than Postgres says.
 
+It works at any scale of drift: each tenant's differing buckets are read in ranges of about
+``RANGE_CHUNKS`` chunks, one transaction per range, so neither memory nor a transaction grows
+with the loss, and repairs queued for a range are kept even if a later range fails. A repair
+after losing all of Elasticsearch is the same code reading every bucket.
+
 Repairs go through the outbox, the same idempotent write path as ingestion: ``repair`` rows
 re-send the Postgres chunk, ``purge`` rows delete, both with external versions that may
-overwrite an equal version (a corrupted copy) but never a newer one.
+overwrite an equal version (a corrupted copy) but never a newer one. The relay re-checks each
+delete against Postgres when it applies it.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,19 +38,29 @@ from shared.ingest import relay
 from shared.ingest import repository as ingest_repo
 from shared.models import OutboxOp, ReconcileRun
 from shared.reconcile import repository as repo
-from shared.reconcile.buckets import BUCKETS
+from shared.reconcile.buckets import BUCKETS, fingerprint_of_source
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
 
+log = logging.getLogger(__name__)
+
 CLASSES = ("missing", "stale", "orphaned", "wrong_tenant")
 SAMPLE = 10
+# Chunks compared (and repairs queued) per transaction; a range holds whole buckets.
+RANGE_CHUNKS = 20_000
+# Ids per Elasticsearch ids query and per Postgres array parameter.
+ID_PAGE = 10_000
+
+# progress(tenant, buckets done, buckets to compare) after each range
+Progress = Callable[[str, int, int], None]
 
 
 @dataclass
 class EsCopy:
     tenant_id: str
     version: int
-    text_hash: str
+    stored_fingerprint: int  # the number the relay wrote
+    fields_fingerprint: int  # recomputed from the copy's fields
     es_version: int
 
 
@@ -54,6 +72,8 @@ class ReconcileReport:
     ids_read: int = 0
     drift: dict[str, set[str]] = field(default_factory=lambda: {c: set() for c in CLASSES})
     repaired_ids: set[str] = field(default_factory=set)  # chunks with a repair queued
+    # drifted chunks left alone because an outbox row for them was already waiting
+    repairs_pending: set[str] = field(default_factory=set)
     unrepairable: list[str] = field(default_factory=list)
     duration_s: float = 0.0
 
@@ -74,29 +94,37 @@ class ReconcileReport:
             "samples": {c: sorted(ids)[:SAMPLE] for c, ids in self.drift.items()},
             "total_drift": self.total(),
             "repairs_queued": self.repairs_queued,
+            "repairs_already_queued": len(self.repairs_pending),
             "unrepairable": self.unrepairable[:SAMPLE],
             "duration_s": round(self.duration_s, 3),
         }
 
 
 def reconcile(
-    tenant: str | None = None, repair: bool = False, es: Elasticsearch | None = None
+    tenant: str | None = None,
+    repair: bool = False,
+    es: Elasticsearch | None = None,
+    deep: bool = False,
+    progress: Progress | None = None,
 ) -> ReconcileReport:
-    """Compare (and with ``repair``, queue repairs for) one tenant or every tenant."""
+    """Compare (and with ``repair``, queue repairs for) one tenant or every tenant.
+
+    ``deep`` compares every bucket chunk by chunk instead of trusting agreeing bucket sums:
+    it also finds a copy edited outside Concord whose stored fingerprint was left as it was.
+    """
     es = es or get_es()
     alias = get_settings().es_chunks_alias()
     started = time.monotonic()
     report = ReconcileReport()
     es.indices.refresh(index=alias)  # compare against every write acknowledged so far
-    with unit_of_work() as uow:
-        tenants = (
-            [tenant] if tenant else sorted(repo.pg_tenants(uow.session) | _es_tenants(es, alias))
-        )
-        report.tenants = len(tenants)
-        for t in tenants:
-            _compare_tenant(uow.session, es, alias, t, report)
-        if repair and report.total():
-            _queue_repairs(uow.session, es, alias, report)
+    if tenant:
+        tenants = [tenant]
+    else:
+        with unit_of_work() as uow:
+            tenants = sorted(repo.pg_tenants(uow.session) | _es_tenants(es, alias))
+    report.tenants = len(tenants)
+    for t in tenants:
+        _reconcile_tenant(es, alias, t, report, repair=repair, deep=deep, progress=progress)
     report.duration_s = time.monotonic() - started
     with unit_of_work() as uow:
         uow.session.add(
@@ -110,11 +138,13 @@ def reconcile(
     return report
 
 
-def reconcile_and_verify(tenant: str | None = None) -> tuple[ReconcileReport, ReconcileReport]:
+def reconcile_and_verify(
+    tenant: str | None = None, deep: bool = False, progress: Progress | None = None
+) -> tuple[ReconcileReport, ReconcileReport]:
     """Repair, drain the outbox now, and compare again: the second report shows what remains."""
-    first = reconcile(tenant, repair=True)
-    if first.repaired_ids:
-        drain_repairs(first.repaired_ids)
+    first = reconcile(tenant, repair=True, deep=deep, progress=progress)
+    if first.repaired_ids or first.repairs_pending:
+        drain_repairs(first.repaired_ids | first.repairs_pending)
         get_es().indices.refresh(index=get_settings().es_chunks_alias())
     return first, reconcile(tenant, repair=False)
 
@@ -155,7 +185,10 @@ def _es_bucket_stats(
         aggs={
             "buckets": {
                 "terms": {"field": "bucket", "size": BUCKETS},
-                "aggs": {"v": {"sum": {"field": "version"}}, "h": {"sum": {"field": "hash_num"}}},
+                "aggs": {
+                    "v": {"sum": {"field": "version"}},
+                    "h": {"sum": {"field": "fingerprint"}},
+                },
             },
             "unbucketed": {"missing": {"field": "bucket"}},
         },
@@ -188,101 +221,186 @@ def _es_copies(
     return _scan(es, alias, query)
 
 
+COPIED_FIELDS = [
+    "tenant_id",
+    "document_id",
+    "external_id",
+    "version",
+    "ordinal",
+    "text_hash",
+    "title",
+    "section",
+    "metadata",
+    "fingerprint",
+]
+
+
 def _scan(es: Elasticsearch, alias: str, query: dict[str, Any]) -> dict[str, EsCopy]:
     hits = helpers.scan(
         es,
         index=alias,
         query={"query": query, "version": True},
-        _source=["tenant_id", "version", "text_hash"],
+        _source=COPIED_FIELDS,
         size=2000,
     )
     return {
         h["_id"]: EsCopy(
-            h["_source"].get("tenant_id", ""),
-            int(h["_source"].get("version", 0)),
-            h["_source"].get("text_hash", ""),
-            int(h.get("_version", 0)),
+            tenant_id=h["_source"].get("tenant_id", ""),
+            version=int(h["_source"].get("version", 0)),
+            stored_fingerprint=int(h["_source"].get("fingerprint", -1)),
+            fields_fingerprint=fingerprint_of_source(h["_id"], h["_source"]),
+            es_version=int(h.get("_version", 0)),
         )
         for h in hits
     }
 
 
 def _es_by_ids(es: Elasticsearch, alias: str, ids: Iterable[str]) -> dict[str, EsCopy]:
-    ids = list(ids)
-    if not ids:
-        return {}
-    return _scan(es, alias, {"ids": {"values": ids}})
+    copies: dict[str, EsCopy] = {}
+    for page in _pages(sorted(ids), ID_PAGE):
+        copies.update(_scan(es, alias, {"ids": {"values": page}}))
+    return copies
 
 
-def _compare_tenant(
-    session: Session, es: Elasticsearch, alias: str, tenant: str, report: ReconcileReport
+def _pages(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _bucket_ranges(buckets: list[int], sizes: dict[int, int]) -> Iterator[list[int]]:
+    """Consecutive runs of ``buckets`` holding at most ``RANGE_CHUNKS`` chunks each (a bucket
+    larger than that is a range of its own)."""
+    max_chunks = RANGE_CHUNKS
+    current: list[int] = []
+    held = 0
+    for bucket in buckets:
+        if current and held + sizes.get(bucket, 0) > max_chunks:
+            yield current
+            current, held = [], 0
+        current.append(bucket)
+        held += sizes.get(bucket, 0)
+    if current:
+        yield current
+
+
+@dataclass
+class _RangeDrift:
+    drift: dict[str, set[str]] = field(default_factory=lambda: {c: set() for c in CLASSES})
+    orphan_copies: dict[str, EsCopy] = field(default_factory=dict)
+    unrepairable: set[str] = field(default_factory=set)
+
+
+def _reconcile_tenant(
+    es: Elasticsearch,
+    alias: str,
+    tenant: str,
+    report: ReconcileReport,
+    *,
+    repair: bool,
+    deep: bool,
+    progress: Progress | None,
 ) -> None:
-    pg_stats = repo.bucket_stats(session, tenant)
+    with unit_of_work() as uow:
+        pg_stats = repo.bucket_stats(uow.session, tenant)
     es_stats, unbucketed = _es_bucket_stats(es, alias, tenant)
     report.buckets_scanned += BUCKETS
     differing = sorted(
         b for b in set(pg_stats) | set(es_stats) if pg_stats.get(b) != es_stats.get(b)
     )
     report.buckets_differing += len(differing)
-    if not differing and not unbucketed:
-        return
-    pg_rows = repo.chunks_in_buckets(session, tenant, differing)
-    es_rows = _es_copies(es, alias, tenant, differing, bool(unbucketed))
+    to_read = list(range(BUCKETS)) if deep else differing
+    sizes = {b: max(pg_stats.get(b, (0, 0, 0))[0], es_stats.get(b, (0, 0, 0))[0]) for b in to_read}
+    done = 0
+    for buckets in _bucket_ranges(to_read, sizes):
+        with unit_of_work() as uow:
+            pg_rows = repo.chunks_in_buckets(uow.session, tenant, buckets)
+            es_rows = _es_copies(es, alias, tenant, buckets, unbucketed=False)
+            _compare_range(uow.session, es, alias, tenant, pg_rows, es_rows, report, repair)
+        done += len(buckets)
+        if progress:
+            progress(tenant, done, len(to_read))
+        log.info("reconcile %s: %d of %d buckets compared", tenant, done, len(to_read))
     if unbucketed:  # legacy copies without a bucket: compare them with their Postgres rows
-        pg_rows.update(
-            repo.chunks_by_ids(session, tenant, [cid for cid in es_rows if cid not in pg_rows])
-        )
-    report.ids_read += len(pg_rows) + len(es_rows)
+        with unit_of_work() as uow:
+            es_rows = _es_copies(es, alias, tenant, [], unbucketed=True)
+            pg_rows = repo.chunks_by_ids(uow.session, tenant, sorted(es_rows))
+            _compare_range(uow.session, es, alias, tenant, pg_rows, es_rows, report, repair)
 
+
+def _compare_range(
+    session: Session,
+    es: Elasticsearch,
+    alias: str,
+    tenant: str,
+    pg_rows: dict[str, tuple[int, int]],
+    es_rows: dict[str, EsCopy],
+    report: ReconcileReport,
+    repair: bool,
+) -> None:
+    """Classify the drift between one range's rows in both stores; with ``repair``, queue the
+    repairs in the caller's transaction."""
+    found = _RangeDrift()
+    report.ids_read += len(pg_rows) + len(es_rows)
     missing = [cid for cid in pg_rows if cid not in es_rows]
     elsewhere = _es_by_ids(es, alias, missing)
     for cid in missing:
         copy = elsewhere.get(cid)
-        report.drift["wrong_tenant" if copy and copy.tenant_id != tenant else "missing"].add(cid)
+        found.drift["wrong_tenant" if copy and copy.tenant_id != tenant else "missing"].add(cid)
     extra = [cid for cid in es_rows if cid not in pg_rows]
     owners = repo.chunk_tenants(session, extra)
     for cid in extra:
         owner = owners.get(cid)
-        report.drift["wrong_tenant" if owner and owner != tenant else "orphaned"].add(cid)
-    for cid, (version, text_hash) in pg_rows.items():
+        if owner and owner != tenant:
+            found.drift["wrong_tenant"].add(cid)
+        else:
+            found.drift["orphaned"].add(cid)
+            found.orphan_copies[cid] = es_rows[cid]
+    for cid, (version, fingerprint) in pg_rows.items():
         copy = es_rows.get(cid)
-        if copy and (copy.version != version or copy.text_hash != text_hash):
-            report.drift["stale"].add(cid)
+        if copy and (
+            copy.version != version
+            or copy.stored_fingerprint != fingerprint
+            or copy.fields_fingerprint != fingerprint
+        ):
+            found.drift["stale"].add(cid)
             if copy.es_version > version:
-                report.unrepairable.append(cid)
+                found.unrepairable.add(cid)
+    for name, ids in found.drift.items():
+        report.drift[name] |= ids
+    report.unrepairable.extend(sorted(found.unrepairable))
+    if repair:
+        _queue_repairs(session, found, report)
 
 
-def _queue_repairs(
-    session: Session, es: Elasticsearch, alias: str, report: ReconcileReport
-) -> None:
-    rewrite = report.drift["missing"] | report.drift["stale"] | report.drift["wrong_tenant"]
-    rewrite -= set(report.unrepairable)
-    for chunk in ingest_repo.chunks_by_ids(session, sorted(rewrite)).values():
-        ingest_repo.add_outbox(
-            session,
-            tenant_id=chunk.tenant_id,
-            document_id=chunk.document_id,
-            op=OutboxOp.REPAIR,
-            version=chunk.version,
-            chunk_ids=[chunk.id],
+def _queue_repairs(session: Session, found: _RangeDrift, report: ReconcileReport) -> None:
+    drifted = set().union(*found.drift.values())
+    # A chunk whose outbox row is still waiting needs no second one (an earlier repair, or an
+    # ingest write the relay has not sent yet).
+    queued = repo.chunks_with_queued_writes(session, sorted(drifted))
+    rewrite = (
+        (found.drift["missing"] | found.drift["stale"] | found.drift["wrong_tenant"])
+        - found.unrepairable
+        - queued
+    )
+    entries = [
+        ingest_repo.OutboxEntry(
+            chunk.tenant_id, chunk.document_id, OutboxOp.REPAIR, chunk.version, [chunk.id]
         )
-        report.repaired_ids.add(chunk.id)
-    orphans = sorted(report.drift["orphaned"])
-    copies = _es_by_ids(es, alias, orphans)
+        for chunk in ingest_repo.chunks_by_ids(session, sorted(rewrite)).values()
+    ]
+    orphans = sorted(found.drift["orphaned"] - queued)
     versions = repo.document_versions_for_chunks(session, orphans)
     for cid in orphans:
-        copy = copies.get(cid)
-        if copy is None:
-            continue
+        copy = found.orphan_copies[cid]
         # At least the copy's own version, so Elasticsearch accepts the delete; at least the
         # document's current version, the newest Postgres has, so no later write is blocked.
-        doc_id, doc_version = versions.get(cid, (None, 0))
-        ingest_repo.add_outbox(
-            session,
-            tenant_id=copy.tenant_id,
-            document_id=doc_id or repo.document_id_of(cid),
-            op=OutboxOp.PURGE,
-            version=max(copy.es_version, doc_version),
-            chunk_ids=[cid],
+        # The relay checks Postgres again when it applies it.
+        doc_id, doc_version = versions.get(cid, (repo.document_id_of(cid), 0))
+        entries.append(
+            ingest_repo.OutboxEntry(
+                copy.tenant_id, doc_id, OutboxOp.PURGE, max(copy.es_version, doc_version), [cid]
+            )
         )
-        report.repaired_ids.add(cid)
+    ingest_repo.add_outbox_entries(session, entries)
+    report.repaired_ids |= {cid for e in entries for cid in e.chunk_ids}
+    report.repairs_pending |= queued

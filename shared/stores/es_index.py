@@ -66,7 +66,8 @@ def index_body(settings: Settings) -> dict[str, Any]:
                 "metadata": {"type": "flattened"},
                 "metadata_num": {"type": "object", "dynamic": True},
                 "bucket": {"type": "integer"},
-                "hash_num": {"type": "long"},
+                "hash_num": {"type": "long"},  # unused since 0008; a mapping keeps its fields
+                "fingerprint": {"type": "long"},
                 "metadata_date": {"type": "object", "dynamic": True},
             },
         },
