@@ -74,9 +74,7 @@ def documents_by_external_ids(
     ``for_update``, locked in id order until commit."""
     if not keys:
         return {}
-    query = select(Document).where(
-        tuple_(Document.tenant_id, Document.external_id).in_(set(keys))
-    )
+    query = select(Document).where(tuple_(Document.tenant_id, Document.external_id).in_(set(keys)))
     if for_update:
         query = query.order_by(Document.id).with_for_update()
     found = session.scalars(query)
