@@ -126,3 +126,56 @@ def test_docker_compose_file_is_valid():
     assert result.returncode == 0, result.stderr
     for service in ("postgres", "redis", "elasticsearch", "api", "worker", "relay-worker", "beat"):
         assert f"{service}:" in result.stdout
+
+
+def test_the_supervisor_restarts_a_killed_worker_and_beat_and_counts_it(state_root: Path):
+    """``concord stack up`` runs the app under a supervisor: a worker main process or beat
+    killed with SIGKILL is running again within seconds, ``stack status`` shows the restart,
+    and ``stack down`` still stops everything, the restarted processes included."""
+    import signal
+    import time
+
+    state = state_root / "state"
+    env = {
+        **os.environ,
+        "CONCORD_STATE_DIR": str(state),
+        "CONCORD_PG_PORT": "15534",
+        "CONCORD_REDIS_PORT": "16480",
+        "CONCORD_ES_PORT": "19301",
+        "CONCORD_API_PORT": "18101",
+        "CONCORD_PG_DATABASE": "concord",
+        "CONCORD_ES_INDEX_PREFIX": "concord",
+        "CONCORD_REDIS_DB": "0",
+    }
+    app = state / "app"
+    names = ("api", "worker", "relay-worker", "beat", "supervisor")
+    seen: set[int] = set()
+    try:
+        up = concord(["stack", "up"], env)
+        assert up.returncode == 0, up.stdout + up.stderr
+        before = {name: _read_pid(app / f"{name}.pid") for name in names}
+        assert all(_pid_alive(pid) for pid in before.values()), before
+        seen |= {pid for pid in before.values() if pid}
+
+        os.killpg(before["worker"], signal.SIGKILL)  # the main process and its pool
+        os.kill(before["beat"], signal.SIGKILL)
+        killed = time.monotonic()
+        restarted: dict[str, int | None] = {}
+        while time.monotonic() - killed < 60:
+            restarted = {n: _read_pid(app / f"{n}.pid") for n in ("worker", "beat")}
+            if all(pid and pid != before[n] and _pid_alive(pid) for n, pid in restarted.items()):
+                break
+            time.sleep(0.5)
+        seen |= {pid for pid in restarted.values() if pid}
+        assert all(pid != before[n] and _pid_alive(pid) for n, pid in restarted.items())
+        assert time.monotonic() - killed < 10  # the first restart waits no backoff
+
+        status = concord(["stack", "status"], env)
+        rows = {line.split()[1]: line.split() for line in status.stdout.splitlines() if "│" in line}
+        assert rows["worker"][7] == "1" and rows["beat"][7] == "1", status.stdout
+        assert rows["api"][7] == "0" and rows["relay-worker"][7] == "0", status.stdout
+        assert _read_pid(app / "api.pid") == before["api"]  # the others were left alone
+    finally:
+        down = concord(["stack", "down"], env)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not any(_pid_alive(pid) for pid in seen)

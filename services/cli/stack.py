@@ -45,6 +45,7 @@ class ServiceStatus:
     up: bool
     pid: int | None
     where: str
+    restarts: int | None = None  # by the supervisor; None for services it does not watch
 
 
 # ---------------------------------------------------------------- helpers
@@ -560,11 +561,19 @@ class ProjectProcess:
     """A process of this project (API, worker, beat), run in its own session so that ``down``
     can stop it and the children it forked (Celery's pool) by its process group."""
 
-    def __init__(self, settings: Settings, name: str, argv: list[str], where: str) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        name: str,
+        argv: list[str],
+        where: str,
+        stop_timeout_s: float = 30.0,
+    ) -> None:
         self.s = settings
         self.name = name
         self.argv = argv
         self._where = where
+        self.stop_timeout_s = stop_timeout_s
         self.dir = settings.state_path() / "app"
         self.pidfile = self.dir / f"{name}.pid"
         self.log = self.dir / f"{name}.log"
@@ -584,10 +593,20 @@ class ProjectProcess:
         return _pid_alive(self.pid())
 
     def up(self) -> None:
+        """Start the process unless it runs, and wait until it is healthy."""
         if _pid_alive(self.pid()):
             return
         if self.name == "api":
             _refuse_taken_port(self.name, self.s.api_port)
+        pid = self.spawn()
+        self.wait_healthy()
+        if self.name != "api":
+            time.sleep(1.0)
+            if not _pid_alive(pid):
+                raise StackError(f"{self.name} exited at start; see {self.log}")
+
+    def spawn(self) -> int:
+        """Start the process (no checks, no waiting) and record its pid."""
         self.dir.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:
             proc = subprocess.Popen(
@@ -598,14 +617,13 @@ class ProjectProcess:
                 start_new_session=True,
             )
         self.pidfile.write_text(str(proc.pid))
-        _wait_until(self.healthy, 90, self.name, [self.log])
-        if self.name != "api":
-            time.sleep(1.0)
-            if not _pid_alive(proc.pid):
-                raise StackError(f"{self.name} exited at start; see {self.log}")
+        return proc.pid
+
+    def wait_healthy(self, timeout_s: float = 90) -> None:
+        _wait_until(self.healthy, timeout_s, self.name, [self.log])
 
     def down(self) -> None:
-        _stop_pid(self.pid(), timeout_s=30, group=True)
+        _stop_pid(self.pid(), timeout_s=self.stop_timeout_s, group=True)
         self.pidfile.unlink(missing_ok=True)
 
 
@@ -672,6 +690,18 @@ def app_processes(settings: Settings) -> list[ProjectProcess]:
     ]
 
 
+def supervisor_process(settings: Settings) -> ProjectProcess:
+    """Starts the app processes and restarts any that dies (services/cli/supervisor.py).
+    Stopping it stops them first, so it gets their stop time too."""
+    return ProjectProcess(
+        settings,
+        "supervisor",
+        [sys.executable, "-m", "services.cli.supervisor"],
+        "restarts api, workers and beat",
+        stop_timeout_s=150.0,
+    )
+
+
 def celery_worker_command(queues: Sequence[str], concurrency: int, name: str) -> list[str]:
     return [
         sys.executable,
@@ -697,7 +727,8 @@ def services(
         RedisService(settings),
         ElasticsearchService(settings),
     ]
-    return infra + (list(app_processes(settings)) if with_app else [])
+    # The supervisor last: ``down`` goes in reverse, and stopping it stops the app first.
+    return infra + ([*app_processes(settings), supervisor_process(settings)] if with_app else [])
 
 
 def prepare_state_dir(settings: Settings) -> None:
@@ -716,8 +747,11 @@ def prepare_state_dir(settings: Settings) -> None:
 
 
 def status(settings: Settings) -> list[ServiceStatus]:
+    from services.cli.supervisor import read_state
+
+    restarts = {name: int(s.get("restarts", 0)) for name, s in read_state(settings).items()}
     return [
-        ServiceStatus(svc.name, svc.healthy(), svc.pid(), svc.where())
+        ServiceStatus(svc.name, svc.healthy(), svc.pid(), svc.where(), restarts.get(svc.name))
         for svc in services(settings, with_app=True)
     ]
 

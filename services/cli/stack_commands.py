@@ -37,8 +37,13 @@ def up(
         stack.migrate_and_prepare_indices(settings)
         console.print("[green]ok[/] schema migrated, Elasticsearch index ready")
         if not infra_only:
+            api = next(p for p in stack.app_processes(settings) if p.name == "api")
+            if not stack._pid_alive(api.pid()):
+                stack._refuse_taken_port("api", settings.api_port)
+            # The supervisor starts the app processes and restarts any that dies.
+            stack.supervisor_process(settings).up()
             for proc in stack.app_processes(settings):
-                proc.up()
+                proc.wait_healthy()
                 console.print(f"[green]up[/] {proc.name:<14} {proc.where()}")
     except stack.StackError as e:
         print_error(console, e, label="error:")
@@ -59,11 +64,15 @@ def down() -> None:
 def status() -> None:
     """Report each service up or down; exit 1 when any infrastructure service is down."""
     settings = get_settings()
-    table = Table("service", "state", "pid", "where")
+    table = Table("service", "state", "pid", "restarts", "where")
     rows = stack.status(settings)
     for row in rows:
         table.add_row(
-            row.name, "[green]up[/]" if row.up else "[red]down[/]", str(row.pid or "-"), row.where
+            row.name,
+            "[green]up[/]" if row.up else "[red]down[/]",
+            str(row.pid or "-"),
+            "-" if row.restarts is None else str(row.restarts),
+            row.where,
         )
     console.print(table)
     if not all(r.up for r in rows if r.name in stack.INFRA):
