@@ -789,3 +789,56 @@ def test_link_faults_are_bounded_and_the_stack_recovers(
         assert all(s in (200, 202, 503) for s in phase["statuses"]), (name, phase)
     assert recovered_after is not None, figures
     assert (figures.lost, figures.duplicates, figures.orphans) == (0, 0, 0), figures
+
+
+# --- Postgres unreachable for 10 s mid-ingest -------------------------------------------------
+
+
+def test_a_postgres_outage_mid_ingest_loses_nothing_under_the_defaults(
+    client: TestClient, auth: dict[str, str], tenant: str, proxied_stack: dict[str, Any]
+) -> None:
+    """The worker's link to Postgres refuses every connection (and drops the open ones) for
+    10 s while it ingests, with the shipped lease, heartbeat, sweep and retry settings. Every
+    job must be indexed, in both stores, within 60 s of Postgres' return."""
+    from shared.settings import Settings
+
+    shipped = Settings()
+    assert (shipped.job_lease_seconds, shipped.sweep_interval_seconds) == (
+        get_settings().job_lease_seconds,
+        get_settings().sweep_interval_seconds,
+    )
+    n = 200 if LARGE else 80
+    accepted: dict[str, int] = {}
+    _upload_many(client, auth, n, "outage", accepted)
+
+    def in_state(state: str) -> int:
+        with unit_of_work() as uow:
+            return repo.count_rows(uow.session, IngestJob, tenant, IngestJob.state == state)
+
+    def indexed() -> int:
+        return in_state("indexed")
+
+    # Mid-batch: a batch is claimed and being worked on when the link goes.
+    wait_for(lambda: in_state("running") > 0, 120, interval=0.05, what="a batch under way")
+    proxies = proxied_stack["proxies"]
+    proxies["postgres"].set("refuse")
+    time.sleep(10)
+    indexed_during = indexed()
+    proxies["postgres"].set("pass")
+    returned = time.monotonic()
+    wait_for(lambda: indexed() == n, 60, interval=0.5, what="every job indexed")
+    all_indexed_s = time.monotonic() - returned
+    figures = measure(
+        "postgres-outage-10s",
+        tenant,
+        accepted,
+        returned,
+        timeout=60,
+        indexed_before_return=indexed_during,
+        all_jobs_indexed_after_s=round(all_indexed_s, 1),
+        settings="shipped defaults (lease 20 s, heartbeat 5 s, sweep 5 s)",
+    )
+    with unit_of_work() as uow:
+        letters = repo.count_rows(uow.session, DeadLetter, tenant)
+    assert letters == 0
+    assert_clean(figures, within_s=60)
