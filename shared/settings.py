@@ -89,6 +89,8 @@ class Settings(BaseSettings):
     # Chunking (tokens of the embedder's own tokenizer)
     chunk_max_tokens: int = 200
     chunk_overlap_tokens: int = 32
+    # Characters per chunk, whatever its token count (a word over 100 characters is one token)
+    chunk_max_chars: int = 4000
 
     # Processes of the ingest worker `concord stack up` starts (each loads the model once),
     # and of its relay worker (Elasticsearch relay, sweeps, reconciliation; no model).
@@ -124,6 +126,9 @@ class Settings(BaseSettings):
     # Outbox relay
     relay_interval_seconds: float = 2.0
     relay_batch_size: int = 500
+    # Bytes per bulk request (Elasticsearch refuses requests over http.max_content_length,
+    # 100 MB by default); a claimed batch is sent in as many requests as it needs.
+    relay_bulk_bytes: int = 8 * 1024 * 1024
     relay_max_attempts: int = 8
 
     # Search

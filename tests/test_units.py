@@ -355,3 +355,43 @@ def test_the_schemathesis_hook_reads_a_form_as_sent_and_keeps_real_violations() 
     assert not form_as_sent_is_valid(
         form(upload, ("title", b"short", None), ("title", b"t" * 1001, None)), content_type, schema
     )
+
+
+def test_a_long_word_is_cut_to_the_character_cap():
+    """One 200,000-character word is a single unknown token for WordPiece: without a cap in
+    characters it would be one enormous chunk."""
+    text = "Start. " + "x" * 200_000 + " end of the story."
+    chunks = Chunker(word_offsets, max_tokens=16, overlap_tokens=0, max_chars=1000).chunk(
+        parse(text.encode(), "text/plain")
+    )
+    assert max(len(c.text) for c in chunks) <= 1000
+    assert sum(c.text.count("x") for c in chunks) == 200_000
+    doc_text = parse(text.encode(), "text/plain").text
+    assert all(doc_text[c.char_start : c.char_end] == c.text for c in chunks)
+
+
+def test_markdown_headings_parse_in_linear_time():
+    """The former heading pattern backtracked over a long line of spaces: quadratic."""
+    import time
+
+    def parse_time(n: int) -> float:
+        line = "# a" + " " * n + "b\n"
+        started = time.perf_counter()
+        doc = parse((line + "Body text.\n").encode(), "text/markdown")
+        assert doc.sections and doc.sections[0].path.startswith("a")
+        return time.perf_counter() - started
+
+    small, large = parse_time(5_000), parse_time(50_000)
+    # Linear: 10x the input costs about 10x (quadratic would be about 100x). Generous, since
+    # the machine is shared; the former pattern took seconds at 50,000.
+    assert large < max(small * 30, 0.05), (small, large)
+
+
+def test_section_lookup_bisects_and_keeps_heading_paths_bounded():
+    md = "".join(f"# Heading {i}\nText of part {i}.\n" for i in range(2000))
+    md += "# " + "long " * 1000 + "\nLast part.\n"
+    doc = parse(md.encode(), "text/markdown")
+    assert doc.section_at(0) == "Heading 0"
+    assert doc.section_at(doc.text.index("Text of part 1234.")) == "Heading 1234"
+    assert doc.section_at(len(doc.text) - 1).startswith("long")
+    assert all(len(s.path) <= 500 for s in doc.sections)

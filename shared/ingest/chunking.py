@@ -3,6 +3,10 @@
 Chunks never straddle a section (heading) boundary, keep their character offsets into the
 parsed text, and overlap by whole sentences up to ``overlap_tokens``. A sentence longer than
 the budget is cut at token boundaries.
+
+Chunks are bounded in characters too (``max_chars``): the tokenizer turns any word longer
+than 100 characters into one unknown token, so a 200,000-character "word" would otherwise be
+a one-token chunk, copied whole into both stores and every bulk request that carries it.
 """
 
 from __future__ import annotations
@@ -52,14 +56,23 @@ def _strip(text: str, start: int, end: int) -> tuple[int, int]:
 
 
 class Chunker:
-    def __init__(self, token_offsets: TokenOffsets, max_tokens: int, overlap_tokens: int) -> None:
+    def __init__(
+        self,
+        token_offsets: TokenOffsets,
+        max_tokens: int,
+        overlap_tokens: int,
+        max_chars: int = 4000,
+    ) -> None:
         if max_tokens < 8:
             raise ValueError("max_tokens must be at least 8")
         if not 0 <= overlap_tokens < max_tokens // 2:
             raise ValueError("overlap_tokens must be >= 0 and below half of max_tokens")
+        if max_chars < 100:
+            raise ValueError("max_chars must be at least 100")
         self.token_offsets = token_offsets
         self.max_tokens = max_tokens
         self.overlap_tokens = overlap_tokens
+        self.max_chars = max_chars
 
     def chunk(self, doc: ParsedDocument) -> list[TextChunk]:
         text = doc.text
@@ -94,7 +107,36 @@ class Chunker:
         token_starts: list[int],
         tokens_in: Callable[[int, int], int],
     ) -> list[tuple[int, int]]:
-        """Cut any sentence longer than the budget at token boundaries."""
+        """Cut any sentence longer than the budget at token boundaries, then any piece still
+        longer than ``max_chars`` at whitespace (or, within one long word, anywhere)."""
+        return [
+            piece
+            for start, end in self._fit_tokens(text, spans, token_starts, tokens_in)
+            for piece in self._fit_chars(text, start, end)
+        ]
+
+    def _fit_chars(self, text: str, start: int, end: int) -> list[tuple[int, int]]:
+        pieces: list[tuple[int, int]] = []
+        while end - start > self.max_chars:
+            cut = start + self.max_chars
+            space = text.rfind(" ", start + self.max_chars // 2, cut)
+            cut = space if space > start else cut
+            piece_start, piece_end = _strip(text, start, cut)
+            if piece_end > piece_start:
+                pieces.append((piece_start, piece_end))
+            start = cut
+        start, end = _strip(text, start, end)
+        if end > start:
+            pieces.append((start, end))
+        return pieces
+
+    def _fit_tokens(
+        self,
+        text: str,
+        spans: list[tuple[int, int]],
+        token_starts: list[int],
+        tokens_in: Callable[[int, int], int],
+    ) -> list[tuple[int, int]]:
         fitted: list[tuple[int, int]] = []
         for start, end in spans:
             if tokens_in(start, end) <= self.max_tokens:
@@ -120,7 +162,9 @@ class Chunker:
             start = sentences[i][0]
             j = i
             while (
-                j + 1 < len(sentences) and tokens_in(start, sentences[j + 1][1]) <= self.max_tokens
+                j + 1 < len(sentences)
+                and tokens_in(start, sentences[j + 1][1]) <= self.max_tokens
+                and sentences[j + 1][1] - start <= self.max_chars
             ):
                 j += 1
             packed.append((start, sentences[j][1]))

@@ -5,6 +5,7 @@ A parse failure raises ``ParseError`` with a reason a person can act on; retryin
 
 from __future__ import annotations
 
+import bisect
 import io
 import json
 import re
@@ -48,12 +49,14 @@ class ParsedDocument:
     sections: list[Section] = field(default_factory=list)
 
     def section_at(self, offset: int) -> str:
-        current = ""
-        for section in self.sections:
-            if section.start > offset:
-                break
-            current = section.path
-        return current
+        """The section in force at ``offset``: a bisection, so chunking a document costs
+        O(chunks x log sections), not O(chunks x sections)."""
+        if len(self._starts) != len(self.sections):
+            self._starts = [s.start for s in self.sections]
+        i = bisect.bisect_right(self._starts, offset)
+        return self.sections[i - 1].path if i else ""
+
+    _starts: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
 
 
 def resolve_content_type(declared: str | None, filename: str | None, raw: bytes) -> str:
@@ -122,16 +125,23 @@ def _decode(raw: bytes) -> str:
         ) from e
 
 
-_HEADING = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$", re.MULTILINE)
+# Linear: no lazy group followed by a greedy one that can rescan the rest of the line (the
+# former ``(.+?)[ \t#]*$`` was quadratic on a long heading line); the closing #s are stripped
+# in Python.
+_HEADING = re.compile(r"^(#{1,6})[ \t]+([^\n]*)$", re.MULTILINE)
+MAX_SECTION_CHARS = 500  # of a heading path kept with each chunk
 
 
 def _parse_markdown(text: str) -> ParsedDocument:
     sections: list[Section] = []
     path: list[str] = []
     for match in _HEADING.finditer(text):
+        title = match.group(2).rstrip(" \t#").strip()
+        if not title:
+            continue
         level = len(match.group(1))
-        path = [*path[: level - 1], match.group(2).strip()]
-        sections.append(Section(match.start(), " > ".join(path)))
+        path = [*path[: level - 1], title[:MAX_SECTION_CHARS].rstrip()]
+        sections.append(Section(match.start(), " > ".join(path)[-MAX_SECTION_CHARS:]))
     return ParsedDocument(text, sections)
 
 
@@ -169,8 +179,8 @@ def _parse_html(html: str) -> ParsedDocument:
             level = int(element.name[1])
             heading = element.get_text(" ", strip=True)
             if heading:
-                path = [*path[: level - 1], heading]
-                sections.append(Section(offset, " > ".join(path)))
+                path = [*path[: level - 1], heading[:MAX_SECTION_CHARS]]
+                sections.append(Section(offset, " > ".join(path)[-MAX_SECTION_CHARS:]))
             text = heading
         else:
             # Only leaf-ish blocks: a div that holds other blocks is visited through them.

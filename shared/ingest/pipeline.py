@@ -97,7 +97,9 @@ def _chunker(settings: Settings, embedder: Embedder) -> Chunker:
         )
         return list(encoded["offset_mapping"])
 
-    return Chunker(offsets, settings.chunk_max_tokens, settings.chunk_overlap_tokens)
+    return Chunker(
+        offsets, settings.chunk_max_tokens, settings.chunk_overlap_tokens, settings.chunk_max_chars
+    )
 
 
 def process_job(job_id: uuid.UUID) -> JobOutcome:

@@ -9,6 +9,7 @@ else is dead-lettered with its reason.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -109,17 +110,13 @@ def _relay_batch(settings: Settings, es: Elasticsearch) -> RelayReport:
         # Deletes too: each is checked against Postgres now, when it is applied.
         chunks = repo.chunks_by_ids(session, list(newest))
         docs = repo.documents_by_ids(session, [c.document_id for c in chunks.values()])
-        actions, sent_rows = _actions(list(newest.values()), chunks, docs)
-        report.sent = len(sent_rows)
+        requests = _actions(list(newest.values()), chunks, docs)
+        report.sent = len(requests)
         try:
-            response: Any = (
-                es.bulk(operations=actions, index=settings.es_chunks_alias(), refresh=False)
-                if actions
-                else {"items": []}
-            )
-            _dual_write(es, settings, actions)
+            results = _send(es, settings, requests)
         except (EsConnectionError, EsConnectionTimeout) as e:
-            # Elasticsearch is down: not the items' fault, so no attempt is counted.
+            # Elasticsearch is down: not the items' fault, so no attempt is counted. Groups
+            # sent before the link went are sent again later (their versions make that a 409).
             report.unreachable = True
             report.retried = len(rows)
             delay = backoff_seconds(min(r.attempts for r in rows) + 1, cap=15.0)
@@ -131,20 +128,10 @@ def _relay_batch(settings: Settings, es: Elasticsearch) -> RelayReport:
                 count_attempt=False,
             )
             return report
-        except ApiError as e:
-            report.retried = len(rows)
-            repo.postpone_outbox(
-                session,
-                [r.id for r in rows],
-                backoff_seconds(rows[0].attempts + 1),
-                f"bulk request failed: {e}",
-                count_attempt=True,
-            )
-            return report
 
         done: list[int] = []
-        for row, item in zip(sent_rows, response["items"], strict=True):
-            result = next(iter(item.values()))
+        for row, _ in requests:
+            result = results[row.id]
             status = int(result.get("status", 500))
             ids = riders[row.chunk_id]
             if status < 300 or (status == 404 and row.op in DELETES):
@@ -192,7 +179,7 @@ def _relay_batch(settings: Settings, es: Elasticsearch) -> RelayReport:
                 )
                 done += ids
         # Rows of chunks with nothing to send (e.g. superseded) are finished too.
-        sent_chunk_ids = {r.chunk_id for r in sent_rows}
+        sent_chunk_ids = {r.chunk_id for r, _ in requests}
         done += [i for cid, ids in riders.items() if cid not in sent_chunk_ids for i in ids]
         repo.delete_outbox(session, done)
     return report
@@ -215,52 +202,88 @@ def _version_type(op: str) -> str:
 
 def _actions(
     rows: list[EsOutbox], chunks: dict[str, Chunk], docs: dict[Any, Document]
-) -> tuple[list[dict[str, Any]], list[EsOutbox]]:
-    actions: list[dict[str, Any]] = []
-    sent: list[EsOutbox] = []
+) -> list[tuple[EsOutbox, list[dict[str, Any]]]]:
+    """Each row with the bulk lines (action, and document for a write) it sends."""
+    requests: list[tuple[EsOutbox, list[dict[str, Any]]]] = []
     for row in rows:
         chunk = chunks.get(row.chunk_id)
         if row.op in WRITES and chunk is not None:
             # Always send the chunk as it is now; its version guards against regressions.
-            actions.append(
-                {
-                    "index": {
-                        "_id": chunk.id,
-                        "version": chunk.version,
-                        "version_type": _version_type(row.op),
-                    }
-                }
-            )
-            actions.append(es_document(chunk, docs[chunk.document_id]))
-            sent.append(row)
+            requests.append((row, _index_lines(chunk, docs, _version_type(row.op))))
         elif row.op in DELETES and chunk is not None and chunk.version >= row.version:
             # Postgres holds a live copy at or above the delete's version: the delete was
             # decided on a view that a write overtook (a reconcile or a search that raced
             # it). The live copy is sent instead, so a delete never removes live data.
-            actions.append(
-                {
-                    "index": {
-                        "_id": chunk.id,
-                        "version": chunk.version,
-                        "version_type": "external_gte",
-                    }
-                }
-            )
-            actions.append(es_document(chunk, docs[chunk.document_id]))
-            sent.append(row)
+            requests.append((row, _index_lines(chunk, docs, "external_gte")))
         elif row.op in DELETES:
-            actions.append(
-                {
-                    "delete": {
-                        "_id": row.chunk_id,
-                        "version": row.version,
-                        "version_type": _version_type(row.op),
-                    }
-                }
-            )
-            sent.append(row)
+            action = {
+                "_id": row.chunk_id,
+                "version": row.version,
+                "version_type": _version_type(row.op),
+            }
+            requests.append((row, [{"delete": action}]))
         # A write row whose chunk is gone was superseded by a delete row of its own.
-    return actions, sent
+    return requests
+
+
+def _index_lines(
+    chunk: Chunk, docs: dict[Any, Document], version_type: str
+) -> list[dict[str, Any]]:
+    action = {"_id": chunk.id, "version": chunk.version, "version_type": version_type}
+    return [{"index": action}, es_document(chunk, docs[chunk.document_id])]
+
+
+def _send(
+    es: Elasticsearch,
+    settings: Settings,
+    requests: list[tuple[EsOutbox, list[dict[str, Any]]]],
+) -> dict[int, dict[str, Any]]:
+    """Send the rows' lines in bulk requests of at most ``relay_bulk_bytes`` each and return
+    every row's item result by row id.
+
+    A request refused as a whole (413 too large, 400 unparsable, 5xx...) is split in halves
+    and sent again, down to one row: the row that alone makes a request fail gets that
+    failure as its own item result (attempts, backoff, then a dead letter), and the other
+    rows of its batch are applied, never held with it."""
+    results: dict[int, dict[str, Any]] = {}
+
+    def send(group: list[tuple[EsOutbox, list[dict[str, Any]]]]) -> None:
+        lines = [line for _, row_lines in group for line in row_lines]
+        try:
+            response = es.bulk(operations=lines, index=settings.es_chunks_alias(), refresh=False)
+        except ApiError as e:
+            if len(group) > 1:
+                half = len(group) // 2
+                send(group[:half])
+                send(group[half:])
+                return
+            reason = {"type": "bulk_request_refused", "reason": str(e.message)[:500]}
+            results[group[0][0].id] = {"status": e.meta.status, "error": reason}
+            return
+        for (row, _), item in zip(group, response["items"], strict=True):
+            results[row.id] = next(iter(item.values()))
+        _dual_write(es, settings, lines)
+
+    for group in _groups_by_size(requests, settings.relay_bulk_bytes):
+        send(group)
+    return results
+
+
+def _groups_by_size(
+    requests: list[tuple[EsOutbox, list[dict[str, Any]]]], max_bytes: int
+) -> list[list[tuple[EsOutbox, list[dict[str, Any]]]]]:
+    """Consecutive groups whose serialized lines stay within ``max_bytes`` (a row larger than
+    that goes alone)."""
+    groups: list[list[tuple[EsOutbox, list[dict[str, Any]]]]] = []
+    held = max_bytes + 1
+    for request in requests:
+        size = sum(len(json.dumps(line, ensure_ascii=False).encode()) + 1 for line in request[1])
+        if held + size > max_bytes:
+            groups.append([])
+            held = 0
+        groups[-1].append(request)
+        held += size
+    return groups
 
 
 def _dual_write(es: Elasticsearch, settings: Settings, actions: list[dict[str, Any]]) -> None:
