@@ -43,6 +43,7 @@ from shared.ingest.embedding import get_embedder  # noqa: E402
 from shared.ingest.pipeline import text_hash  # noqa: E402
 from shared.models import Chunk, Document, DocumentVersion  # noqa: E402
 from shared.reconcile.buckets import bucket_of, fingerprint  # noqa: E402
+from shared.search.filters import range_terms  # noqa: E402
 from shared.settings import get_settings  # noqa: E402
 from shared.stores.elastic import get_es  # noqa: E402
 
@@ -182,8 +183,7 @@ def populate(tenant: str, size: int, texts: list[str], vectors: np.ndarray) -> N
                         "_source": {
                             **copied,
                             "text": text,
-                            "metadata_num": {"bucket": n % 10},
-                            "metadata_date": {},
+                            "metadata_ranges": range_terms({"bucket": n % 10}),
                             "bucket": bucket_of(cid),
                             "fingerprint": fingerprint(**copied),
                         },

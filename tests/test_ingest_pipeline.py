@@ -274,8 +274,9 @@ def test_unparseable_files_fail_with_a_reason_and_others_proceed(
         )
         assert response.status_code == 202, response.text
         jobs[name] = response.json()["job_id"]
-    # Upload events skip the API's intake screening: a 0-byte file and a broken PDF reach a
-    # job, which fails with a reason.
+    # Upload events go through the same intake check as the API: a broken PDF is refused there
+    # (a dead letter with the reason, as the API answers 422); a 0-byte file reaches a job,
+    # which fails with a reason.
     publish_upload_event(
         build_upload_event(tenant_id=tenant, external_id="zero.txt", raw=b"", filename="zero.txt")
     )
@@ -294,12 +295,18 @@ def test_unparseable_files_fail_with_a_reason_and_others_proceed(
         assert body["error"]["stage"] == "parse"
         assert bad[name][2] in body["error"]["message"]
 
-    def events_failed() -> bool:
+    def events_done() -> tuple[str, str] | None:
         with unit_of_work() as uow:
             states = live_job_states(uow.session, tenant, ["zero.txt", "broken.pdf"])
-        return set(states.values()) == {"failed"} and len(states) == 2
+            letter = uow.session.execute(
+                select(DeadLetter.source, DeadLetter.message).where(
+                    DeadLetter.tenant_id == tenant, DeadLetter.ref == "broken.pdf"
+                )
+            ).first()
+        return tuple(letter) if states == {"zero.txt": "failed"} and letter else None
 
-    wait_for(events_failed, 30, what="the 0-byte and broken PDF events' jobs to fail")
+    source, message = wait_for(events_done, 30, what="the 0-byte job failed, the PDF refused")
+    assert source == "event" and "PDF" in message
     assert len(wait_converged(tenant)) == 1
 
 
@@ -476,7 +483,7 @@ def test_an_event_the_database_refuses_is_dead_lettered_and_its_neighbours_accep
     from shared.ingest import upload_event
     from workers.tasks import accept_upload_events
 
-    monkeypatch.setattr(upload_event, "check_upload_fields", lambda *args: None)
+    monkeypatch.setattr(upload_event, "check_upload", lambda *args: None)
     good = [
         build_upload_event(tenant_id=tenant, external_id=f"{name}.txt", raw=text.encode())
         for name, text in [("tide", "Tides follow the moon."), ("reef", "Reefs shelter fish.")]

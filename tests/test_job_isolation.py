@@ -81,17 +81,34 @@ POISON_JSON = {
 }
 
 
-def test_poison_json_fails_alone_and_its_batch_mates_of_another_tenant_are_indexed(
+def _stored_past_the_door(tenant: str, external_id: str, text: str) -> tuple[str, str]:
+    """Accept an upload without the intake check (as content accepted before the check
+    existed, or a bound raised since); returns (status, job id) and publishes the job."""
+    from shared.ingest.service import Upload, accept_upload
+
+    upload = Upload(tenant, external_id, text.encode(), "application/json")
+    with unit_of_work() as uow:
+        result = accept_upload(uow, get_settings(), upload)
+    return result.status, str(result.job_id)
+
+
+def test_poison_json_is_refused_at_the_door_and_fails_alone_past_it(
     client: TestClient, worker: CeleryProcess
 ) -> None:
     victim, offender = f"v-{uuid.uuid4().hex[:10]}", f"o-{uuid.uuid4().hex[:10]}"
     victim_auth = key_headers(victim, ["read", "write"])
     offender_auth = key_headers(offender, ["read", "write"])
+    for name, text in POISON_JSON.items():  # the intake check: 422 with the reason
+        refused = client.post(
+            "/v1/documents",
+            headers=offender_auth,
+            json={"external_id": f"{name}.json", "text": text, "content_type": "application/json"},
+        )
+        assert refused.status_code == 422, refused.text
+        assert "JSON" in refused.json()["error"]["message"]
     with paused(worker):
         poison_jobs = {
-            name: upload_text(
-                client, offender_auth, f"{name}.json", text, content_type="application/json"
-            )["job_id"]
+            name: _stored_past_the_door(offender, f"{name}.json", text)[1]
             for name, text in POISON_JSON.items()
         }
         # NUL and a lone surrogate, written as JSON escapes, reach the parsed text.
@@ -113,18 +130,9 @@ def test_poison_json_fails_alone_and_its_batch_mates_of_another_tenant_are_index
     assert jobs[odd].state == "indexed", jobs[odd].error_message
 
     # The same content again is a retry of the failed version, not "unchanged".
-    again = client.post(
-        "/v1/documents",
-        headers=offender_auth,
-        json={
-            "external_id": "digits.json",
-            "text": POISON_JSON["digits"],
-            "content_type": "application/json",
-        },
-    )
-    assert again.status_code == 202 and again.json()["status"] == "accepted", again.text
-    assert again.json()["job_id"] != poison_jobs["digits"]
-    retried = _wait_finished([again.json()["job_id"]])[again.json()["job_id"]]
+    status, job_id = _stored_past_the_door(offender, "digits.json", POISON_JSON["digits"])
+    assert status == "accepted" and job_id != poison_jobs["digits"]
+    retried = _wait_finished([job_id])[job_id]
     assert retried.state == "failed" and retried.version == jobs[poison_jobs["digits"]].version
 
 

@@ -23,7 +23,7 @@ from shared.ingest import repository as repo
 from shared.models import Chunk, Document, EsOutbox, OutboxOp
 from shared.reconcile.buckets import bucket_of
 from shared.retry import retry_delay
-from shared.search.filters import typed_metadata
+from shared.search.filters import range_terms
 from shared.settings import Settings, get_settings
 from shared.stores import english_analysis
 from shared.stores.elastic import get_es
@@ -73,7 +73,7 @@ def es_document(chunk: Chunk, doc: Document) -> dict[str, Any]:
             "text": english_analysis.analyze(chunk.text),
         },
         "metadata": metadata,
-        **typed_metadata(metadata),
+        "metadata_ranges": range_terms(metadata),
         "bucket": bucket_of(chunk.id),
         "fingerprint": chunk.fingerprint,
     }

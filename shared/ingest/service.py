@@ -19,11 +19,17 @@ from shared.ingest import repository as repo
 from shared.logs import current_request_id
 from shared.models import Document, DocumentVersion, IngestJob, JobState, OutboxOp
 from shared.queue import publish_ingest_job, publish_relay
+from shared.search.filters import parse_iso_date
+from shared.search.schemas import ISO_DATE, METADATA_KEY
 from shared.settings import Settings
 
 # What the API's OpenAPI schema and docs/upload-event.schema.json publish, for every way in.
 MAX_EXTERNAL_ID_CHARS = 512
 MAX_TITLE_CHARS = 1000
+# Metadata is copied into every chunk, in both stores: bounded per document.
+MAX_METADATA_KEYS = 64
+MAX_METADATA_BYTES = 16 * 1024  # as compact JSON
+MAX_METADATA_LIST = 100  # values in one list
 
 
 def check_upload_fields(external_id: str, title: str, metadata: dict[str, Any]) -> None:
@@ -39,6 +45,43 @@ def check_upload_fields(external_id: str, title: str, metadata: dict[str, Any]) 
     refuse_unstorable(external_id, "external_id")
     refuse_unstorable(title, "title")
     refuse_unstorable(metadata, "metadata")
+    check_metadata(metadata)
+
+
+def check_metadata(metadata: dict[str, Any]) -> None:
+    """A flat object: at most MAX_METADATA_KEYS keys named as filters name them, each value a
+    string, number, boolean or null, or a list of those; a string that looks like a date must
+    be a real one (it becomes a date range term). The error names the field at fault."""
+    if len(metadata) > MAX_METADATA_KEYS:
+        raise BadRequest(f"metadata has {len(metadata)} keys; the limit is {MAX_METADATA_KEYS}")
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not METADATA_KEY.match(key):
+            raise BadRequest(
+                f"metadata key {key!r} is not allowed: 1-64 characters, letters, digits, "
+                "'_', '-' and '.', not starting with '.' or '-'"
+            )
+        items = value if isinstance(value, list) else [value]
+        if isinstance(value, list) and len(value) > MAX_METADATA_LIST:
+            raise BadRequest(
+                f"metadata.{key} holds {len(value)} values; the limit is {MAX_METADATA_LIST}"
+            )
+        for item in items:
+            if item is not None and not isinstance(item, str | int | float | bool):
+                raise BadRequest(
+                    f"metadata.{key} must be a string, number, boolean or null, or a list of "
+                    "those (metadata is a flat object)"
+                )
+            if isinstance(item, str) and ISO_DATE.match(item):
+                try:
+                    parse_iso_date(item)
+                except ValueError as e:
+                    raise BadRequest(f"metadata.{key}: {item!r} is not a valid date ({e})") from e
+    size = len(json.dumps(metadata, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > MAX_METADATA_BYTES:
+        raise BadRequest(
+            f"metadata is {size} bytes as JSON; the limit is {MAX_METADATA_BYTES} (it is "
+            "copied into every chunk)"
+        )
 
 
 def refuse_unstorable(value: Any, where: str) -> None:

@@ -31,14 +31,10 @@ from typing import Any
 
 from shared.auth import validate_tenant_id
 from shared.db import unit_of_work
-from shared.errors import BadRequest, UnsupportedMediaType
+from shared.errors import BadRequest, ConcordError
+from shared.ingest.intake import check_upload
 from shared.ingest.parsing import resolve_content_type
-from shared.ingest.service import (
-    Upload,
-    accept_uploads,
-    add_event_dead_letter,
-    check_upload_fields,
-)
+from shared.ingest.service import Upload, accept_uploads, add_event_dead_letter
 from shared.queue import publish_ingest_jobs
 from shared.settings import Settings
 
@@ -69,7 +65,9 @@ def build_upload_event(
     }
 
 
-def parse_upload_event(event: dict[str, Any]) -> Upload:
+def parse_upload_event(event: dict[str, Any], settings: Settings) -> Upload:
+    """The upload an event describes, through the same intake check as the API's uploads
+    (shared/ingest/intake.py); a ConcordError with a 4xx status says why not."""
     if event.get("schema") != SCHEMA_ID:
         raise BadRequest(f"unknown upload event schema {event.get('schema')!r}")
     for key in ("tenant_id", "external_id"):
@@ -90,8 +88,7 @@ def parse_upload_event(event: dict[str, Any]) -> Upload:
     for key in ("title", "filename", "content_type"):
         if not isinstance(event.get(key) or "", str):
             raise BadRequest(f"upload event field {key!r} must be a string")
-    check_upload_fields(event["external_id"], title, metadata)
-    return Upload(
+    upload = Upload(
         tenant_id=event["tenant_id"],
         external_id=event["external_id"],
         raw=raw,
@@ -100,6 +97,8 @@ def parse_upload_event(event: dict[str, Any]) -> Upload:
         filename=event.get("filename"),
         metadata=metadata,
     )
+    check_upload(upload, settings)
+    return upload
 
 
 @dataclass
@@ -130,8 +129,10 @@ def accept_upload_events(events: list[Any], settings: Settings) -> EventsOutcome
             if not isinstance(event, dict):
                 event = {"event": repr(event)[:200]}
             try:
-                uploads.append(parse_upload_event(event))
-            except (BadRequest, UnsupportedMediaType) as e:
+                uploads.append(parse_upload_event(event, settings))
+            except ConcordError as e:
+                if e.status_code >= 500:
+                    raise
                 add_event_dead_letter(uow.session, event, e)
                 outcome.rejected += 1
         for result in accept_uploads(uow, settings, uploads):

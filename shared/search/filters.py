@@ -2,13 +2,22 @@
 Elasticsearch ``bool.filter`` clauses (BM25 arm), with the same meaning in both.
 
 Equality and IN lists compare JSON values; ranges compare numbers, or ISO-8601 dates as
-strings. In Elasticsearch, equality uses the ``metadata`` flattened field, number ranges the
-``metadata_num`` doubles and date ranges the ``metadata_date`` dates (the relay fills them).
+strings. In Elasticsearch, equality uses the ``metadata`` flattened field and ranges the
+``metadata_ranges`` keywords (the relay fills them).
+
+``metadata_ranges`` holds one keyword per number or date value: ``<key> US <kind><value>``,
+the value encoded so that keyword order is numeric (or chronological) order. One field for
+every key of every tenant: a per-key typed field (``metadata_num.<key>``, as before) let one
+tenant's keys grow the shared mapping until Elasticsearch's field limit refused everyone's
+new keys, and let a key's type or a dotted key (``year`` vs ``year.x``) conflict across
+tenants.
 """
 
 from __future__ import annotations
 
 import json
+import struct
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, Numeric, and_, case, cast, func, or_
@@ -55,8 +64,7 @@ def es_filters(filters: Filters) -> list[dict[str, Any]]:
     clauses: list[dict[str, Any]] = []
     for key, condition in filters.metadata.items():
         if isinstance(condition, Range):
-            field = f"metadata_date.{key}" if condition.is_date else f"metadata_num.{key}"
-            clauses.append({"range": {field: condition.bounds()}})
+            clauses.append(_es_range(key, condition))
         elif isinstance(condition, list):
             clauses.append({"terms": {f"metadata.{key}": [_keyword(v) for v in condition]}})
         else:
@@ -66,12 +74,57 @@ def es_filters(filters: Filters) -> list[dict[str, Any]]:
     return clauses
 
 
-def typed_metadata(metadata: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The range-searchable copies of a document's metadata for Elasticsearch."""
+KEY_END = "\x1f"  # ends the key in a range term; upload keys cannot hold it
+NUMBER, DATE = "n", "d"
+AFTER_ALL = "~"  # sorts after every encoded value
+
+
+def parse_iso_date(value: str) -> datetime:
+    """A strict ISO-8601 date or date-time, in UTC (naive means UTC); ValueError if it is not
+    a real date (``2024-13-45``)."""
+    parsed = datetime.fromisoformat(value)
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def _encode_number(value: float) -> str:
+    # IEEE-754 bits, sign flipped so that unsigned order is numeric order.
+    bits: int = struct.unpack(">Q", struct.pack(">d", float(value) + 0.0))[0]
+    bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | 1 << 63
+    return f"{bits:016x}"
+
+
+def _encode_date(value: str) -> str:
+    return parse_iso_date(value).strftime("%Y-%m-%dT%H:%M:%S.%f")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def range_terms(metadata: dict[str, Any]) -> list[str]:
+    """The ``metadata_ranges`` keywords of a document's metadata."""
     from shared.search.schemas import ISO_DATE
 
-    numbers = {
-        k: v for k, v in metadata.items() if isinstance(v, int | float) and not isinstance(v, bool)
-    }
-    dates = {k: v for k, v in metadata.items() if isinstance(v, str) and ISO_DATE.match(v)}
-    return {"metadata_num": numbers, "metadata_date": dates}
+    terms = []
+    for key, value in metadata.items():
+        for item in value if isinstance(value, list) else [value]:
+            if _is_number(item):
+                terms.append(f"{key}{KEY_END}{NUMBER}{_encode_number(item)}")
+            elif isinstance(item, str) and ISO_DATE.match(item):
+                try:
+                    terms.append(f"{key}{KEY_END}{DATE}{_encode_date(item)}")
+                except ValueError:
+                    continue  # stored before dates were checked at intake: no range for it
+    return terms
+
+
+def _es_range(key: str, condition: Range) -> dict[str, Any]:
+    kind = DATE if condition.is_date else NUMBER
+    prefix = f"{key}{KEY_END}{kind}"
+    encode = _encode_date if condition.is_date else _encode_number
+    bounds: dict[str, str] = {op: prefix + encode(v) for op, v in condition.bounds().items()}
+    if "gt" not in bounds and "gte" not in bounds:
+        bounds["gte"] = prefix
+    if "lt" not in bounds and "lte" not in bounds:
+        bounds["lt"] = prefix + AFTER_ALL
+    return {"range": {"metadata_ranges": bounds}}

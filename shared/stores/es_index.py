@@ -40,8 +40,9 @@ def index_body(settings: Settings) -> dict[str, Any]:
         "mappings": {
             "dynamic": "strict",
             "_meta": {"concord_schema_version": SCHEMA_VERSION},
-            # Range-searchable copies of metadata: the relay puts numbers under
-            # metadata_num and ISO dates under metadata_date, so types never conflict.
+            # metadata_num and metadata_date held range-searchable copies of metadata, one
+            # field per key, until shared/search/filters.range_terms replaced them (a mapping
+            # keeps its fields; nothing writes them now).
             "dynamic_templates": [
                 {"numbers": {"path_match": "metadata_num.*", "mapping": {"type": "double"}}},
                 {
@@ -64,6 +65,7 @@ def index_body(settings: Settings) -> dict[str, Any]:
                 "text": text,
                 "stemmed": {"properties": {"title": stemmed, "section": stemmed, "text": stemmed}},
                 "metadata": {"type": "flattened"},
+                "metadata_ranges": {"type": "keyword"},
                 "metadata_num": {"type": "object", "dynamic": True},
                 "bucket": {"type": "integer"},
                 "hash_num": {"type": "long"},  # unused since 0008; a mapping keeps its fields

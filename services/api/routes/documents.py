@@ -22,21 +22,22 @@ from services.api.deps import (
 from shared.db import unit_of_work
 from shared.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from shared.ingest import repository as repo
+from shared.ingest.intake import check_upload
 from shared.ingest.parsing import resolve_content_type
-from shared.ingest.screening import screen_upload
 from shared.ingest.service import (
     MAX_EXTERNAL_ID_CHARS,
+    MAX_METADATA_KEYS,
+    MAX_METADATA_LIST,
     MAX_TITLE_CHARS,
     Upload,
     UploadResult,
     accept_upload,
-    check_upload_fields,
     delete_document,
     get_document,
     refuse_unstorable,
 )
 from shared.search import repository as search_repo
-from shared.search.schemas import NO_NUL
+from shared.search.schemas import METADATA_KEY, NO_NUL
 from shared.settings import Settings
 from shared.stores.elastic import get_es
 
@@ -47,6 +48,12 @@ router = APIRouter(
 )
 
 MULTIPART_OVERHEAD = 64 * 1024
+METADATA_SCALARS: list[Any] = [
+    {"type": "string"},
+    {"type": "number"},
+    {"type": "boolean"},
+    {"type": "null"},
+]
 
 
 class TextDocument(BaseModel):
@@ -56,7 +63,24 @@ class TextDocument(BaseModel):
     text: str = Field(min_length=1)
     title: str = Field(default="", max_length=MAX_TITLE_CHARS, pattern=NO_NUL)
     content_type: str = "text/plain"
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    # Checked by check_metadata (for every way in); the schema states the same bounds.
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        json_schema_extra={
+            "maxProperties": MAX_METADATA_KEYS,
+            "propertyNames": {"pattern": METADATA_KEY.pattern},
+            "additionalProperties": {
+                "anyOf": [
+                    *METADATA_SCALARS,
+                    {
+                        "type": "array",
+                        "items": {"anyOf": list(METADATA_SCALARS)},
+                        "maxItems": MAX_METADATA_LIST,
+                    },
+                ]
+            },
+        },
+    )
 
 
 async def _read_body_limited(request: Request, limit: int) -> bytes:
@@ -87,21 +111,18 @@ async def _upload_from_request(request: Request, tenant_id: str, settings: Setti
                     f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
                 )
             ) from e
-        check_upload_fields(doc.external_id, doc.title, doc.metadata)
         refuse_unstorable(doc.text, "text")
         raw = doc.text.encode()
-        if len(raw) > limit:
-            raise PayloadTooLarge(f"text is {len(raw)} bytes; the limit is {limit}")
-        content_type = resolve_content_type(doc.content_type, None, raw)
-        await run_in_threadpool(screen_upload, raw, content_type)
-        return Upload(
+        upload = Upload(
             tenant_id=tenant_id,
             external_id=doc.external_id,
             raw=raw,
-            content_type=content_type,
+            content_type=resolve_content_type(doc.content_type, None, raw),
             title=doc.title,
             metadata=doc.metadata,
         )
+        await run_in_threadpool(check_upload, upload, settings)
+        return upload
     if media_type == "multipart/form-data":
         request._body = await _read_body_limited(request, limit + MULTIPART_OVERHEAD)
         form = await request.form()
@@ -109,28 +130,23 @@ async def _upload_from_request(request: Request, tenant_id: str, settings: Setti
         if not isinstance(file, UploadFile):
             raise BadRequest("multipart upload needs a 'file' part")
         raw = await file.read()
-        if len(raw) > limit:
-            raise PayloadTooLarge(f"file is {len(raw)} bytes; the limit is {limit}")
         if not raw:
             raise BadRequest("the uploaded file is empty")
         filename = file.filename or None
         external_id = str(form.get("external_id") or filename or "")
         if not external_id:
             raise BadRequest("external_id is required when the file has no name")
-        metadata = _metadata_field(form.get("metadata"))
-        title = str(form.get("title") or "")
-        check_upload_fields(external_id, title, metadata)
-        content_type = resolve_content_type(file.content_type, filename, raw)
-        await run_in_threadpool(screen_upload, raw, content_type, filename)
-        return Upload(
+        upload = Upload(
             tenant_id=tenant_id,
             external_id=external_id,
             raw=raw,
-            content_type=content_type,
-            title=title,
+            content_type=resolve_content_type(file.content_type, filename, raw),
+            title=str(form.get("title") or ""),
             filename=filename,
-            metadata=metadata,
+            metadata=_metadata_field(form.get("metadata")),
         )
+        await run_in_threadpool(check_upload, upload, settings)
+        return upload
     raise UnsupportedMediaType(
         f"send application/json or multipart/form-data, not {media_type or 'nothing'!r}"
     )
