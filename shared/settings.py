@@ -160,6 +160,10 @@ class Settings(BaseSettings):
     policy_score_type: Literal["dense_cosine", "rerank"] = "dense_cosine"
     policy_min_score: float = 0.30
     policy_token_budget: int = 1024
+    # Candidates a search hydrates from Postgres and diversifies (MMR) at most, and the time
+    # it spends hydrating more of them for a per-document cap.
+    search_candidate_window: int = 400
+    search_hydrate_budget_ms: int = 1000
     policy_max_chunks_per_document: int = 3
     policy_near_duplicate_threshold: float = 0.95
 

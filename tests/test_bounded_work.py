@@ -1,10 +1,11 @@
 """Issue 18: work is bounded everywhere, so one tenant's large or odd document cannot hold up
-anyone else's: bulk requests sized by bytes and split when refused, a very long document
-indexed completely."""
+anyone else's: bulk requests sized by bytes and split when refused, a document of 30,000
+chunks indexed completely."""
 
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,10 +16,12 @@ from sqlalchemy import select
 
 from shared.db import unit_of_work
 from shared.ingest import pipeline, relay
-from shared.models import DeadLetter, EsOutbox
+from shared.ingest import repository as repo
+from shared.ingest.repository import live_job_states
+from shared.models import Chunk, DeadLetter, EsOutbox
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
-from tests.conftest import CeleryProcess
+from tests.conftest import CeleryProcess, wait_for
 from tests.helpers import es_chunks, paused, pg_chunks, upload_text
 
 
@@ -115,3 +118,64 @@ def test_the_bulk_requests_of_one_batch_stay_within_the_byte_limit(
             settings.relay_bulk_bytes = original
     assert len(sizes) > 1 and max(sizes) <= limit
     assert es_chunks(tenant) == pg_chunks(tenant)
+
+
+def long_markdown(sections: int) -> bytes:
+    """A document of ``sections`` short sections: one chunk each (a chunk never straddles a
+    heading), so tens of thousands of chunks fit well within the upload limit."""
+    return "".join(
+        f"# Section {i}\nPart {i} of the long survey.\n" for i in range(sections)
+    ).encode()
+
+
+def test_a_document_of_30000_chunks_is_indexed_completely_under_the_shipped_limits(
+    tenant: str, worker: CeleryProcess, tmp_path: Path
+) -> None:
+    """More chunks than Postgres' 65,535 parameters allow in one multi-row statement of
+    several columns, and far more than one claimed batch holds: indexed whole, in both
+    stores, by a worker with the shipped time and size limits (bench/long_document.py times
+    it)."""
+    from shared.ingest.upload_event import build_upload_event
+    from shared.queue import publish_upload_event
+    from shared.settings import Settings
+
+    shipped = {
+        name: str(Settings.model_fields[name].default)
+        for name in ("task_soft_time_limit_s", "task_time_limit_s", "max_upload_bytes")
+    }
+    env = {f"CONCORD_{name.upper()}": value for name, value in shipped.items()}
+    sections = 30_000
+    with paused(worker):  # only the worker with the shipped limits takes this document
+        default_worker = CeleryProcess("worker", tmp_path, env)
+        default_worker.start()
+        try:
+            publish_upload_event(
+                build_upload_event(
+                    tenant_id=tenant,
+                    external_id="long.md",
+                    raw=long_markdown(sections),
+                    content_type="text/markdown",
+                )
+            )
+
+            def indexed() -> str | None:
+                with unit_of_work() as uow:
+                    state = live_job_states(uow.session, tenant, ["long.md"]).get("long.md")
+                assert state not in ("failed", "dead_lettered"), state
+                return state if state == "indexed" else None
+
+            wait_for(indexed, 900, interval=2, what="the 30,000-chunk document")
+
+            def both_stores() -> bool:
+                es = get_es()
+                es.indices.refresh(index=get_settings().es_chunks_alias())
+                in_es = es.count(
+                    index=get_settings().es_chunks_alias(), query={"term": {"tenant_id": tenant}}
+                )["count"]
+                with unit_of_work() as uow:
+                    in_pg = repo.count_rows(uow.session, Chunk, tenant)
+                return in_pg == in_es == sections
+
+            wait_for(both_stores, 300, interval=2, what="every chunk in both stores")
+        finally:
+            default_worker.stop()

@@ -395,3 +395,79 @@ def test_section_lookup_bisects_and_keeps_heading_paths_bounded():
     assert doc.section_at(doc.text.index("Text of part 1234.")) == "Heading 1234"
     assert doc.section_at(len(doc.text) - 1).startswith("long")
     assert all(len(s.path) <= 500 for s in doc.sections)
+
+
+def _candidates(n: int, documents: int, seed: int = 7) -> list:
+    import numpy as np
+
+    from shared.search.policy import Candidate
+
+    rng = np.random.default_rng(seed)
+    vectors = rng.normal(size=(n, 16)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    return [
+        Candidate(
+            chunk_id=f"d{i % documents}:{i}",
+            document_id=f"d{i % documents}",
+            external_id=None,
+            title="",
+            version=1,
+            section="",
+            char_start=0,
+            char_end=1,
+            indexed_at=None,
+            text="",
+            token_count=1,
+            embedding=vectors[i],
+            scores={"dense_cosine": float(rng.uniform())},
+        )
+        for i in range(n)
+    ]
+
+
+def test_mmr_picks_what_the_textbook_algorithm_picks_without_its_cubic_cost():
+    from shared.search.service import _cap_per_document, _mmr
+
+    def textbook(candidates, lambda_):
+        chosen, remaining = [], list(candidates)
+
+        def value(c):
+            redundancy = max((float(c.embedding @ s.embedding) for s in chosen), default=0.0)
+            return lambda_ * c.scores["dense_cosine"] - (1 - lambda_) * redundancy
+
+        while remaining:
+            best = max(remaining, key=value)
+            chosen.append(best)
+            remaining.remove(best)
+        return chosen
+
+    for cap in (None, 2):
+        candidates = _candidates(80, documents=10)
+        expected = _cap_per_document(textbook(candidates, 0.7), cap)[:10]
+        got = _cap_per_document(_mmr(candidates, 0.7, 10, cap), cap)[:10]
+        assert [c.chunk_id for c in got] == [c.chunk_id for c in expected]
+    # 2,000 candidates (the deepest a request can ask for): picks top_k, not every candidate.
+    many = _candidates(2000, documents=3)
+    assert len(_mmr(many, 0.5, 10, 1)) == 2000
+
+
+def test_hydration_for_a_per_document_cap_stops_at_the_candidate_window(monkeypatch):
+    from shared.search import service
+    from shared.search.schemas import SearchRequest
+    from shared.settings import Settings
+
+    hydrated: list[int] = []
+
+    def fake_hydrate(tenant_id, fused, vector, likely):
+        hydrated.append(len(fused))
+        return _candidates(len(fused), documents=1), 0
+
+    monkeypatch.setattr(service, "_hydrate", fake_hydrate)
+    fused = [(f"d0:{i}", 1.0 / (i + 1)) for i in range(2000)]
+    request = SearchRequest.model_validate(
+        {"query": "q", "top_k": 10, "per_document_cap": 1, "mmr": {"lambda": 0.5}}
+    )
+    settings = Settings(search_candidate_window=100)
+    candidates, _ = service._hydrate_enough("t", fused, [0.0], request, settings)
+    assert len(candidates) <= 100 + max(hydrated)  # one slice past the window at most
+    assert sum(hydrated) < 2000

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any, TypeVar
 
+import numpy as np
 from elasticsearch import ApiError, TransportError
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -221,7 +222,7 @@ def _search(
 
     fused = timings.timed("fuse", lambda: fuse(arms, request.fusion))
     with timings.stage("hydrate"):
-        candidates, dropped = _hydrate_enough(tenant_id, fused, vector, request)
+        candidates, dropped = _hydrate_enough(tenant_id, fused, vector, request, settings)
     by_arm = {arm: {h.chunk_id: h for h in hits} for arm, hits in arms.items()}
     fused_rank = {cid: (rank, score) for rank, (cid, score) in enumerate(fused, start=1)}
 
@@ -235,8 +236,10 @@ def _search(
             degraded.append("rerank_unavailable")
     if request.mmr is not None:
         with timings.stage("mmr"):
-            _attach_embeddings(tenant_id, candidates)
-            candidates = _mmr(candidates, request.mmr.lambda_)
+            # Diversify within a window of the best candidates, not all of them.
+            window = candidates[: settings.search_candidate_window]
+            _attach_embeddings(tenant_id, window)
+            candidates = _mmr(window, request.mmr.lambda_, request.top_k, request.per_document_cap)
     results = _cap_per_document(candidates, request.per_document_cap)[: request.top_k]
     # The policy's near-duplicate suppression compares the results' embeddings.
     timings.timed("hydrate", lambda: _attach_embeddings(tenant_id, results))
@@ -277,11 +280,18 @@ def _timed_arm(timings: Timings, name: str, fn: Callable[[], T]) -> T:
 
 
 def _hydrate_enough(
-    tenant_id: str, fused: list[tuple[str, float]], vector: list[float], request: SearchRequest
+    tenant_id: str,
+    fused: list[tuple[str, float]],
+    vector: list[float],
+    request: SearchRequest,
+    settings: Settings,
 ) -> tuple[list[Candidate], int]:
     """Hydrate the fused list in slices until the final list can be filled: twice top_k (room
     for stale drops) or the rerank window at first, more only while a per-document cap leaves
-    fewer than top_k results."""
+    fewer than top_k results, and never past ``search_candidate_window`` candidates or
+    ``search_hydrate_budget_ms`` (a cap of one per document over a corpus of few documents
+    would otherwise hydrate every fused candidate)."""
+    deadline = time.monotonic() + settings.search_hydrate_budget_ms / 1000
     step = max(request.top_k * 2, request.rerank.window if request.rerank.enabled else 0, 20)
     # Without rerank or MMR reordering them, the results are (unless some are stale) the first
     # top_k fused chunks within the per-document cap: their embeddings, which the policy
@@ -300,6 +310,8 @@ def _hydrate_enough(
         dropped += stale
         capped = _cap_per_document(candidates, request.per_document_cap)
         if request.per_document_cap is None or len(capped) >= request.top_k:
+            break
+        if len(candidates) >= settings.search_candidate_window or time.monotonic() > deadline:
             break
     return candidates, dropped
 
@@ -408,24 +420,35 @@ def blend_scores(rerank: list[float], fused: list[float], blend: float) -> list[
     return [blend * r + (1 - blend) * f for r, f in zip(minmax(rerank), minmax(fused), strict=True)]
 
 
-def _mmr(candidates: list[Candidate], lambda_: float) -> list[Candidate]:
-    """Maximal marginal relevance over the candidates' own embeddings."""
-    vectors = {c.chunk_id: c.embedding for c in candidates if c.embedding is not None}
-    remaining = [c for c in candidates if c.chunk_id in vectors]
+def _mmr(
+    candidates: list[Candidate], lambda_: float, wanted: int, cap: int | None
+) -> list[Candidate]:
+    """Maximal marginal relevance over the candidates' own embeddings: picks until ``wanted``
+    results within the per-document ``cap``, then the rest in their order. Each pick updates
+    every candidate's redundancy with one matrix-vector product, so the cost is
+    O(wanted x candidates x dimensions), not cubic in the candidates."""
+    usable = [c for c in candidates if c.embedding is not None]
+    if not usable:
+        return candidates
+    vectors = np.stack([np.asarray(c.embedding, dtype=np.float32) for c in usable])
+    relevance = np.array(
+        [c.scores.get("rerank", c.scores["dense_cosine"]) for c in usable], dtype=np.float32
+    )
+    redundancy = np.zeros(len(usable), dtype=np.float32)
+    open_ = np.ones(len(usable), dtype=bool)
+    per_document: dict[str, int] = {}
     chosen: list[Candidate] = []
-
-    def value(c: Candidate) -> float:
-        redundancy = max(
-            (float(vectors[c.chunk_id] @ vectors[s.chunk_id]) for s in chosen), default=0.0
-        )
-        relevance = c.scores.get("rerank", c.scores["dense_cosine"])
-        return lambda_ * relevance - (1 - lambda_) * redundancy
-
-    while remaining:
-        best = max(remaining, key=value)
-        chosen.append(best)
-        remaining.remove(best)
-    return chosen
+    kept = 0
+    while open_.any() and kept < wanted:
+        value = np.where(open_, lambda_ * relevance - (1 - lambda_) * redundancy, -np.inf)
+        best = int(np.argmax(value))
+        open_[best] = False
+        candidate = usable[best]
+        chosen.append(candidate)
+        redundancy = np.maximum(redundancy, vectors @ vectors[best])
+        per_document[candidate.document_id] = per_document.get(candidate.document_id, 0) + 1
+        kept += cap is None or per_document[candidate.document_id] <= cap
+    return chosen + [c for c, still_open in zip(usable, open_, strict=True) if still_open]
 
 
 def _cap_per_document(candidates: list[Candidate], cap: int | None) -> list[Candidate]:
