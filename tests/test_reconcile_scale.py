@@ -141,3 +141,39 @@ def test_a_repair_already_waiting_in_the_outbox_is_not_queued_twice(
     assert second.repairs_queued == 0 and second.repairs_pending == {chunk}
     _, after = reconcile_and_verify(tenant)
     assert after.total() == 0
+
+
+def test_a_dead_lettered_write_is_not_repaired_again_until_an_operator_acts(
+    client: TestClient, auth, tenant, worker
+):
+    """A copy Elasticsearch refused for good (its write is a dead letter) would fail again on
+    every repairing reconcile: it is held and reported until the dead letter is replayed or
+    discarded."""
+    from sqlalchemy import delete
+
+    from shared.db import unit_of_work
+    from shared.ingest import repository as ingest_repo
+    from shared.models import DeadLetter
+
+    [chunk] = _ingest(client, auth, tenant, 1)
+    _remove(chunk)
+    with unit_of_work() as uow:
+        ingest_repo.add_dead_letter(
+            uow.session,
+            tenant_id=tenant,
+            source="outbox",
+            ref=chunk,
+            stage="es_relay",
+            error_class="es_400",
+            message="mapper_parsing_exception: as if the copy could not be indexed",
+            attempts=1,
+            payload={"op": "index", "version": 1},
+        )
+    with paused(worker):
+        held = reconcile(tenant, repair=True)
+    assert held.repairs_queued == 0 and held.repairs_held == {chunk}
+    assert held.as_dict()["repairs_held_by_dead_letters"] == [chunk]
+    with unit_of_work() as uow:  # the operator discards it (concord dlq discard)
+        uow.session.execute(delete(DeadLetter).where(DeadLetter.ref == chunk))
+    repaired, after = reconcile_and_verify(tenant)
+    assert repaired.repairs_queued == 1 and after.total() == 0

@@ -9,7 +9,7 @@ from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
 from shared.db import any_of
-from shared.models import Chunk, Document, EsOutbox
+from shared.models import Chunk, DeadLetter, Document, EsOutbox
 
 
 def pg_tenants(session: Session) -> set[str]:
@@ -58,6 +58,19 @@ def chunks_with_queued_writes(session: Session, ids: Sequence[str]) -> set[str]:
     if not ids:
         return set()
     return set(session.scalars(select(EsOutbox.chunk_id).where(any_of(EsOutbox.chunk_id, ids))))
+
+
+def chunks_with_dead_letters(session: Session, ids: Sequence[str]) -> set[str]:
+    """The chunks among ``ids`` whose Elasticsearch write is dead-lettered and not yet replayed
+    or discarded: repairing them again would only fail again (a mapping error, a copy too
+    large), once per reconcile, for ever."""
+    if not ids:
+        return set()
+    return set(
+        session.scalars(
+            select(DeadLetter.ref).where(DeadLetter.source == "outbox", any_of(DeadLetter.ref, ids))
+        )
+    )
 
 
 def chunk_tenants(session: Session, ids: Sequence[str]) -> dict[str, str]:

@@ -74,6 +74,9 @@ class ReconcileReport:
     repaired_ids: set[str] = field(default_factory=set)  # chunks with a repair queued
     # drifted chunks left alone because an outbox row for them was already waiting
     repairs_pending: set[str] = field(default_factory=set)
+    # drifted chunks left alone because their last write is a dead letter an operator must
+    # replay or discard first (concord dlq)
+    repairs_held: set[str] = field(default_factory=set)
     unrepairable: list[str] = field(default_factory=list)
     duration_s: float = 0.0
 
@@ -95,6 +98,7 @@ class ReconcileReport:
             "total_drift": self.total(),
             "repairs_queued": self.repairs_queued,
             "repairs_already_queued": len(self.repairs_pending),
+            "repairs_held_by_dead_letters": sorted(self.repairs_held)[:SAMPLE],
             "unrepairable": self.unrepairable[:SAMPLE],
             "duration_s": round(self.duration_s, 3),
         }
@@ -377,6 +381,8 @@ def _queue_repairs(session: Session, found: _RangeDrift, report: ReconcileReport
     # A chunk whose outbox row is still waiting needs no second one (an earlier repair, or an
     # ingest write the relay has not sent yet).
     queued = repo.chunks_with_queued_writes(session, sorted(drifted))
+    held = repo.chunks_with_dead_letters(session, sorted(drifted - queued))
+    queued |= held
     rewrite = (
         (found.drift["missing"] | found.drift["stale"] | found.drift["wrong_tenant"])
         - found.unrepairable
@@ -403,4 +409,5 @@ def _queue_repairs(session: Session, found: _RangeDrift, report: ReconcileReport
         )
     ingest_repo.add_outbox_entries(session, entries)
     report.repaired_ids |= {cid for e in entries for cid in e.chunk_ids}
-    report.repairs_pending |= queued
+    report.repairs_pending |= queued - held
+    report.repairs_held |= held
