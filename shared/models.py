@@ -148,6 +148,8 @@ class Chunk(Base):
     char_start: Mapped[int] = mapped_column(Integer, nullable=False)
     char_end: Mapped[int] = mapped_column(Integer, nullable=False)
     section: Mapped[str] = mapped_column(Text, nullable=False, default="")
+    # The title of this chunk's version (the document's may already be a newer version's).
+    title: Mapped[str] = mapped_column(Text, nullable=False, server_default="")
     # In the embedder's tokens, so evidence packing needs no tokenizer on the read path.
     token_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     # Reconciliation compares the stores bucket by bucket (see shared/reconcile).

@@ -177,3 +177,30 @@ def test_a_dead_lettered_write_is_not_repaired_again_until_an_operator_acts(
         uow.session.execute(delete(DeadLetter).where(DeadLetter.ref == chunk))
     repaired, after = reconcile_and_verify(tenant)
     assert repaired.repairs_queued == 1 and after.total() == 0
+
+
+def test_a_chunk_is_copied_with_its_own_versions_title_while_a_newer_version_waits(
+    client: TestClient, auth, tenant, worker
+):
+    """Version 1's chunk is repaired while version 2 (another title and metadata) is accepted
+    but not yet processed: the copy must carry version 1's title and metadata, as its
+    fingerprint does, or reconcile would call it stale on every run."""
+    first = upload_text(client, auth, "retitled.txt", "Kelp forests.", title="Old title")
+    wait_job(client, auth, first["job_id"])
+    [chunk] = wait_converged(tenant)
+    _remove(chunk)
+    with paused(worker):
+        upload_text(
+            client,
+            auth,
+            "retitled.txt",
+            "Kelp forests, revised.",
+            title="New title",
+            metadata={"rev": 2},
+        )
+        _, after = reconcile_and_verify(tenant)
+        assert after.total() == 0, after.as_dict()
+        copy = _copy(chunk)["_source"]
+        assert (copy["title"], copy["metadata"], copy["version"]) == ("Old title", {}, 1)
+    wait_converged(tenant)
+    assert _copy(chunk)["_source"]["title"] == "New title"

@@ -471,3 +471,34 @@ def test_hydration_for_a_per_document_cap_stops_at_the_candidate_window(monkeypa
     candidates, _ = service._hydrate_enough("t", fused, [0.0], request, settings)
     assert len(candidates) <= 100 + max(hydrated)  # one slice past the window at most
     assert sum(hydrated) < 2000
+
+
+def test_intake_bounds_stay_linear_and_refuse_with_a_4xx():
+    """An unclosed JSON string full of escaped quotes made the string pattern rescan the rest
+    of the input from every quote (quadratic); out-of-range dates and huge integers raised
+    errors that were not 4xx."""
+    import time
+
+    from shared.errors import BadRequest
+    from shared.ingest.intake import check_json_structure
+    from shared.ingest.service import check_metadata
+    from shared.search.filters import _encode_date, parse_iso_date, range_terms
+
+    def scan_time(n: int) -> float:
+        started = time.perf_counter()
+        check_json_structure(b'"' + b'\\"' * n, lines=False)
+        return time.perf_counter() - started
+
+    small, large = scan_time(20_000), scan_time(200_000)
+    assert large < max(small * 30, 0.05), (small, large)
+    for value in ("0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00", "2024-13-45"):
+        with pytest.raises(ValueError):
+            parse_iso_date(value)
+        with pytest.raises(BadRequest):
+            check_metadata({"published": value})
+    with pytest.raises(BadRequest):
+        check_metadata({"n": 10**400})
+    with pytest.raises(BadRequest):
+        check_metadata({"k\n": 1})
+    assert range_terms({"n": 10**400}) == []  # stored before the check: no range, no crash
+    assert _encode_date("0999-01-01") < _encode_date("2024-01-01")

@@ -37,7 +37,7 @@ class Watched:
     restarts: int = 0
     last_restart: float | None = None  # wall clock, for operators
     started: float = 0.0  # monotonic
-    backoff_s: float = FIRST_BACKOFF_S
+    quick_deaths: int = 0  # deaths in a row within STABLE_AFTER_S of a start
     due: float = 0.0  # monotonic: when a dead process may be started again
 
 
@@ -86,9 +86,13 @@ def _restart(
 ) -> None:
     now = time.monotonic()
     if state.due == 0.0:  # just found dead: schedule the restart
+        # At once after a stable run; 1, 2, 4 ... 30 s while it keeps dying young.
         quick = now - state.started < STABLE_AFTER_S
-        state.backoff_s = min(state.backoff_s * 2, MAX_BACKOFF_S) if quick else FIRST_BACKOFF_S
-        state.due = now + (state.backoff_s if quick else 0.0)
+        state.quick_deaths = state.quick_deaths + 1 if quick else 0
+        delay = (
+            min(FIRST_BACKOFF_S * 2 ** (state.quick_deaths - 1), MAX_BACKOFF_S) if quick else 0.0
+        )
+        state.due = now + delay
         log.warning("%s (pid %s) exited; restart in %.0fs", proc.name, proc.pid(), state.due - now)
         # Whatever it forked (Celery's pool) goes with it: its group is its pid.
         pid = proc.pid()

@@ -29,8 +29,10 @@ MAX_JSON_DEPTH = 64
 MAX_JSON_NUMBER_CHARS = 1000  # Python refuses integers of more than 4,300 digits
 MAX_JSON_RECORDS = 100_000
 
-# A JSON string, escapes included; the unrolled form, linear and without backtracking.
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# A JSON string, escapes included; the unrolled form, linear and without backtracking. An
+# unclosed string runs to the end: otherwise each failed match would restart at the next
+# (escaped) quote and rescan the rest, quadratic on '"' followed by many '\\"'.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\Z)', re.DOTALL)
 _LONG_NUMBER = re.compile(rb"[-+0-9.eE]{%d,}" % (MAX_JSON_NUMBER_CHARS + 1))
 _BRACKETS = bytes(range(256)).translate(None, b"[]{}")  # every byte but the brackets
 _DEPTH_STEP = np.zeros(256, dtype=np.int8)

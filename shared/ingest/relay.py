@@ -31,6 +31,9 @@ from shared.stores.elastic import get_es
 log = logging.getLogger(__name__)
 
 RETRIABLE_STATUS = {429, 500, 502, 503, 504}
+# Whole-request refusals a row can cause (too large, unparsable, a node failing on it): the
+# request is split to find that row. Others (401, 403, 404...) concern every row alike.
+SPLIT_STATUS = {400, 413} | RETRIABLE_STATUS
 
 
 @dataclass
@@ -54,7 +57,9 @@ def backoff_seconds(attempts: int, cap: float = 60.0) -> float:
 
 
 def es_document(chunk: Chunk, doc: Document) -> dict[str, Any]:
-    metadata = doc.metadata_ or {}
+    """The Elasticsearch copy of ``chunk``: built from the chunk's own row (its version's
+    title and metadata), so it matches the fingerprint taken when the chunk was written."""
+    metadata = chunk.metadata_ or {}
     return {
         "chunk_id": chunk.id,
         "tenant_id": chunk.tenant_id,
@@ -63,12 +68,12 @@ def es_document(chunk: Chunk, doc: Document) -> dict[str, Any]:
         "version": chunk.version,
         "ordinal": chunk.ordinal,
         "text_hash": chunk.text_hash,
-        "title": doc.title,
+        "title": chunk.title,
         "section": chunk.section,
         "text": chunk.text,
         # Pre-analyzed copies for the BM25 arm (see shared/stores/english_analysis.py).
         "stemmed": {
-            "title": english_analysis.analyze(doc.title),
+            "title": english_analysis.analyze(chunk.title),
             "section": english_analysis.analyze(chunk.section),
             "text": english_analysis.analyze(chunk.text),
         },
@@ -126,6 +131,18 @@ def _relay_batch(settings: Settings, es: Elasticsearch) -> RelayReport:
                 delay,
                 f"{type(e).__name__}: {e}",
                 count_attempt=False,
+            )
+            return report
+        except ApiError as e:
+            # Refused for a reason no row causes (authentication, a missing index): the whole
+            # batch waits, its attempts counted, as before request splitting existed.
+            report.retried = len(rows)
+            repo.postpone_outbox(
+                session,
+                [r.id for r in rows],
+                backoff_seconds(rows[0].attempts + 1),
+                f"bulk request failed: {e}",
+                count_attempt=True,
             )
             return report
 
@@ -252,6 +269,8 @@ def _send(
         try:
             response = es.bulk(operations=lines, index=settings.es_chunks_alias(), refresh=False)
         except ApiError as e:
+            if e.meta.status not in SPLIT_STATUS:
+                raise
             if len(group) > 1:
                 half = len(group) // 2
                 send(group[:half])
@@ -293,7 +312,10 @@ def _dual_write(es: Elasticsearch, settings: Settings, actions: list[dict[str, A
 
     target = reindex_target(es, settings) if actions else None
     if target is not None:
-        es.bulk(operations=actions, index=target, refresh=False)
+        try:
+            es.bulk(operations=actions, index=target, refresh=False)
+        except ApiError as e:  # e.g. the reindex ended and its target is gone
+            log.warning("dual write to %s failed (%s); reconcile repairs it", target, e)
 
 
 def _exists(es: Elasticsearch, chunk_id: str) -> bool:

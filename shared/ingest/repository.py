@@ -295,6 +295,7 @@ def upsert_chunks(session: Session, versions: Sequence[VersionChunks]) -> None:
             "char_start": r.char_start,
             "char_end": r.char_end,
             "section": r.section,
+            "title": v.title,
             "token_count": r.token_count,
             "bucket": bucket_of(r.id),
             "fingerprint": fingerprint(
@@ -333,6 +334,7 @@ def upsert_chunks(session: Session, versions: Sequence[VersionChunks]) -> None:
                 "char_start": excluded.char_start,
                 "char_end": excluded.char_end,
                 "section": excluded.section,
+                "title": excluded.title,
                 "token_count": excluded.token_count,
                 "fingerprint": excluded.fingerprint,
                 "embedding": excluded.embedding,

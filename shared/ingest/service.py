@@ -30,6 +30,7 @@ MAX_TITLE_CHARS = 1000
 MAX_METADATA_KEYS = 64
 MAX_METADATA_BYTES = 16 * 1024  # as compact JSON
 MAX_METADATA_LIST = 100  # values in one list
+MAX_EXACT_INT = 2**53  # what a double (Elasticsearch's number) holds exactly
 
 
 def check_upload_fields(external_id: str, title: str, metadata: dict[str, Any]) -> None:
@@ -55,7 +56,7 @@ def check_metadata(metadata: dict[str, Any]) -> None:
     if len(metadata) > MAX_METADATA_KEYS:
         raise BadRequest(f"metadata has {len(metadata)} keys; the limit is {MAX_METADATA_KEYS}")
     for key, value in metadata.items():
-        if not isinstance(key, str) or not METADATA_KEY.match(key):
+        if not isinstance(key, str) or not METADATA_KEY.fullmatch(key):
             raise BadRequest(
                 f"metadata key {key!r} is not allowed: 1-64 characters, letters, digits, "
                 "'_', '-' and '.', not starting with '.' or '-'"
@@ -70,6 +71,10 @@ def check_metadata(metadata: dict[str, Any]) -> None:
                 raise BadRequest(
                     f"metadata.{key} must be a string, number, boolean or null, or a list of "
                     "those (metadata is a flat object)"
+                )
+            if isinstance(item, int) and not isinstance(item, bool) and abs(item) > MAX_EXACT_INT:
+                raise BadRequest(
+                    f"metadata.{key}: integers beyond ±2^53 are not kept exactly by both stores"
                 )
             if isinstance(item, str) and ISO_DATE.match(item):
                 try:

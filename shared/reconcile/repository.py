@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from sqlalchemy import ColumnElement, func, select
+from sqlalchemy import ColumnElement, Integer, cast, func, select
 from sqlalchemy.orm import Session
 
 from shared.db import any_of
@@ -60,17 +60,18 @@ def chunks_with_queued_writes(session: Session, ids: Sequence[str]) -> set[str]:
     return set(session.scalars(select(EsOutbox.chunk_id).where(any_of(EsOutbox.chunk_id, ids))))
 
 
-def chunks_with_dead_letters(session: Session, ids: Sequence[str]) -> set[str]:
-    """The chunks among ``ids`` whose Elasticsearch write is dead-lettered and not yet replayed
-    or discarded: repairing them again would only fail again (a mapping error, a copy too
-    large), once per reconcile, for ever."""
+def dead_lettered_versions(session: Session, ids: Sequence[str]) -> dict[str, int]:
+    """chunk id -> the newest version among its Elasticsearch writes that are dead letters not
+    yet replayed or discarded."""
     if not ids:
-        return set()
-    return set(
-        session.scalars(
-            select(DeadLetter.ref).where(DeadLetter.source == "outbox", any_of(DeadLetter.ref, ids))
-        )
+        return {}
+    version = cast(DeadLetter.payload["version"].astext, Integer)
+    rows = session.execute(
+        select(DeadLetter.ref, func.max(version))
+        .where(DeadLetter.source == "outbox", any_of(DeadLetter.ref, ids))
+        .group_by(DeadLetter.ref)
     )
+    return {ref: int(v) for ref, v in rows if v is not None}
 
 
 def chunk_tenants(session: Session, ids: Sequence[str]) -> dict[str, str]:

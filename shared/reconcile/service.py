@@ -292,6 +292,7 @@ class _RangeDrift:
     drift: dict[str, set[str]] = field(default_factory=lambda: {c: set() for c in CLASSES})
     orphan_copies: dict[str, EsCopy] = field(default_factory=dict)
     unrepairable: set[str] = field(default_factory=set)
+    versions: dict[str, int] = field(default_factory=dict)  # each drifted chunk's newest version
 
 
 def _reconcile_tenant(
@@ -369,6 +370,8 @@ def _compare_range(
             found.drift["stale"].add(cid)
             if copy.es_version > version:
                 found.unrepairable.add(cid)
+    for cid in set().union(*found.drift.values()):
+        found.versions[cid] = pg_rows[cid][0] if cid in pg_rows else es_rows[cid].version
     for name, ids in found.drift.items():
         report.drift[name] |= ids
     report.unrepairable.extend(sorted(found.unrepairable))
@@ -381,7 +384,10 @@ def _queue_repairs(session: Session, found: _RangeDrift, report: ReconcileReport
     # A chunk whose outbox row is still waiting needs no second one (an earlier repair, or an
     # ingest write the relay has not sent yet).
     queued = repo.chunks_with_queued_writes(session, sorted(drifted))
-    held = repo.chunks_with_dead_letters(session, sorted(drifted - queued))
+    # A write that is a dead letter at this version (or a newer one) would fail again: held
+    # for the operator. One of an older version does not block the repair of a newer one.
+    dead = repo.dead_lettered_versions(session, sorted(drifted - queued))
+    held = {cid for cid, version in dead.items() if version >= found.versions[cid]}
     queued |= held
     rewrite = (
         (found.drift["missing"] | found.drift["stale"] | found.drift["wrong_tenant"])

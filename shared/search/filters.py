@@ -81,9 +81,12 @@ AFTER_ALL = "~"  # sorts after every encoded value
 
 def parse_iso_date(value: str) -> datetime:
     """A strict ISO-8601 date or date-time, in UTC (naive means UTC); ValueError if it is not
-    a real date (``2024-13-45``)."""
-    parsed = datetime.fromisoformat(value)
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    a real date (``2024-13-45``) or has none in UTC (``0001-01-01T00:00+01:00``)."""
+    try:
+        parsed = datetime.fromisoformat(value)
+        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    except OverflowError as e:
+        raise ValueError(f"{value!r} is out of the range of dates in UTC") from e
 
 
 def _encode_number(value: float) -> str:
@@ -94,7 +97,10 @@ def _encode_number(value: float) -> str:
 
 
 def _encode_date(value: str) -> str:
-    return parse_iso_date(value).strftime("%Y-%m-%dT%H:%M:%S.%f")
+    # The year by hand: strftime's %Y does not pad years below 1000 on Linux, which would
+    # sort "999-..." after "2024-...".
+    d = parse_iso_date(value)
+    return f"{d.year:04d}-" + d.strftime("%m-%dT%H:%M:%S.%f")
 
 
 def _is_number(value: Any) -> bool:
@@ -109,7 +115,10 @@ def range_terms(metadata: dict[str, Any]) -> list[str]:
     for key, value in metadata.items():
         for item in value if isinstance(value, list) else [value]:
             if _is_number(item):
-                terms.append(f"{key}{KEY_END}{NUMBER}{_encode_number(item)}")
+                try:
+                    terms.append(f"{key}{KEY_END}{NUMBER}{_encode_number(item)}")
+                except OverflowError:
+                    continue  # an integer no double holds (refused at intake since)
             elif isinstance(item, str) and ISO_DATE.match(item):
                 try:
                     terms.append(f"{key}{KEY_END}{DATE}{_encode_date(item)}")

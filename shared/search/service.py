@@ -434,13 +434,16 @@ def _mmr(
     relevance = np.array(
         [c.scores.get("rerank", c.scores["dense_cosine"]) for c in usable], dtype=np.float32
     )
-    redundancy = np.zeros(len(usable), dtype=np.float32)
+    # The highest similarity to any chosen candidate (0 before the first pick, as in the
+    # textbook definition; negative similarities count as they are after it).
+    redundancy = np.full(len(usable), -np.inf, dtype=np.float32)
     open_ = np.ones(len(usable), dtype=bool)
     per_document: dict[str, int] = {}
     chosen: list[Candidate] = []
     kept = 0
     while open_.any() and kept < wanted:
-        value = np.where(open_, lambda_ * relevance - (1 - lambda_) * redundancy, -np.inf)
+        penalty = redundancy if chosen else np.zeros_like(redundancy)
+        value = np.where(open_, lambda_ * relevance - (1 - lambda_) * penalty, -np.inf)
         best = int(np.argmax(value))
         open_[best] = False
         candidate = usable[best]

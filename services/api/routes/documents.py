@@ -159,6 +159,8 @@ def _metadata_field(value: object) -> dict[str, Any]:
         parsed = json.loads(str(value))
     except json.JSONDecodeError as e:
         raise BadRequest(f"metadata must be a JSON object: {e.msg}") from e
+    except (ValueError, RecursionError) as e:  # over 4,300 digits; nested past the stack
+        raise BadRequest(f"metadata is not JSON Concord can read: {type(e).__name__}") from e
     if not isinstance(parsed, dict):
         raise BadRequest("metadata must be a JSON object")
     return parsed
