@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.cpu_meter import StackCpuMeter  # noqa: E402
-from services.evaluation.corpus import wait_elasticsearch  # noqa: E402
+from evaluation.corpus import wait_elasticsearch  # noqa: E402
 from shared.db import unit_of_work  # noqa: E402
 from shared.ingest.embedding import get_embedder, torch_threads_per_process  # noqa: E402
 from shared.ingest.upload_event import EventBatcher, build_upload_event  # noqa: E402

@@ -116,7 +116,7 @@ class Settings(BaseSettings):
     task_soft_time_limit_s: int = 240
     task_time_limit_s: int = 280
     broker_visibility_timeout_s: int = 3600
-    # Reranker training runs ack on start (see services/training/jobs.py), so this limit may
+    # Reranker training runs ack on start (see training/jobs.py), so this limit may
     # exceed the visibility timeout.
     training_time_limit_s: int = 6 * 3600
 

@@ -1,4 +1,4 @@
-"""Reading reranker training jobs (the jobs API); ``services/training/jobs.py`` runs them."""
+"""Reading reranker training jobs (the jobs API); ``training/jobs.py`` runs them."""
 
 from __future__ import annotations
 

@@ -12,10 +12,10 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from services.evaluation import abstain, beir, metrics
-from services.evaluation.harness import EvalOptions, eval_tenant, run_eval
-from services.evaluation.runner import HttpPoster
-from services.evaluation.tune import TuningRefused, tune
+from evaluation import abstain, beir, metrics
+from evaluation.harness import EvalOptions, eval_tenant, run_eval
+from evaluation.runner import HttpPoster
+from evaluation.tune import TuningRefused, tune
 from tests.helpers import key_headers
 
 TINY = Path(__file__).parent / "data" / "tiny-beir"
@@ -228,7 +228,7 @@ def test_profiles_reject_invalid_settings(client: TestClient) -> None:
 
 
 def test_threshold_simulation_keeps_documents_in_rank_order() -> None:
-    from services.evaluation.tune import first_chunk_per_document
+    from evaluation.tune import first_chunk_per_document
 
     ranking = ["c1", "c2", "c3", "c4"]
     doc_of = {"c1": "d1", "c2": "d2", "c3": "d1", "c4": "d3"}

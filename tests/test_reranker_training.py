@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from services.evaluation import beir
-from services.evaluation.harness import EvalOptions, eval_tenant, run_eval
-from services.training.reranker import TrainingOptions, TrainingRefused, train_reranker
+from evaluation import beir
+from evaluation.harness import EvalOptions, eval_tenant, run_eval
 from tests.helpers import key_headers
 from tests.test_evaluation import TINY, poster
+from training.reranker import TrainingOptions, TrainingRefused, train_reranker
 
 FEW_STEPS = TrainingOptions(max_steps=3, batch_size=8, rerank_window=5, mining_depth=10)
 
@@ -111,7 +111,7 @@ def test_eval_reports_the_trained_reranker_next_to_the_untrained_configurations(
 def test_training_as_a_background_job_reports_progress_and_the_card(
     trained: dict[str, Any], client: TestClient
 ) -> None:
-    from services.training.jobs import start_training_job
+    from training.jobs import start_training_job
 
     options = TrainingOptions(max_steps=2, batch_size=8, rerank_window=5, mining_depth=10)
     job_id = start_training_job(TINY, "tiny-bg", options)
@@ -137,7 +137,7 @@ def test_training_as_a_background_job_reports_progress_and_the_card(
 def test_revalidation_records_figures_and_the_blend_searches_use(
     trained: dict[str, Any], client: TestClient
 ) -> None:
-    from services.training.reranker import BLENDS, revalidate_reranker
+    from training.reranker import BLENDS, revalidate_reranker
 
     card = revalidate_reranker(TINY, "tiny-ce", TrainingOptions(), _quiet)
     validation = card["validation"]

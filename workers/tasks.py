@@ -122,7 +122,7 @@ def sweep_expired_jobs(self: Task) -> dict[str, Any]:
 @concord_task(TRAIN_RERANKER_TASK, TRAINING_QUEUE, max_retries=0, long_running=True)
 def train_reranker(self: Task, job_id: str) -> dict[str, Any]:
     """A background ``concord reranker train`` (state and progress in ``training_jobs``)."""
-    from services.training.jobs import run_training_job
+    from training.jobs import run_training_job
 
     with job_context(job_id, None):
         return run_training_job(uuid.UUID(job_id))

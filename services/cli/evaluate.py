@@ -18,8 +18,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from evaluation.beir import DatasetError
 from services.cli.output import print_error
-from services.evaluation.beir import DatasetError
 from shared.errors import NotFound
 
 console = Console()
@@ -64,7 +64,7 @@ def eval_command(
     only: str = typer.Option("", help="Comma-separated configurations to run (default: all)."),
 ) -> None:
     """Evaluate retrieval quality and latency through the running stack (concord stack up)."""
-    from services.evaluation.harness import EvalOptions, run_eval
+    from evaluation.harness import EvalOptions, run_eval
 
     if split != "test" and profile:
         console.print(
@@ -103,7 +103,7 @@ def tune_command(
 ) -> None:
     """Search fusion, weights, RRF k, depths, field boosts and the evidence threshold on the
     split's judgements; write the best as a named search profile of the dataset's tenant."""
-    from services.evaluation.tune import TuningRefused, tune
+    from evaluation.tune import TuningRefused, tune
 
     try:
         with stage_progress() as progress:

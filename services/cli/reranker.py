@@ -8,9 +8,9 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from evaluation.beir import DatasetError
 from services.cli.evaluate import stage_progress
 from services.cli.output import print_error
-from services.evaluation.beir import DatasetError
 from shared.errors import NotFound
 
 console = Console()
@@ -40,7 +40,7 @@ def train(
 ) -> None:
     """Fine-tune a cross-encoder on the split's judgements and register it for the dataset's
     tenant (search with "rerank": {"enabled": true, "model": NAME})."""
-    from services.training.reranker import TrainingOptions, TrainingRefused, train_reranker
+    from training.reranker import TrainingOptions, TrainingRefused, train_reranker
 
     options = TrainingOptions(
         split=split,
@@ -58,7 +58,7 @@ def train(
         seed=seed,
     )
     if background:
-        from services.training.jobs import start_training_job
+        from training.jobs import start_training_job
 
         try:
             job_id = start_training_job(dataset, name, options)
@@ -83,7 +83,7 @@ def validate_command(
 ) -> None:
     """Validate a reranker again on its held-out queries; records the figures and the blend
     with the fused scores in its model card."""
-    from services.training.reranker import TrainingOptions, revalidate_reranker
+    from training.reranker import TrainingOptions, revalidate_reranker
 
     try:
         with stage_progress() as progress:

@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 from sqlalchemy import select
 
-from services.evaluation.metrics import order_by_score, unique
+from evaluation.metrics import order_by_score, unique
 from shared.db import unit_of_work
 from shared.models import Chunk, Document
 from shared.search.service import query_vector

@@ -35,10 +35,10 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from services.evaluation import beir
-from services.evaluation.corpus import sync_corpus
-from services.evaluation.harness import eval_tenant
-from services.evaluation.metrics import ndcg_at_k, unique
+from evaluation import beir
+from evaluation.corpus import sync_corpus
+from evaluation.harness import eval_tenant
+from evaluation.metrics import ndcg_at_k, unique
 from shared.db import unit_of_work
 from shared.models import Chunk, Document, TrainedReranker
 from shared.search import rerankers

@@ -15,17 +15,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from services.evaluation import beir
-from services.evaluation.harness import eval_tenant
-from services.training.reranker import (
-    TrainingOptions,
-    refuse_test_split,
-    train_reranker,
-)
+from evaluation import beir
+from evaluation.harness import eval_tenant
 from shared.db import unit_of_work
 from shared.ingest.repository import now
 from shared.models import TrainingJob
 from shared.queue import publish_training_job
+from training.reranker import (
+    TrainingOptions,
+    refuse_test_split,
+    train_reranker,
+)
 
 HEARTBEAT_S = 10.0
 

@@ -14,11 +14,11 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from services.evaluation import abstain as abstain_eval
-from services.evaluation import beir, peer, report
-from services.evaluation.corpus import sync_corpus
-from services.evaluation.metrics import evaluate, percentiles
-from services.evaluation.runner import (
+from evaluation import abstain as abstain_eval
+from evaluation import beir, peer, report
+from evaluation.corpus import sync_corpus
+from evaluation.metrics import evaluate, percentiles
+from evaluation.runner import (
     EvalConfig,
     HttpPoster,
     Progress,

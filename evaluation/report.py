@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 
-from services.evaluation.metrics import METRICS
+from evaluation.metrics import METRICS
 
 # Published nDCG@10 figures for SciFact test, shown next to the measured ones.
 SCIFACT_ANCHORS = {

@@ -15,7 +15,7 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping
 
-from services.evaluation.beir import Qrels
+from evaluation.beir import Qrels
 
 METRICS = ("ndcg@10", "recall@10", "recall@100", "mrr@10", "failure@20")
 

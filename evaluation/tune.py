@@ -19,11 +19,11 @@ from typing import Any, Literal
 import numpy as np
 from sqlalchemy import select
 
-from services.evaluation import beir
-from services.evaluation.corpus import sync_corpus
-from services.evaluation.harness import eval_tenant
-from services.evaluation.metrics import ndcg_at_k, unique
-from services.evaluation.runner import Progress
+from evaluation import beir
+from evaluation.corpus import sync_corpus
+from evaluation.harness import eval_tenant
+from evaluation.metrics import ndcg_at_k, unique
+from evaluation.runner import Progress
 from shared.db import unit_of_work
 from shared.models import Chunk, Document
 from shared.search.fusion import ArmHit, fuse

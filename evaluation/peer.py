@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from services.evaluation.runner import RunResult
+from evaluation.runner import RunResult
 from shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

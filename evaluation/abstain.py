@@ -12,8 +12,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.evaluation.beir import Qrels
-from services.evaluation.runner import Progress, SearchClient
+from evaluation.beir import Qrels
+from evaluation.runner import Progress, SearchClient
 
 
 @dataclass(frozen=True)
