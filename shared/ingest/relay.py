@@ -21,12 +21,11 @@ from elasticsearch import ConnectionTimeout as EsConnectionTimeout
 from shared.db import unit_of_work
 from shared.ingest import repository as repo
 from shared.models import Chunk, Document, EsOutbox, OutboxOp
-from shared.reconcile.buckets import bucket_of
 from shared.retry import retry_delay
-from shared.search.filters import range_terms
 from shared.settings import Settings, get_settings
-from shared.stores import english_analysis
+from shared.stores.chunk_document import es_document
 from shared.stores.elastic import get_es
+from shared.stores.es_index import reindex_target
 
 log = logging.getLogger(__name__)
 
@@ -54,34 +53,6 @@ class RelayReport:
 def backoff_seconds(attempts: int, cap: float = 60.0) -> float:
     """The relay's backoff: the project's jittered exponential one, from one second."""
     return retry_delay(attempts, base=1.0, cap=cap)
-
-
-def es_document(chunk: Chunk, doc: Document) -> dict[str, Any]:
-    """The Elasticsearch copy of ``chunk``: built from the chunk's own row (its version's
-    title and metadata), so it matches the fingerprint taken when the chunk was written."""
-    metadata = chunk.metadata_ or {}
-    return {
-        "chunk_id": chunk.id,
-        "tenant_id": chunk.tenant_id,
-        "document_id": str(chunk.document_id),
-        "external_id": doc.external_id,
-        "version": chunk.version,
-        "ordinal": chunk.ordinal,
-        "text_hash": chunk.text_hash,
-        "title": chunk.title,
-        "section": chunk.section,
-        "text": chunk.text,
-        # Pre-analyzed copies for the BM25 arm (see shared/stores/english_analysis.py).
-        "stemmed": {
-            "title": english_analysis.analyze(chunk.title),
-            "section": english_analysis.analyze(chunk.section),
-            "text": english_analysis.analyze(chunk.text),
-        },
-        "metadata": metadata,
-        "metadata_ranges": range_terms(metadata),
-        "bucket": bucket_of(chunk.id),
-        "fingerprint": chunk.fingerprint,
-    }
 
 
 def drain(
@@ -308,8 +279,6 @@ def _groups_by_size(
 def _dual_write(es: Elasticsearch, settings: Settings, actions: list[dict[str, Any]]) -> None:
     """While a reindex builds a new index, every change goes there too. Item failures there
     are not retried here: the reconcile that follows a reindex repairs them."""
-    from shared.reconcile.reindex import reindex_target
-
     target = reindex_target(es, settings) if actions else None
     if target is not None:
         try:

@@ -16,13 +16,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from elasticsearch import Elasticsearch, NotFoundError, helpers
+from elasticsearch import Elasticsearch, helpers
 
 from shared.db import unit_of_work
 from shared.reconcile import repository as repo
-from shared.settings import Settings, get_settings
+from shared.settings import get_settings
+from shared.stores.chunk_document import es_document
 from shared.stores.elastic import get_es
-from shared.stores.es_index import concrete_index_name, index_body
+from shared.stores.es_index import (
+    concrete_index_name,
+    index_body,
+    reindex_target,
+    reindexing_alias,
+)
 
 PAGE = 1000
 
@@ -34,18 +40,6 @@ class ReindexResult:
     copied: int
     resumed: bool
     seconds: float
-
-
-def reindexing_alias(settings: Settings) -> str:
-    return f"{settings.es_chunks_alias()}-reindexing"
-
-
-def reindex_target(es: Elasticsearch, settings: Settings) -> str | None:
-    """The index a reindex in progress is building (the relay dual-writes to it)."""
-    try:
-        return next(iter(es.indices.get_alias(name=reindexing_alias(settings))), None)
-    except NotFoundError:
-        return None
 
 
 def reindex(
@@ -102,7 +96,6 @@ def _meta(es: Elasticsearch, index: str) -> dict[str, Any]:
 
 
 def _action(index: str, chunk: Any, doc: Any) -> dict[str, Any]:
-    from shared.ingest.relay import es_document
 
     return {
         "_index": index,

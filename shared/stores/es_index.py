@@ -107,3 +107,15 @@ def ensure_index(settings: Settings, es: Elasticsearch | None = None) -> str:
         actions=[{"add": {"index": index, "alias": alias, "is_write_index": True}}]
     )
     return index
+
+
+def reindexing_alias(settings: Settings) -> str:
+    return f"{settings.es_chunks_alias()}-reindexing"
+
+
+def reindex_target(es: Elasticsearch, settings: Settings) -> str | None:
+    """The index a reindex in progress is building (the relay dual-writes to it)."""
+    try:
+        return next(iter(es.indices.get_alias(name=reindexing_alias(settings))), None)
+    except NotFoundError:
+        return None

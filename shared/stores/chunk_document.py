@@ -1,0 +1,39 @@
+"""The shape of a chunk's Elasticsearch copy: the one place it is built (the relay writes it,
+reindex copies it, reconcile compares its fingerprint)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.models import Chunk, Document
+from shared.reconcile.buckets import bucket_of
+from shared.search.filters import range_terms
+from shared.stores import english_analysis
+
+
+def es_document(chunk: Chunk, doc: Document) -> dict[str, Any]:
+    """The Elasticsearch copy of ``chunk``: built from the chunk's own row (its version's
+    title and metadata), so it matches the fingerprint taken when the chunk was written."""
+    metadata = chunk.metadata_ or {}
+    return {
+        "chunk_id": chunk.id,
+        "tenant_id": chunk.tenant_id,
+        "document_id": str(chunk.document_id),
+        "external_id": doc.external_id,
+        "version": chunk.version,
+        "ordinal": chunk.ordinal,
+        "text_hash": chunk.text_hash,
+        "title": chunk.title,
+        "section": chunk.section,
+        "text": chunk.text,
+        # Pre-analyzed copies for the BM25 arm (see shared/stores/english_analysis.py).
+        "stemmed": {
+            "title": english_analysis.analyze(chunk.title),
+            "section": english_analysis.analyze(chunk.section),
+            "text": english_analysis.analyze(chunk.text),
+        },
+        "metadata": metadata,
+        "metadata_ranges": range_terms(metadata),
+        "bucket": bucket_of(chunk.id),
+        "fingerprint": chunk.fingerprint,
+    }
