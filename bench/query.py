@@ -142,7 +142,7 @@ def populate(tenant: str, size: int, texts: list[str], vectors: np.ndarray) -> N
                 vector = vectors[i] + 0.5 * vectors[j] + rng.normal(0, 0.02, vectors.shape[1])
                 vector /= np.linalg.norm(vector)
                 cid = f"{doc_id}:{ordinal}"
-                copied = {
+                copied: dict[str, Any] = {
                     "chunk_id": cid,
                     "tenant_id": tenant,
                     "document_id": str(doc_id),

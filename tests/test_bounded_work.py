@@ -174,7 +174,7 @@ def test_a_document_of_30000_chunks_is_indexed_completely_under_the_shipped_limi
                 )["count"]
                 with unit_of_work() as uow:
                     in_pg = repo.count_rows(uow.session, Chunk, tenant)
-                return in_pg == in_es == expected
+                return bool(in_pg == in_es == expected)
 
             wait_for(lambda: both_stores(sections), 300, interval=2, what="every chunk in both")
             # Deleted again, so that later tests (a reindex, reconciles) do not carry it.

@@ -303,7 +303,8 @@ def test_unparseable_files_fail_with_a_reason_and_others_proceed(
                     DeadLetter.tenant_id == tenant, DeadLetter.ref == "broken.pdf"
                 )
             ).first()
-        return tuple(letter) if states == {"zero.txt": "failed"} and letter else None
+        done = states == {"zero.txt": "failed"} and letter is not None
+        return (letter[0], letter[1]) if done and letter is not None else None
 
     source, message = wait_for(events_done, 30, what="the 0-byte job failed, the PDF refused")
     assert source == "event" and "PDF" in message
@@ -441,7 +442,7 @@ def test_events_with_fields_postgres_cannot_store_are_dead_lettered_with_the_rea
         build_upload_event(tenant_id=tenant, external_id=f"{name}.txt", raw=text.encode())
         for name, text in [("tide", "Tides follow the moon."), ("reef", "Reefs shelter fish.")]
     ]
-    bad = {
+    bad: dict[str, tuple[dict[str, Any], str]] = {
         "nul.txt": ({"metadata": {"note": "a\x00b"}}, "NUL"),
         "nan.txt": ({"metadata": {"score": float("nan")}}, "NaN"),
         "surrogate.txt": ({"metadata": {"note": "a\ud800b"}}, "lone surrogate"),

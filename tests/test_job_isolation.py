@@ -158,7 +158,7 @@ def test_an_unexpected_error_of_one_job_dead_letters_it_alone(
     offender_auth = key_headers(offender, ["read", "write"])
 
     if stage == "parse":
-        real_parse = pipeline.parse
+        real_parse = pipeline.parse  # type: ignore[attr-defined]
 
         def parse(raw: bytes, content_type: str, fields: tuple[str, ...]) -> Any:
             if b"offending" in raw:

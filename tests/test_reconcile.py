@@ -241,7 +241,8 @@ def test_reindex_switches_atomically_while_searches_keep_answering(client, auth,
 
 
 def test_an_interrupted_reindex_resumes_where_it_stopped(client, auth, tenant, worker):
-    from shared.reconcile.reindex import reindex, reindex_target
+    from shared.reconcile.reindex import reindex
+    from shared.stores.es_index import reindex_target
 
     for i in range(6):
         upload_text(client, auth, f"log-{i}", f"Ship log entry {i}: calm seas.")

@@ -28,7 +28,7 @@ def _ingest(client: TestClient, auth: dict[str, str], tenant: str, n: int) -> di
 
 
 def _copy(chunk_id: str) -> dict[str, Any]:
-    return get_es().get(index=get_settings().es_chunks_alias(), id=chunk_id)
+    return dict(get_es().get(index=get_settings().es_chunks_alias(), id=chunk_id))
 
 
 def _write(chunk_id: str, source: dict[str, Any], version: int) -> None:

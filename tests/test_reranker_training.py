@@ -61,7 +61,7 @@ def test_search_uses_the_trained_reranker_of_its_own_tenant_only(
     assert "path" not in listed[0]  # the server's file layout is not the caller's business
     assert listed[0]["card"]["training"]["steps"] == 3
 
-    body = {
+    body: dict[str, Any] = {
         "query": "rivers of ice carving valleys",
         "rerank": {"enabled": True, "window": 5, "model": "tiny-ce"},
         "explain": True,

@@ -157,8 +157,10 @@ def test_the_supervisor_restarts_a_killed_worker_and_beat_and_counts_it(state_ro
         assert all(_pid_alive(pid) for pid in before.values()), before
         seen |= {pid for pid in before.values() if pid}
 
-        os.killpg(before["worker"], signal.SIGKILL)  # the main process and its pool
-        os.kill(before["beat"], signal.SIGKILL)
+        worker_pid, beat_pid = before["worker"], before["beat"]
+        assert worker_pid and beat_pid
+        os.killpg(worker_pid, signal.SIGKILL)  # the main process and its pool
+        os.kill(beat_pid, signal.SIGKILL)
         killed = time.monotonic()
         restarted: dict[str, int | None] = {}
         while time.monotonic() - killed < 60:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -191,7 +192,8 @@ def test_numpy_vectors_are_written_in_pgvector_binary_form_and_lists_as_text() -
     to_db = EmbeddingVector(3).bind_processor(None)  # type: ignore[arg-type]
     packed = to_db(np.array([0.5, -1.25, 3.0e-8], dtype=np.float32))
     assert isinstance(packed, PackedVector)
-    assert vector_from_bytes(packed.data).tolist() == np.float32([0.5, -1.25, 3.0e-8]).tolist()
+    expected = np.array([0.5, -1.25, 3.0e-8], dtype=np.float32)
+    assert vector_from_bytes(packed.data).tolist() == expected.tolist()
     assert to_db([0.5, 2.0]) == "[0.5,2.0]"
     with pytest.raises(ValueError, match="one dimension"):
         to_db(np.zeros((2, 3), dtype=np.float32))
@@ -397,7 +399,7 @@ def test_section_lookup_bisects_and_keeps_heading_paths_bounded():
     assert all(len(s.path) <= 500 for s in doc.sections)
 
 
-def _candidates(n: int, documents: int, seed: int = 7) -> list:
+def _candidates(n: int, documents: int, seed: int = 7) -> list[Any]:
     import numpy as np
 
     from shared.search.policy import Candidate
@@ -428,12 +430,13 @@ def _candidates(n: int, documents: int, seed: int = 7) -> list:
 def test_mmr_picks_what_the_textbook_algorithm_picks_without_its_cubic_cost():
     from shared.search.service import _cap_per_document, _mmr
 
-    def textbook(candidates, lambda_):
-        chosen, remaining = [], list(candidates)
+    def textbook(candidates: list[Any], lambda_: float) -> list[Any]:
+        chosen: list[Any] = []
+        remaining = list(candidates)
 
-        def value(c):
+        def value(c: Any) -> float:
             redundancy = max((float(c.embedding @ s.embedding) for s in chosen), default=0.0)
-            return lambda_ * c.scores["dense_cosine"] - (1 - lambda_) * redundancy
+            return float(lambda_ * c.scores["dense_cosine"] - (1 - lambda_) * redundancy)
 
         while remaining:
             best = max(remaining, key=value)
