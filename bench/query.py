@@ -38,7 +38,6 @@ sys.path.insert(0, str(ROOT))
 from services.cli.stack import api_command  # noqa: E402
 from shared.auth import create_key  # noqa: E402
 from shared.db import unit_of_work  # noqa: E402
-from shared.ingest import repository as repo  # noqa: E402
 from shared.ingest.embedding import get_embedder  # noqa: E402
 from shared.ingest.pipeline import text_hash  # noqa: E402
 from shared.models import Chunk, Document, DocumentVersion  # noqa: E402
@@ -46,6 +45,7 @@ from shared.reconcile.buckets import bucket_of, fingerprint  # noqa: E402
 from shared.search.filters import range_terms  # noqa: E402
 from shared.settings import get_settings  # noqa: E402
 from shared.stores.elastic import get_es  # noqa: E402
+from shared.tenants import repository as tenants_repo  # noqa: E402
 
 CHUNKS_PER_DOCUMENT = 10
 MODES: dict[str, dict[str, Any]] = {
@@ -108,7 +108,7 @@ def populate(tenant: str, size: int, texts: list[str], vectors: np.ndarray) -> N
     alias = get_settings().es_chunks_alias()
     started = time.monotonic()
     with unit_of_work() as uow:
-        repo.ensure_tenant(uow.session, tenant)
+        tenants_repo.ensure_tenant(uow.session, tenant)
     for start in range(0, size, 1000):
         docs, versions, chunks, actions = [], [], [], []
         for n in range(start, min(start + 1000, size), CHUNKS_PER_DOCUMENT):

@@ -11,13 +11,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
-
+from evaluation import repository as repo
 from shared.db import unit_of_work
 from shared.ingest.repository import live_job_states
 from shared.ingest.service import Upload, content_hash, delete_document
 from shared.ingest.upload_event import EventBatcher, build_upload_event
-from shared.models import Chunk, Document, EsOutbox
 from shared.queue import publish_upload_events
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
@@ -53,14 +51,7 @@ def sync_corpus(
     records = list(records)
     result = SyncResult()
     with unit_of_work() as uow:
-        existing = {
-            external_id: (doc_id, digest)
-            for doc_id, external_id, digest in uow.session.execute(
-                select(Document.id, Document.external_id, Document.content_hash).where(
-                    Document.tenant_id == tenant_id, Document.deleted.is_(False)
-                )
-            )
-        }
+        existing = repo.live_documents(uow.session, tenant_id)
     wanted = {r["_id"] for r in records}
     batcher = EventBatcher(publish_upload_events)
     for i, record in enumerate(records, start=1):
@@ -117,12 +108,8 @@ def wait_elasticsearch(tenant_id: str, timeout_s: float, interval_s: float = 0.5
     deadline = time.monotonic() + timeout_s
     while True:
         with unit_of_work() as uow:
-            backlog = uow.session.scalar(
-                select(func.count()).select_from(EsOutbox).where(EsOutbox.tenant_id == tenant_id)
-            )
-            chunks = uow.session.scalar(
-                select(func.count()).select_from(Chunk).where(Chunk.tenant_id == tenant_id)
-            )
+            backlog = repo.outbox_backlog(uow.session, tenant_id)
+            chunks = repo.chunk_count(uow.session, tenant_id)
         es.indices.refresh(index=alias)
         in_es = es.count(index=alias, query={"term": {"tenant_id": tenant_id}})["count"]
         if not backlog and in_es == chunks:

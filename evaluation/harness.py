@@ -12,10 +12,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
-
 from evaluation import abstain as abstain_eval
 from evaluation import beir, peer, report
+from evaluation import repository as repo
 from evaluation.corpus import sync_corpus
 from evaluation.metrics import evaluate, percentiles
 from evaluation.runner import (
@@ -30,7 +29,6 @@ from evaluation.runner import (
 )
 from shared.auth import create_key, revoke_key
 from shared.db import unit_of_work
-from shared.models import Chunk
 from shared.search import profiles, rerankers
 from shared.settings import get_settings
 
@@ -118,9 +116,7 @@ def run_eval(
         _abstain(dataset, queries, qrels, options, progress, http) if options.abstain else None
     )
     with unit_of_work() as uow:
-        chunks = uow.session.scalar(
-            select(func.count()).select_from(Chunk).where(Chunk.tenant_id == tenant)
-        )
+        chunks = repo.chunk_count(uow.session, tenant)
     rows = [_row(name, run, qrels, configs) for name, run in runs.items()]
     result: dict[str, Any] = {
         "dataset": dataset.name,

@@ -10,11 +10,10 @@ from typing import Any, Protocol
 
 import httpx
 import numpy as np
-from sqlalchemy import select
 
+from evaluation import repository as repo
 from evaluation.metrics import order_by_score, unique
 from shared.db import unit_of_work
-from shared.models import Chunk, Document
 from shared.search.service import query_vector
 from shared.settings import get_settings
 
@@ -132,13 +131,9 @@ def exact_dense(tenant_id: str, queries: list[tuple[str, str]], top_k: int = 100
     reference the approximate dense arm is held to. Same model, same query prompt."""
     settings = get_settings()
     with unit_of_work() as uow:
-        rows = uow.session.execute(
-            select(Document.external_id, Chunk.embedding)
-            .join(Document, Document.id == Chunk.document_id)
-            .where(Chunk.tenant_id == tenant_id)
-        ).all()
-    doc_ids = [external_id for external_id, _ in rows]
-    matrix = np.asarray([embedding for _, embedding in rows], dtype=np.float32)
+        rows = repo.chunk_embeddings(uow.session, tenant_id)
+    doc_ids = [external_id for _, external_id, _ in rows]
+    matrix = np.asarray([embedding for _, _, embedding in rows], dtype=np.float32)
     result = RunResult()
     for qid, text in queries:
         started = time.perf_counter()

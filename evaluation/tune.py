@@ -17,15 +17,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from sqlalchemy import select
 
 from evaluation import beir
+from evaluation import repository as repo
 from evaluation.corpus import sync_corpus
 from evaluation.harness import eval_tenant
 from evaluation.metrics import ndcg_at_k, unique
 from evaluation.runner import Progress
 from shared.db import unit_of_work
-from shared.models import Chunk, Document
 from shared.search.fusion import ArmHit, fuse
 from shared.search.profiles import save_profile
 from shared.search.schemas import CandidateDepth, Fusion, LexicalOptions, SearchRequest
@@ -83,11 +82,7 @@ def tune(
     sync_corpus(tenant, dataset.corpus, progress, 3600)
 
     with unit_of_work() as uow:
-        rows = uow.session.execute(
-            select(Chunk.id, Document.external_id, Chunk.embedding)
-            .join(Document, Document.id == Chunk.document_id)
-            .where(Chunk.tenant_id == tenant)
-        ).all()
+        rows = repo.chunk_embeddings(uow.session, tenant)
     doc_of = {cid: ext for cid, ext, _ in rows}
     row_of = {cid: i for i, (cid, _, _) in enumerate(rows)}
     embeddings = np.asarray([e for _, _, e in rows], dtype=np.float32)

@@ -10,12 +10,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, true
 from sqlalchemy.orm import Session
 
+from shared.db import now
 from shared.errors import BadRequest, Forbidden, Unauthorized
-from shared.ingest import repository as ingest_repo
 from shared.models import ApiKey
+from shared.tenants import repository as repo
 
 SCOPES = ("read", "write", "admin")
 KEY_PREFIX = "ck_"
@@ -55,7 +55,7 @@ def create_key(
     unknown = set(scopes) - set(SCOPES)
     if unknown or not scopes:
         raise BadRequest(f"scopes must be a non-empty subset of {list(SCOPES)}")
-    ingest_repo.ensure_tenant(session, tenant_id)
+    repo.ensure_tenant(session, tenant_id)
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey(
         id=uuid.uuid4(),
@@ -74,7 +74,7 @@ def authenticate(session: Session, secret: str | None) -> Principal:
     if not secret:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
     digest = _hash(secret)
-    key = session.scalar(select(ApiKey).where(ApiKey.key_hash == digest))
+    key = repo.key_by_hash(session, digest)
     # The lookup is by hash; the constant-time compare guards the final equality anyway.
     if key is None or key.revoked_at is not None or not hmac.compare_digest(key.key_hash, digest):
         raise Unauthorized("invalid or revoked API key")
@@ -93,11 +93,7 @@ def list_keys(session: Session, tenant_id: str | None = None) -> list[dict[str, 
             "created_at": k.created_at.isoformat(),
             "revoked": k.revoked_at is not None,
         }
-        for k in session.scalars(
-            select(ApiKey)
-            .where(ApiKey.tenant_id == tenant_id if tenant_id is not None else true())
-            .order_by(ApiKey.created_at)
-        )
+        for k in repo.keys_of(session, tenant_id)
     ]
 
 
@@ -106,5 +102,5 @@ def revoke_key(session: Session, key_id: uuid.UUID, tenant_id: str | None = None
     if key is None or (tenant_id is not None and key.tenant_id != tenant_id):
         return False
     if key.revoked_at is None:
-        key.revoked_at = ingest_repo.now(session)
+        key.revoked_at = now(session)
     return True

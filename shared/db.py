@@ -4,10 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, any_, bindparam, create_engine
+from sqlalchemy import (
+    ColumnElement,
+    Engine,
+    any_,
+    bindparam,
+    create_engine,
+    func,
+    select,
+    text,
+)
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import QueryableAttribute, Session, sessionmaker
 
@@ -74,3 +84,14 @@ def any_of(column: QueryableAttribute[Any], values: Iterable[Any]) -> ColumnElem
     """``column = ANY(:values)``: one array parameter however many values. (An ``IN`` list
     binds a parameter per value, and Postgres refuses a statement with more than 65,535.)"""
     return column == any_(bindparam(None, list(values), type_=ARRAY(column.type)))
+
+
+def now(session: Session) -> datetime:
+    """The database clock, so leases compare against one clock whatever the host."""
+    return session.execute(select(func.now())).scalar_one()
+
+
+def schema_revision(session: Session) -> str | None:
+    """The Alembic revision the database is at (None before the first migration)."""
+    revision = session.scalar(text("SELECT version_num FROM alembic_version"))
+    return None if revision is None else str(revision)

@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.exc import DataError
 
+from shared.db import now as db_now
 from shared.db import unit_of_work
 from shared.ingest import pipeline
 from shared.ingest import repository as repo
@@ -141,7 +142,7 @@ def _claims_of(job_ids: list[str]) -> list[Any]:
         session = uow.session
         jobs = repo.claimable_jobs(session, [uuid.UUID(j) for j in job_ids])
         versions = repo.versions_of_jobs(session, jobs)
-        now = repo.now(session)
+        now = db_now(session)
         claims = [pipeline._start(job, versions, now, get_settings()) for job in jobs]
     return [c for c in claims if c is not None]
 

@@ -17,8 +17,7 @@ from typing import Any
 
 from evaluation import beir
 from evaluation.harness import eval_tenant
-from shared.db import unit_of_work
-from shared.ingest.repository import now
+from shared.db import now, unit_of_work
 from shared.models import TrainingJob
 from shared.queue import publish_training_job
 from training.reranker import (

@@ -33,19 +33,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
-
 from evaluation import beir
 from evaluation.corpus import sync_corpus
 from evaluation.harness import eval_tenant
 from evaluation.metrics import ndcg_at_k, unique
 from shared.db import unit_of_work
-from shared.models import Chunk, Document, TrainedReranker
+from shared.models import TrainedReranker
 from shared.search import rerankers
 from shared.search.rerank import CrossEncoderReranker, rerank_passage
 from shared.search.schemas import SearchRequest
 from shared.search.service import blend_scores, search
 from shared.settings import get_settings
+from training import repository as repo
 
 Progress = Callable[[str, int, int], None]
 
@@ -444,16 +443,7 @@ def _first_passages(tenant: str, external_ids: set[str]) -> dict[str, str]:
     if not external_ids:
         return {}
     with unit_of_work() as uow:
-        rows = uow.session.execute(
-            select(Document.external_id, Document.title, Chunk.text)
-            .join(Chunk, (Chunk.document_id == Document.id) & (Chunk.version == Document.version))
-            .where(
-                Document.tenant_id == tenant,
-                Document.deleted.is_(False),
-                Document.external_id.in_(external_ids),
-            )
-            .order_by(Document.external_id, Chunk.ordinal)
-        ).all()
+        rows = repo.first_chunks(uow.session, tenant, external_ids)
     first: dict[str, str] = {}
     for external_id, title, text in rows:
         first.setdefault(external_id, rerank_passage(title, text))
@@ -462,14 +452,7 @@ def _first_passages(tenant: str, external_ids: set[str]) -> dict[str, str]:
 
 def _random_passages(tenant: str, n: int, rng: random.Random) -> list[tuple[str, str]]:
     with unit_of_work() as uow:
-        uow.session.execute(select(func.setseed(rng.random() * 2 - 1)))
-        rows = uow.session.execute(
-            select(Document.external_id, Document.title, Chunk.text)
-            .join(Chunk, (Chunk.document_id == Document.id) & (Chunk.version == Document.version))
-            .where(Document.tenant_id == tenant, Document.deleted.is_(False))
-            .order_by(func.random())
-            .limit(n)
-        ).all()
+        rows = repo.random_chunks(uow.session, tenant, n, rng.random() * 2 - 1)
     return [(external_id, rerank_passage(title, text)) for external_id, title, text in rows]
 
 

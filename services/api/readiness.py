@@ -6,9 +6,8 @@ from functools import lru_cache
 from typing import Any
 
 from alembic.script import ScriptDirectory
-from sqlalchemy import text
 
-from shared.db import unit_of_work
+from shared.db import schema_revision, unit_of_work
 from shared.migrate import ROOT
 from shared.settings import Settings
 from shared.stores.elastic import get_es
@@ -25,7 +24,7 @@ def _latest_migration() -> str | None:
 def _postgres(settings: Settings) -> dict[str, Any]:
     head = _latest_migration()
     with unit_of_work() as uow:
-        current = uow.session.scalar(text("SELECT version_num FROM alembic_version"))
+        current = schema_revision(uow.session)
     if current != head:
         return {"ok": False, "detail": f"schema at {current}, latest migration is {head}"}
     return {"ok": True, "detail": f"schema at {current}"}

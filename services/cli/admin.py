@@ -92,7 +92,7 @@ def jobs(
     limit: int = typer.Option(50),
 ) -> None:
     """Inspect ingest jobs."""
-    from shared.admin import list_jobs
+    from shared.admin.service import list_jobs
     from shared.db import unit_of_work
 
     with unit_of_work() as uow:
@@ -114,7 +114,7 @@ def jobs(
 
 @dlq_app.command("list")
 def dlq_list(tenant: str | None = typer.Option(None), limit: int = typer.Option(50)) -> None:
-    from shared.admin import list_dead_letters
+    from shared.admin.service import list_dead_letters
     from shared.db import unit_of_work
 
     with unit_of_work() as uow:
@@ -135,7 +135,7 @@ def dlq_list(tenant: str | None = typer.Option(None), limit: int = typer.Option(
 
 @dlq_app.command("show")
 def dlq_show(letter_id: int) -> None:
-    from shared.admin import dead_letter_dict, get_dead_letter
+    from shared.admin.service import dead_letter_dict, get_dead_letter
     from shared.db import unit_of_work
 
     with unit_of_work() as uow:
@@ -145,7 +145,7 @@ def dlq_show(letter_id: int) -> None:
 @dlq_app.command("replay")
 def dlq_replay(letter_id: int) -> None:
     """Re-run the dead-lettered job (or re-queue the Elasticsearch write) after a fix."""
-    from shared.admin import replay_dead_letter
+    from shared.admin.service import replay_dead_letter
     from shared.db import unit_of_work
 
     with unit_of_work() as uow:
@@ -155,7 +155,7 @@ def dlq_replay(letter_id: int) -> None:
 
 @dlq_app.command("discard")
 def dlq_discard(letter_id: int) -> None:
-    from shared.admin import discard_dead_letter
+    from shared.admin.service import discard_dead_letter
     from shared.db import unit_of_work
 
     with unit_of_work() as uow:
@@ -165,7 +165,7 @@ def dlq_discard(letter_id: int) -> None:
 
 def stats(as_json: bool = typer.Option(False, "--json")) -> None:
     """Documents, versions, chunks per store, outbox backlog, dead letters, last reconcile."""
-    from shared.admin import system_stats
+    from shared.admin.service import system_stats
 
     body = system_stats()
     if as_json:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
+from shared.db import now as db_now
 from shared.db import unit_of_work
 from shared.errors import ParseError
 from shared.ingest import repository as repo
@@ -121,7 +122,7 @@ def process_jobs(job_ids: list[uuid.UUID]) -> dict[uuid.UUID, JobOutcome]:
     with unit_of_work() as uow:
         session = uow.session
         jobs = repo.claimable_jobs(session, job_ids)
-        now = repo.now(session)
+        now = db_now(session)
         versions = repo.versions_of_jobs(session, jobs)
         claims = [_start(job, versions, now, settings) for job in jobs]
     return _process([c for c in claims if c is not None], settings, keep=None)
@@ -234,7 +235,7 @@ def _claim(job_id: uuid.UUID, settings: Settings) -> list[_Claim] | JobOutcome:
             return JobOutcome(str(job_id), "missing")
         if job.state in (JobState.INDEXED, JobState.FAILED, JobState.DEAD_LETTERED):
             return JobOutcome(str(job_id), job.state, {"duplicate_delivery": True})
-        now = repo.now(session)
+        now = db_now(session)
         if job.state == JobState.RUNNING and job.lease_expires_at and job.lease_expires_at > now:
             return JobOutcome(str(job_id), job.state, {"leased_elsewhere": True})
         versions = repo.versions_of_jobs(session, [job])
@@ -345,7 +346,7 @@ def _write_all(claims: list[_Claim]) -> dict[uuid.UUID, JobOutcome]:
         repo.lock_keys(session, [f"document:{c.document_id}" for c in claims])
         jobs = repo.lock_jobs(session, [c.job_id for c in claims])
         docs = repo.documents_by_ids(session, [c.document_id for c in claims])
-        finished_at = repo.now(session)
+        finished_at = db_now(session)
         outcomes: dict[uuid.UUID, JobOutcome] = {}
         finished: list[tuple[IngestJob, _Claim]] = []
         writes: dict[uuid.UUID, _Claim] = {}  # document id -> the one claim writing it
@@ -464,7 +465,7 @@ def _release(
         return
     try:
         with unit_of_work() as uow:
-            now = repo.now(uow.session)
+            now = db_now(uow.session)
             for job in repo.lock_jobs(uow.session, job_ids).values():
                 if job.state != JobState.RUNNING:
                     continue
@@ -487,7 +488,7 @@ def _fail(job_id: uuid.UUID, stage: str, error: Exception, dead_letter: bool) ->
         job.error_stage = stage
         job.error_class = type(error).__name__
         job.error_message = describe_error(error)
-        job.finished_at = repo.now(uow.session)
+        job.finished_at = db_now(uow.session)
         job.lease_expires_at = None
         if dead_letter:
             repo.add_dead_letter(

@@ -26,7 +26,6 @@ from shared.models import (
     JobState,
     OutboxOp,
     ReconcileRun,
-    Tenant,
 )
 from shared.reconcile.buckets import bucket_of, fingerprint
 from shared.vector_type import vector_bytes, vector_from_bytes
@@ -49,22 +48,7 @@ def lock_keys(session: Session, keys: Sequence[str]) -> None:
     )
 
 
-def now(session: Session) -> datetime:
-    """The database clock, so leases compare against one clock whatever the host."""
-    return session.execute(select(func.now())).scalar_one()
-
-
-# ------------------------------------------------------------------ tenants and documents
-
-
-def ensure_tenant(session: Session, tenant_id: str) -> None:
-    ensure_tenants(session, [tenant_id])
-
-
-def ensure_tenants(session: Session, tenant_ids: Sequence[str]) -> None:
-    rows = [{"id": t, "name": t} for t in sorted(set(tenant_ids))]
-    if rows:
-        session.execute(insert(Tenant).values(rows).on_conflict_do_nothing())
+# ------------------------------------------------------------------ documents
 
 
 def documents_by_external_ids(

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
-from shared.db import UnitOfWork, unit_of_work
+from shared.db import UnitOfWork, now, unit_of_work
 from shared.errors import BadRequest, ConcordError, NotFound
 from shared.ingest import repository as repo
 from shared.logs import current_request_id
@@ -22,6 +22,7 @@ from shared.queue import publish_ingest_job, publish_relay
 from shared.search.filters import parse_iso_date
 from shared.search.schemas import ISO_DATE, METADATA_KEY
 from shared.settings import Settings
+from shared.tenants import repository as tenants_repo
 
 # What the API's OpenAPI schema and docs/upload-event.schema.json publish, for every way in.
 MAX_EXTERNAL_ID_CHARS = 512
@@ -169,7 +170,7 @@ def accept_uploads(
     unchanged. Publishing the jobs is left to the caller."""
     session = uow.session
     request_id = current_request_id()
-    repo.ensure_tenants(session, [u.tenant_id for u in uploads])
+    tenants_repo.ensure_tenants(session, [u.tenant_id for u in uploads])
     # Held until commit. lock_keys takes them in sorted order, so two such batches cannot
     # deadlock.
     repo.lock_keys(session, [f"external:{u.tenant_id}:{u.external_id}" for u in uploads])
@@ -178,7 +179,8 @@ def accept_uploads(
     docs = repo.documents_by_external_ids(
         session, [(u.tenant_id, u.external_id) for u in uploads], for_update=True
     )
-    now = repo.now(session)
+    current_time = now(session)
+    republish_after = timedelta(seconds=settings.queued_republish_seconds)
     newest_jobs = repo.latest_jobs_for(session, [(d.id, d.version) for d in docs.values()])
     results: list[UploadResult] = []
     versions: list[dict[str, Any]] = []
@@ -196,7 +198,7 @@ def accept_uploads(
                 "attempts": 0,
                 # If the message never reaches a worker, the sweep publishes it again
                 # after this (the database clock: this transaction's now()).
-                "lease_expires_at": now + timedelta(seconds=settings.queued_republish_seconds),
+                "lease_expires_at": current_time + republish_after,
                 "stage_timings": {},
                 "detail": {"request_id": request_id} if request_id else {},
             }
@@ -235,7 +237,7 @@ def accept_uploads(
             doc.metadata_ = upload.metadata or {}
             doc.content_hash = digest
             doc.deleted = False
-            doc.updated_at = now
+            doc.updated_at = current_time
         versions.append(
             {
                 "document_id": doc.id,
@@ -308,7 +310,7 @@ def delete_document(uow: UnitOfWork, tenant_id: str, document_id: uuid.UUID) -> 
     repo.lock_key(session, f"document:{doc.id}")
     doc.version += 1
     doc.deleted = True
-    doc.updated_at = repo.now(session)
+    doc.updated_at = now(session)
     session.add(
         DocumentVersion(
             document_id=doc.id,

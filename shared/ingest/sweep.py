@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from shared.db import UnitOfWork, unit_of_work
+from shared.db import now as db_now
 from shared.ingest import repository as repo
 from shared.models import IngestJob, JobState
 from shared.queue import INGEST_QUEUE, publish_ingest_job, queue_depths
@@ -39,7 +40,7 @@ def sweep_expired_jobs(settings: Settings | None = None, limit: int = 500) -> Sw
     report = SweepReport()
     with unit_of_work() as uow:
         session = uow.session
-        now = repo.now(session)
+        now = db_now(session)
         for job in repo.expired_jobs(session, limit):
             if job.attempts >= settings.job_max_attempts:
                 job.state = JobState.DEAD_LETTERED
@@ -85,7 +86,7 @@ def _republish_lost_messages(settings: Settings, limit: int) -> list[str]:
     republished = []
     with unit_of_work() as uow:
         session = uow.session
-        now = repo.now(session)
+        now = db_now(session)
         stale = now - timedelta(seconds=settings.sweep_interval_seconds)
         for job in repo.queued_jobs_published_before(
             session, stale, settings.queued_republish_seconds, limit

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shared.errors import NotFound
 from shared.models import SearchProfile, TrainedReranker
+from shared.search import repository as repo
 
 Named = TypeVar("Named", SearchProfile, TrainedReranker)
 
@@ -32,6 +32,4 @@ def get_or_add_named(session: Session, model: type[Named], tenant_id: str, name:
 
 
 def list_named(session: Session, model: type[Named], tenant_id: str) -> list[Named]:
-    return list(
-        session.scalars(select(model).where(model.tenant_id == tenant_id).order_by(model.name))
-    )
+    return list(repo.named_rows(session, model, tenant_id))

@@ -9,12 +9,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from shared.db import now
 from shared.errors import BadRequest
-from shared.ingest import repository as ingest_repo
-from shared.ingest.repository import now
 from shared.models import SearchProfile
 from shared.search.named import get_named, get_or_add_named, list_named
 from shared.search.schemas import NOT_IN_PROFILE, SearchRequest
+from shared.tenants import repository as tenants_repo
 
 
 def validate_profile_settings(settings: dict[str, Any]) -> dict[str, Any]:
@@ -33,7 +33,7 @@ def save_profile(
     session: Session, tenant_id: str, name: str, settings: dict[str, Any], description: str = ""
 ) -> SearchProfile:
     clean = validate_profile_settings(settings)
-    ingest_repo.ensure_tenant(session, tenant_id)
+    tenants_repo.ensure_tenant(session, tenant_id)
     profile = get_or_add_named(session, SearchProfile, tenant_id, name)
     profile.settings = clean
     profile.description = description

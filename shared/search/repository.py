@@ -21,7 +21,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from shared.ingest import repository as ingest_repo
-from shared.models import Chunk, Document, OutboxOp
+from shared.models import Chunk, Document, OutboxOp, SearchProfile, TrainedReranker
 from shared.vector_type import vector_bytes, vector_from_bytes
 
 
@@ -194,3 +194,12 @@ def document_chunks(
     if section is not None:
         query = query.where(Chunk.section == section)
     return session.scalars(query).all()
+
+
+def named_rows(
+    session: Session, model: type[SearchProfile] | type[TrainedReranker], tenant_id: str
+) -> Sequence[Any]:
+    """A tenant's search profiles or trained rerankers, by name."""
+    return session.scalars(
+        select(model).where(model.tenant_id == tenant_id).order_by(model.name)
+    ).all()

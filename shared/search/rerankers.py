@@ -10,10 +10,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from shared.ingest import repository as ingest_repo
-from shared.ingest.repository import now
+from shared.db import now
 from shared.models import TrainedReranker
 from shared.search.named import get_named, get_or_add_named, list_named
+from shared.tenants import repository as tenants_repo
 
 
 def register(
@@ -21,7 +21,7 @@ def register(
 ) -> TrainedReranker:
     """Point ``name`` at a newly trained model; the previous one's files are removed after
     commit by :func:`remove_files` (a search already holding it finishes with it)."""
-    ingest_repo.ensure_tenant(session, tenant_id)
+    tenants_repo.ensure_tenant(session, tenant_id)
     entry = get_or_add_named(session, TrainedReranker, tenant_id, name)
     entry.path = str(path)
     entry.base_model = base_model

@@ -12,7 +12,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from services.api.deps import NOT_FOUND, PROTECTED_ROUTE_ERRORS, Admin
-from shared import admin as ops
+from shared.admin import service as ops
 from shared.auth import SCOPES, create_key, list_keys, revoke_key
 from shared.db import unit_of_work
 from shared.errors import NotFound

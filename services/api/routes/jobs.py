@@ -7,10 +7,9 @@ from fastapi import APIRouter
 
 from services.api.deps import NOT_FOUND, PROTECTED_ROUTE_ERRORS, Reader
 from shared import training_jobs
-from shared.db import unit_of_work
+from shared.db import now, unit_of_work
 from shared.errors import NotFound
 from shared.ingest import repository as repo
-from shared.ingest.repository import now
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=PROTECTED_ROUTE_ERRORS | NOT_FOUND)
 

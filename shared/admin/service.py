@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from elasticsearch import ApiError, TransportError
-from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from shared.db import UnitOfWork, unit_of_work
+from shared.admin import repository as repo
+from shared.db import UnitOfWork, now, unit_of_work
 from shared.errors import BadRequest, NotFound
 from shared.ingest import repository as ingest_repo
 from shared.models import (
@@ -23,7 +23,6 @@ from shared.models import (
     IngestJob,
     JobState,
     OutboxOp,
-    ReconcileRun,
 )
 from shared.queue import publish_ingest_job, publish_relay, queue_depths
 from shared.settings import get_settings
@@ -34,19 +33,9 @@ def list_jobs(
     session: Session, *, state: str | None, stuck: bool, tenant_id: str | None, limit: int
 ) -> Sequence[IngestJob]:
     """``tenant_id`` None lists every tenant's jobs: only the operator's CLI passes None."""
-    query = select(IngestJob).order_by(IngestJob.created_at.desc()).limit(limit)
-    if state:
-        if state not in {s.value for s in JobState}:
-            raise BadRequest(f"unknown state {state!r}")
-        query = query.where(IngestJob.state == state)
-    if stuck:
-        query = query.where(
-            IngestJob.state.in_([JobState.QUEUED, JobState.RUNNING]),
-            IngestJob.lease_expires_at < func.now(),
-        )
-    if tenant_id:
-        query = query.where(IngestJob.tenant_id == tenant_id)
-    return session.scalars(query).all()
+    if state and state not in {s.value for s in JobState}:
+        raise BadRequest(f"unknown state {state!r}")
+    return repo.recent_jobs(session, state=state, stuck=stuck, tenant_id=tenant_id, limit=limit)
 
 
 def job_dict(j: IngestJob) -> dict[str, Any]:
@@ -70,9 +59,6 @@ def list_reconcile_runs(
     session: Session, *, tenant_id: str | None, limit: int
 ) -> list[dict[str, Any]]:
     """Recent reconcile runs, newest first, with what each found per drift class."""
-    query = select(ReconcileRun).order_by(ReconcileRun.id.desc()).limit(limit)
-    if tenant_id:
-        query = query.where(ReconcileRun.tenant_id == tenant_id)
     return [
         {
             "id": run.id,
@@ -82,17 +68,14 @@ def list_reconcile_runs(
             "repair": run.repair,
             "report": run.report,
         }
-        for run in session.scalars(query)
+        for run in repo.recent_reconcile_runs(session, tenant_id=tenant_id, limit=limit)
     ]
 
 
 def list_dead_letters(
     session: Session, *, tenant_id: str | None, limit: int
 ) -> Sequence[DeadLetter]:
-    query = select(DeadLetter).order_by(DeadLetter.id.desc()).limit(limit)
-    if tenant_id:
-        query = query.where(DeadLetter.tenant_id == tenant_id)
-    return session.scalars(query).all()
+    return repo.recent_dead_letters(session, tenant_id=tenant_id, limit=limit)
 
 
 def get_dead_letter(session: Session, letter_id: int, tenant_id: str | None = None) -> DeadLetter:
@@ -130,9 +113,7 @@ def replay_dead_letter(uow: UnitOfWork, letter_id: int, tenant_id: str | None = 
         job.attempts = 0
         job.error_stage = job.error_class = job.error_message = None
         job.finished_at = None
-        ingest_repo.extend_lease(
-            job, ingest_repo.now(session), get_settings().queued_republish_seconds
-        )
+        ingest_repo.extend_lease(job, now(session), get_settings().queued_republish_seconds)
         uow.after_commit(functools.partial(publish_ingest_job, job.id))
         what = f"job {job.id} queued again"
     elif letter.source == "outbox":
@@ -159,7 +140,7 @@ def replay_dead_letter(uow: UnitOfWork, letter_id: int, tenant_id: str | None = 
 
 def discard_dead_letter(session: Session, letter_id: int, tenant_id: str | None = None) -> None:
     get_dead_letter(session, letter_id, tenant_id)
-    session.execute(delete(DeadLetter).where(DeadLetter.id == letter_id))
+    repo.delete_dead_letter(session, letter_id)
 
 
 def system_stats(tenant_id: str | None = None) -> dict[str, Any]:

@@ -1,0 +1,1 @@
+"""Tenants and their API keys (the service side is shared/auth.py)."""
