@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 
 class ConcordError(Exception):
     status_code = 500
@@ -65,3 +68,8 @@ class ParseError(ConcordError):
 
     status_code = 422
     code = "unparseable_document"
+
+
+def describe_validation_errors(errors: Iterable[Mapping[str, Any]]) -> str:
+    """Pydantic's validation errors as one line: ``field.path: message; ...``."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors)

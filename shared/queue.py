@@ -14,9 +14,8 @@ from typing import Any
 
 import redis
 from celery import Celery
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
+from shared.redis_client import redis_client
 from shared.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -123,14 +122,6 @@ def queue_depths() -> dict[str, int]:
     return {q: int(client.llen(q)) for q in queues}
 
 
-@lru_cache
 def _redis() -> redis.Redis:
-    settings = get_settings()
-    return redis.Redis(
-        host=settings.redis_host,
-        port=settings.redis_port,
-        db=settings.redis_db,
-        socket_timeout=settings.redis_socket_timeout_s,
-        socket_connect_timeout=settings.redis_socket_timeout_s,
-        retry=Retry(NoBackoff(), 0),  # one bounded try: callers fall back (sweep, beat)
-    )
+    # One bounded try: callers fall back (the sweep, beat).
+    return redis_client(get_settings().redis_socket_timeout_s)

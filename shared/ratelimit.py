@@ -15,10 +15,9 @@ import uuid
 from functools import lru_cache
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from shared.errors import TooManyRequests
+from shared.redis_client import redis_client
 from shared.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -42,18 +41,8 @@ return {allowed, tostring(wait)}
 
 @lru_cache(maxsize=1)
 def _script() -> redis.commands.core.Script:
-    settings = get_settings()
-    client = redis.Redis(
-        host=settings.redis_host,
-        port=settings.redis_port,
-        db=settings.redis_db,
-        socket_timeout=0.5,
-        socket_connect_timeout=0.5,
-        # redis-py retries 3 times with backoff by default: 9 s per request against a
-        # silent Redis instead of the half second meant here. The limiter fails open at once.
-        retry=Retry(NoBackoff(), 0),
-    )
-    return client.register_script(_TOKEN_BUCKET)
+    # Half a second at most per request; the limiter fails open at once after that.
+    return redis_client(0.5).register_script(_TOKEN_BUCKET)
 
 
 def enforce(key_id: uuid.UUID) -> None:

@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api.readiness import readiness_checks
 from services.api.routes import admin, documents, jobs, search
-from shared.errors import ConcordError
+from shared.errors import ConcordError, describe_validation_errors
 from shared.logs import configure_json_logging, new_request_id, request_id_var
 from shared.metrics import API_REQUEST_SECONDS, SystemCollector
 from shared.settings import get_settings
@@ -175,10 +175,7 @@ def create_app() -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
-        return error_body("invalid_request", problems, 422)
+        return error_body("invalid_request", describe_validation_errors(exc.errors()), 422)
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:

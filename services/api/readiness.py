@@ -9,6 +9,7 @@ from alembic.script import ScriptDirectory
 
 from shared.db import schema_revision, unit_of_work
 from shared.migrate import ROOT
+from shared.redis_client import redis_client
 from shared.settings import Settings
 from shared.stores.elastic import get_es
 
@@ -36,13 +37,7 @@ def _elasticsearch(settings: Settings) -> dict[str, Any]:
 
 
 def _redis(settings: Settings) -> dict[str, Any]:
-    import redis
-
-    client = redis.Redis.from_url(settings.redis_url(), socket_timeout=2, socket_connect_timeout=2)
-    try:
-        client.ping()
-    finally:
-        client.close()
+    redis_client(2.0).ping()
     return {"ok": True, "detail": "ping"}
 
 

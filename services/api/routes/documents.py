@@ -20,7 +20,12 @@ from services.api.deps import (
     Writer,
 )
 from shared.db import unit_of_work
-from shared.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from shared.errors import (
+    BadRequest,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    describe_validation_errors,
+)
 from shared.ingest import repository as repo
 from shared.ingest.intake import check_upload
 from shared.ingest.parsing import resolve_content_type
@@ -106,11 +111,7 @@ async def _upload_from_request(request: Request, tenant_id: str, settings: Setti
         try:
             doc = TextDocument.model_validate_json(body)
         except ValidationError as e:
-            raise BadRequest(
-                "; ".join(
-                    f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
-                )
-            ) from e
+            raise BadRequest(describe_validation_errors(e.errors())) from e
         refuse_unstorable(doc.text, "text")
         raw = doc.text.encode()
         upload = Upload(
