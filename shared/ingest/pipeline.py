@@ -17,8 +17,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -39,6 +38,7 @@ from shared.models import Document, DocumentVersion, IngestJob, JobState, Outbox
 from shared.queue import publish_ingest_job, publish_relay
 from shared.retry import describe_error, is_retriable
 from shared.settings import Settings, get_settings
+from shared.timing import StageTimes
 
 log = logging.getLogger(__name__)
 
@@ -78,15 +78,6 @@ class _Claim:
     hashes: list[str] = field(default_factory=list)
     vectors: list[np.ndarray] = field(default_factory=list)
     cache_hits: int = 0
-
-
-@contextmanager
-def _timed(timings: dict[str, float], stage: str) -> Iterator[None]:
-    started = time.perf_counter()
-    try:
-        yield
-    finally:
-        timings[stage] = round(timings.get(stage, 0.0) + time.perf_counter() - started, 4)
 
 
 def _chunker(settings: Settings, embedder: Embedder) -> Chunker:
@@ -294,13 +285,13 @@ def _start(
 
 
 def _parse(claim: _Claim, settings: Settings) -> None:
-    with _timed(claim.timings, "parse"):
+    with StageTimes(claim.timings).stage("parse"):
         claim.parsed = parse(claim.raw, claim.content_type, settings.json_text_fields)
 
 
 def _chunk(claim: _Claim, chunker: Chunker) -> None:
     assert claim.parsed is not None
-    with _timed(claim.timings, "chunk"):
+    with StageTimes(claim.timings).stage("chunk"):
         claim.pieces = chunker.chunk(claim.parsed)
         claim.hashes = [text_hash(p.text) for p in claim.pieces]
     claim.parsed = None  # the chunks hold what is needed now

@@ -12,9 +12,8 @@ from __future__ import annotations
 import logging
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any, TypeVar
 
@@ -49,29 +48,13 @@ from shared.search.schemas import SearchRequest
 from shared.settings import Settings, get_settings
 from shared.stores import english_analysis
 from shared.stores.elastic import get_es
+from shared.timing import StageTimes
 from shared.vector_type import vector_from_bytes
 
 log = logging.getLogger(__name__)
 
 _pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="search-arm")
 T = TypeVar("T")
-
-
-class Timings:
-    def __init__(self) -> None:
-        self.ms: dict[str, float] = {}
-
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.ms[name] = round(self.ms.get(name, 0.0) + (time.perf_counter() - started) * 1e3, 3)
-
-    def timed(self, name: str, fn: Callable[[], T]) -> T:
-        with self.stage(name):
-            return fn()
 
 
 @lru_cache(maxsize=1)
@@ -174,10 +157,10 @@ def search(
                     request = request.model_copy(
                         update={"rerank": request.rerank.model_copy(update={"blend": blend})}
                     )
-    timings = Timings()
+    timings = StageTimes(scale=1e3, digits=3)  # milliseconds
     with SEARCH_SECONDS.labels(request.mode).time():
         response = _search(tenant_id, request, settings, timings, trained_reranker)
-    for stage, ms in timings.ms.items():
+    for stage, ms in timings.totals.items():
         SEARCH_STAGE_SECONDS.labels(stage).observe(ms / 1e3)
     for reason in response["degraded"]:
         DEGRADED_QUERIES.labels(reason).inc()
@@ -189,7 +172,7 @@ def _search(
     tenant_id: str,
     request: SearchRequest,
     settings: Settings,
-    timings: Timings,
+    timings: StageTimes,
     trained_reranker: str | None,
 ) -> dict[str, Any]:
     futures = {}
@@ -271,11 +254,11 @@ def _search(
             item["trace"] = _trace(c, final_rank, by_arm, fused_rank, rerank_info, policy)
         body["results"].append(item)
     if request.explain:
-        body["timings_ms"] = timings.ms
+        body["timings_ms"] = timings.totals
     return body
 
 
-def _timed_arm(timings: Timings, name: str, fn: Callable[[], T]) -> T:
+def _timed_arm(timings: StageTimes, name: str, fn: Callable[[], T]) -> T:
     return timings.timed(name, fn)
 
 
