@@ -15,7 +15,7 @@ from shared.retry import is_retriable, retry_delay
 from shared.settings import get_settings
 from workers.celery_app import celery_app
 
-__all__ = ["concord_task", "is_retriable", "retry_delay"]
+__all__ = ["concord_task", "is_retriable", "retry_delay", "retry_if_retriable"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,3 +44,11 @@ def concord_task(
         return task
 
     return decorate
+
+
+def retry_if_retriable(task: Task, error: Exception) -> None:
+    """Raise the task's retry (with backoff) if ``error`` is one a retry may fix and retries
+    are left; otherwise return, and the caller records the failure."""
+    retries = task.request.retries or 0
+    if is_retriable(error) and retries < (task.max_retries or 0):
+        raise task.retry(exc=error, countdown=retry_delay(retries)) from error

@@ -30,7 +30,7 @@ from shared.queue import (
 )
 from shared.reconcile.service import reconcile
 from shared.settings import get_settings
-from workers.base import concord_task, is_retriable, retry_delay
+from workers.base import concord_task, retry_if_retriable
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +41,7 @@ def process_job(self: Task, job_id: str) -> dict[str, Any]:
         with job_context(job_id, None):
             outcome = pipeline.process_job(uuid.UUID(job_id))
     except Exception as e:
-        retries = self.request.retries or 0
-        if is_retriable(e) and retries < (self.max_retries or 0):
-            raise self.retry(exc=e, countdown=retry_delay(retries)) from e
+        retry_if_retriable(self, e)
         pipeline.record_failure(uuid.UUID(job_id), e)
         raise
     return {"job_id": outcome.job_id, "state": str(outcome.state), **outcome.detail}
@@ -82,23 +80,17 @@ def _accept_events(task: Task, events: list[Any]) -> EventsOutcome:
     try:
         return accept_events_together(events, settings)
     except Exception as e:
-        _retry_if_retriable(task, e)
+        retry_if_retriable(task, e)
         log.warning("accepting %s events together failed (%s); one at a time", len(events), e)
     outcome = EventsOutcome()
     for event in events:
         try:
             outcome.add(accept_events_together([event], settings))
         except Exception as e:
-            _retry_if_retriable(task, e)
+            retry_if_retriable(task, e)
             reject_upload_event(event if isinstance(event, dict) else {"event": repr(event)}, e)
             outcome.rejected += 1
     return outcome
-
-
-def _retry_if_retriable(task: Task, error: Exception) -> None:
-    retries = task.request.retries or 0
-    if is_retriable(error) and retries < (task.max_retries or 0):
-        raise task.retry(exc=error, countdown=retry_delay(retries)) from error
 
 
 @concord_task(RELAY_TASK, RELAY_QUEUE, max_retries=0)
