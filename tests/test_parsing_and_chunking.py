@@ -1,0 +1,119 @@
+"""Unit tests of parsing and chunking (shared/ingest/parsing.py, chunking.py): no services."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from shared.errors import ParseError, UnsupportedMediaType
+from shared.ingest.chunking import Chunker
+from shared.ingest.parsing import parse, resolve_content_type
+
+
+def word_offsets(text: str) -> list[tuple[int, int]]:
+    """A stand-in tokenizer: one token per word or punctuation mark."""
+    return [(m.start(), m.end()) for m in re.finditer(r"\w+|[^\w\s]", text)]
+
+
+def test_chunks_respect_token_budget_offsets_and_sections():
+    md = "# Intro\nCats purr. Dogs bark loudly.\n\n## Care\n" + "Feed them daily. " * 40
+    chunker = Chunker(word_offsets, max_tokens=30, overlap_tokens=6)
+    doc = parse(md.encode(), "text/markdown")
+    chunks = chunker.chunk(doc)
+    assert len(chunks) > 3
+    for chunk in chunks:
+        assert chunk.token_count <= 30
+        assert doc.text[chunk.char_start : chunk.char_end] == chunk.text
+    assert chunks[0].section == "Intro"
+    assert chunks[-1].section == "Intro > Care"
+    # Overlap: consecutive chunks in one section share text.
+    assert chunks[2].char_start < chunks[1].char_end
+
+
+def test_overlong_sentence_is_cut_at_token_boundaries():
+    text = "word " * 100
+    chunks = Chunker(word_offsets, max_tokens=16, overlap_tokens=0).chunk(
+        parse(text.encode(), "text/plain")
+    )
+    assert all(c.token_count <= 16 for c in chunks)
+    assert sum(c.token_count for c in chunks) == 100
+
+
+def test_html_boilerplate_is_stripped_and_headings_kept():
+    html = b"""<html><head><script>var x = 1;</script><style>p{}</style></head><body>
+    <nav>Home | About</nav><h1>Guide</h1><p>Install the pump.</p><h2>Safety</h2>
+    <p>Wear gloves.</p><footer>(c) 2026</footer></body></html>"""
+    doc = parse(html, "text/html")
+    assert "var x" not in doc.text and "Home | About" not in doc.text and "(c)" not in doc.text
+    assert "Install the pump." in doc.text
+    assert doc.section_at(doc.text.index("Wear gloves")) == "Guide > Safety"
+
+
+@pytest.mark.parametrize(
+    ("raw", "content_type", "reason"),
+    [
+        (b"", "text/plain", "empty"),
+        (b"\xff\xfe\x00bad", "text/plain", "UTF-8"),
+        (b"%PDF-1.4 garbage", "application/pdf", "PDF"),
+        (b"<html><body><script>x</script></body></html>", "text/html", "no text"),
+        (b'{"a": ', "application/json", "invalid JSON"),
+    ],
+)
+def test_unparseable_documents_give_a_reason(raw, content_type, reason):
+    with pytest.raises(ParseError, match=reason):
+        parse(raw, content_type)
+
+
+def test_content_type_from_magic_bytes_then_header_then_extension():
+    assert resolve_content_type("text/plain", "x.txt", b"%PDF-1.7") == "application/pdf"
+    assert resolve_content_type("application/octet-stream", "a.md", b"# hi") == "text/markdown"
+    with pytest.raises(UnsupportedMediaType):
+        resolve_content_type("image/png", "a.png", b"\x89PNG")
+
+
+def test_json_records_use_configured_text_fields():
+    raw = b'{"title": "T1", "text": "alpha"}\n{"title": "T2", "body": "beta"}\n'
+    doc = parse(raw, "application/x-ndjson")
+    assert doc.text == "alpha\n\nbeta"
+    assert doc.section_at(doc.text.index("beta")) == "T2"
+
+
+def test_a_long_word_is_cut_to_the_character_cap():
+    """One 200,000-character word is a single unknown token for WordPiece: without a cap in
+    characters it would be one enormous chunk."""
+    text = "Start. " + "x" * 200_000 + " end of the story."
+    chunks = Chunker(word_offsets, max_tokens=16, overlap_tokens=0, max_chars=1000).chunk(
+        parse(text.encode(), "text/plain")
+    )
+    assert max(len(c.text) for c in chunks) <= 1000
+    assert sum(c.text.count("x") for c in chunks) == 200_000
+    doc_text = parse(text.encode(), "text/plain").text
+    assert all(doc_text[c.char_start : c.char_end] == c.text for c in chunks)
+
+
+def test_markdown_headings_parse_in_linear_time():
+    """The former heading pattern backtracked over a long line of spaces: quadratic."""
+    import time
+
+    def parse_time(n: int) -> float:
+        line = "# a" + " " * n + "b\n"
+        started = time.perf_counter()
+        doc = parse((line + "Body text.\n").encode(), "text/markdown")
+        assert doc.sections and doc.sections[0].path.startswith("a")
+        return time.perf_counter() - started
+
+    small, large = parse_time(5_000), parse_time(50_000)
+    # Linear: 10x the input costs about 10x (quadratic would be about 100x). Generous, since
+    # the machine is shared; the former pattern took seconds at 50,000.
+    assert large < max(small * 30, 0.05), (small, large)
+
+
+def test_section_lookup_bisects_and_keeps_heading_paths_bounded():
+    md = "".join(f"# Heading {i}\nText of part {i}.\n" for i in range(2000))
+    md += "# " + "long " * 1000 + "\nLast part.\n"
+    doc = parse(md.encode(), "text/markdown")
+    assert doc.section_at(0) == "Heading 0"
+    assert doc.section_at(doc.text.index("Text of part 1234.")) == "Heading 1234"
+    assert doc.section_at(len(doc.text) - 1).startswith("long")
+    assert all(len(s.path) <= 500 for s in doc.sections)

@@ -1,0 +1,71 @@
+"""Unit tests of vector storage and embedding batches (shared/vector_type.py,
+shared/ingest/embedding.py): no services."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_pgvector_binary_form_reads_back_as_float32() -> None:
+    import numpy as np
+
+    from shared.vector_type import vector_from_bytes
+
+    values = np.array([0.5, -1.25, 3.0e-8], dtype=">f4")
+    raw = (3).to_bytes(2, "big") + (0).to_bytes(2, "big") + values.tobytes()
+    vector = vector_from_bytes(raw)
+    assert vector.dtype == np.float32
+    assert vector.tolist() == values.astype(np.float32).tolist()
+
+
+def test_numpy_vectors_are_written_in_pgvector_binary_form_and_lists_as_text() -> None:
+    import numpy as np
+
+    from shared.vector_type import EmbeddingVector, PackedVector, vector_from_bytes
+
+    to_db = EmbeddingVector(3).bind_processor(None)  # type: ignore[arg-type]
+    packed = to_db(np.array([0.5, -1.25, 3.0e-8], dtype=np.float32))
+    assert isinstance(packed, PackedVector)
+    expected = np.array([0.5, -1.25, 3.0e-8], dtype=np.float32)
+    assert vector_from_bytes(packed.data).tolist() == expected.tolist()
+    assert to_db([0.5, 2.0]) == "[0.5,2.0]"
+    with pytest.raises(ValueError, match="one dimension"):
+        to_db(np.zeros((2, 3), dtype=np.float32))
+
+
+def test_length_batches_cover_every_text_once_within_the_size_limit_and_pad_less() -> None:
+    import random
+
+    from shared.ingest.embedding import length_batches
+
+    rng = random.Random(7)
+    lengths = [rng.choice([rng.randint(5, 120), rng.randint(180, 202)]) for _ in range(75)]
+    batches = length_batches(lengths, max_batch=32, batch_cost=200)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+    assert all(0 < len(batch) <= 32 for batch in batches)
+
+    def padded(runs: list[list[int]]) -> int:
+        return sum(max(lengths[i] for i in run) * len(run) for run in runs)
+
+    # sentence-transformers' own batching: length-sorted runs of exactly 32
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    fixed = [order[i : i + 32] for i in range(0, len(order), 32)]
+    assert padded(batches) + 200 * len(batches) <= padded(fixed) + 200 * len(fixed)
+    assert padded(batches) < padded(fixed)
+    assert length_batches([], 32, 200) == []
+    assert length_batches([10] * 5, 32, 200) == [[0, 1, 2, 3, 4]]  # equal lengths: one call
+
+
+def test_passages_come_back_in_the_order_given_whatever_the_batching() -> None:
+    import numpy as np
+
+    from shared.ingest.embedding import get_embedder
+
+    embedder = get_embedder()
+    texts = ["short one", "a much longer passage about harbours " * 20, "mid length text " * 5]
+    texts = texts * 3 + ["x"]
+    vectors = embedder.embed_passages(texts)
+    one_by_one = embedder.model().encode(texts, batch_size=1, normalize_embeddings=True)
+    assert vectors.shape == (len(texts), embedder.settings.embedding_dim)
+    assert np.min(np.sum(vectors * one_by_one, axis=1)) > 0.99999
+    assert embedder.embed_passages([]).shape == (0, embedder.settings.embedding_dim)
