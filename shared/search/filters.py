@@ -103,6 +103,17 @@ def _encode_date(value: str) -> str:
     return f"{d.year:04d}-" + d.strftime("%m-%dT%H:%M:%S.%f")
 
 
+def _encode_date_bound(value: str) -> str:
+    """A range bound as a date term. A bound shaped like a date but not a real one
+    (``2024-02-30``; the schema states the shape only) compares by its text, as the Postgres
+    arm compares it: its zero-padded ``YYYY-MM-DD`` places it between the real dates around
+    it, so the filter means what it says instead of failing."""
+    try:
+        return _encode_date(value)
+    except ValueError:
+        return value
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -130,7 +141,7 @@ def range_terms(metadata: dict[str, Any]) -> list[str]:
 def _es_range(key: str, condition: Range) -> dict[str, Any]:
     kind = DATE if condition.is_date else NUMBER
     prefix = f"{key}{KEY_END}{kind}"
-    encode = _encode_date if condition.is_date else _encode_number
+    encode = _encode_date_bound if condition.is_date else _encode_number
     bounds: dict[str, str] = {op: prefix + encode(v) for op, v in condition.bounds().items()}
     if "gt" not in bounds and "gte" not in bounds:
         bounds["gte"] = prefix
