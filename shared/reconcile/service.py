@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticsearch import Elasticsearch, helpers
+from elasticsearch import Elasticsearch
 from sqlalchemy.orm import Session
 
 from shared.db import unit_of_work
@@ -38,9 +38,8 @@ from shared.ingest import relay
 from shared.ingest import repository as ingest_repo
 from shared.models import OutboxOp, ReconcileRun
 from shared.reconcile import repository as repo
-from shared.reconcile.buckets import BUCKETS, fingerprint_of_source
-from shared.settings import get_settings
-from shared.stores.elastic import get_es
+from shared.reconcile.buckets import BUCKETS
+from shared.stores.chunk_index import ChunkIndex, EsCopy
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +52,6 @@ ID_PAGE = 10_000
 
 # progress(tenant, buckets done, buckets to compare) after each range
 Progress = Callable[[str, int, int], None]
-
-
-@dataclass
-class EsCopy:
-    tenant_id: str
-    version: int
-    stored_fingerprint: int  # the number the relay wrote
-    fields_fingerprint: int  # recomputed from the copy's fields
-    es_version: int
 
 
 @dataclass
@@ -116,19 +106,18 @@ def reconcile(
     ``deep`` compares every bucket chunk by chunk instead of trusting agreeing bucket sums:
     it also finds a copy edited outside Concord whose stored fingerprint was left as it was.
     """
-    es = es or get_es()
-    alias = get_settings().es_chunks_alias()
+    index = ChunkIndex(es)
     started = time.monotonic()
     report = ReconcileReport()
-    es.indices.refresh(index=alias)  # compare against every write acknowledged so far
+    index.refresh()  # compare against every write acknowledged so far
     if tenant:
         tenants = [tenant]
     else:
         with unit_of_work() as uow:
-            tenants = sorted(repo.pg_tenants(uow.session) | _es_tenants(es, alias))
+            tenants = sorted(repo.pg_tenants(uow.session) | index.tenants())
     report.tenants = len(tenants)
     for t in tenants:
-        _reconcile_tenant(es, alias, t, report, repair=repair, deep=deep, progress=progress)
+        _reconcile_tenant(index, t, report, repair=repair, deep=deep, progress=progress)
     report.duration_s = time.monotonic() - started
     with unit_of_work() as uow:
         uow.session.add(
@@ -149,7 +138,7 @@ def reconcile_and_verify(
     first = reconcile(tenant, repair=True, deep=deep, progress=progress)
     if first.repaired_ids or first.repairs_pending:
         drain_repairs(first.repaired_ids | first.repairs_pending)
-        get_es().indices.refresh(index=get_settings().es_chunks_alias())
+        ChunkIndex().refresh()
     return first, reconcile(tenant, repair=False)
 
 
@@ -170,105 +159,6 @@ def drain_repairs(chunk_ids: set[str], wait_s: float = 30.0) -> None:
         if not pending or time.monotonic() >= deadline:
             return
         time.sleep(0.1)
-
-
-def _es_tenants(es: Elasticsearch, alias: str) -> set[str]:
-    response = es.search(
-        index=alias, size=0, aggs={"tenants": {"terms": {"field": "tenant_id", "size": 65536}}}
-    )
-    return {b["key"] for b in response["aggregations"]["tenants"]["buckets"]}
-
-
-def _es_bucket_stats(
-    es: Elasticsearch, alias: str, tenant: str
-) -> tuple[dict[int, tuple[int, int, int]], int]:
-    response = es.search(
-        index=alias,
-        size=0,
-        query={"term": {"tenant_id": tenant}},
-        aggs={
-            "buckets": {
-                "terms": {"field": "bucket", "size": BUCKETS},
-                "aggs": {
-                    "v": {"sum": {"field": "version"}},
-                    "h": {"sum": {"field": "fingerprint"}},
-                },
-            },
-            "unbucketed": {"missing": {"field": "bucket"}},
-        },
-    )
-    aggs = response["aggregations"]
-    stats = {
-        int(b["key"]): (int(b["doc_count"]), int(b["v"]["value"]), int(b["h"]["value"]))
-        for b in aggs["buckets"]["buckets"]
-    }
-    return stats, int(aggs["unbucketed"]["doc_count"])
-
-
-def _es_copies(
-    es: Elasticsearch, alias: str, tenant: str, buckets: list[int], unbucketed: bool
-) -> dict[str, EsCopy]:
-    should: list[dict[str, Any]] = []
-    if buckets:
-        should.append({"terms": {"bucket": buckets}})
-    if unbucketed:
-        should.append({"bool": {"must_not": {"exists": {"field": "bucket"}}}})
-    if not should:
-        return {}
-    query = {
-        "bool": {
-            "filter": [{"term": {"tenant_id": tenant}}],
-            "should": should,
-            "minimum_should_match": 1,
-        }
-    }
-    return _scan(es, alias, query)
-
-
-COPIED_FIELDS = [
-    "tenant_id",
-    "document_id",
-    "external_id",
-    "version",
-    "ordinal",
-    "text_hash",
-    "title",
-    "section",
-    "metadata",
-    "fingerprint",
-]
-
-
-def _scan(es: Elasticsearch, alias: str, query: dict[str, Any]) -> dict[str, EsCopy]:
-    hits = helpers.scan(
-        es,
-        index=alias,
-        query={"query": query, "version": True},
-        _source=COPIED_FIELDS,
-        size=2000,
-    )
-    return {
-        h["_id"]: EsCopy(
-            tenant_id=h["_source"].get("tenant_id", ""),
-            version=int(h["_source"].get("version", 0)),
-            stored_fingerprint=int(h["_source"].get("fingerprint", -1)),
-            fields_fingerprint=fingerprint_of_source(h["_id"], h["_source"]),
-            es_version=int(h.get("_version", 0)),
-        )
-        for h in hits
-    }
-
-
-def _es_by_ids(es: Elasticsearch, alias: str, ids: Iterable[str]) -> dict[str, EsCopy]:
-    copies: dict[str, EsCopy] = {}
-    for page in _pages(sorted(ids), ID_PAGE):
-        copies.update(_scan(es, alias, {"ids": {"values": page}}))
-    return copies
-
-
-def _pages(items: list[Any], size: int) -> Iterator[list[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
 
 
 def _bucket_ranges(buckets: list[int], sizes: dict[int, int]) -> Iterator[list[int]]:
@@ -296,8 +186,7 @@ class _RangeDrift:
 
 
 def _reconcile_tenant(
-    es: Elasticsearch,
-    alias: str,
+    index: ChunkIndex,
     tenant: str,
     report: ReconcileReport,
     *,
@@ -307,7 +196,7 @@ def _reconcile_tenant(
 ) -> None:
     with unit_of_work() as uow:
         pg_stats = repo.bucket_stats(uow.session, tenant)
-    es_stats, unbucketed = _es_bucket_stats(es, alias, tenant)
+    es_stats, unbucketed = index.bucket_stats(tenant)
     report.buckets_scanned += BUCKETS
     differing = sorted(
         b for b in set(pg_stats) | set(es_stats) if pg_stats.get(b) != es_stats.get(b)
@@ -319,23 +208,22 @@ def _reconcile_tenant(
     for buckets in _bucket_ranges(to_read, sizes):
         with unit_of_work() as uow:
             pg_rows = repo.chunks_in_buckets(uow.session, tenant, buckets)
-            es_rows = _es_copies(es, alias, tenant, buckets, unbucketed=False)
-            _compare_range(uow.session, es, alias, tenant, pg_rows, es_rows, report, repair)
+            es_rows = index.copies_in_buckets(tenant, buckets)
+            _compare_range(uow.session, index, tenant, pg_rows, es_rows, report, repair)
         done += len(buckets)
         if progress:
             progress(tenant, done, len(to_read))
         log.info("reconcile %s: %d of %d buckets compared", tenant, done, len(to_read))
     if unbucketed:  # legacy copies without a bucket: compare them with their Postgres rows
         with unit_of_work() as uow:
-            es_rows = _es_copies(es, alias, tenant, [], unbucketed=True)
+            es_rows = index.copies_in_buckets(tenant, [], unbucketed=True)
             pg_rows = repo.chunks_by_ids(uow.session, tenant, sorted(es_rows))
-            _compare_range(uow.session, es, alias, tenant, pg_rows, es_rows, report, repair)
+            _compare_range(uow.session, index, tenant, pg_rows, es_rows, report, repair)
 
 
 def _compare_range(
     session: Session,
-    es: Elasticsearch,
-    alias: str,
+    index: ChunkIndex,
     tenant: str,
     pg_rows: dict[str, tuple[int, int]],
     es_rows: dict[str, EsCopy],
@@ -347,7 +235,7 @@ def _compare_range(
     found = _RangeDrift()
     report.ids_read += len(pg_rows) + len(es_rows)
     missing = [cid for cid in pg_rows if cid not in es_rows]
-    elsewhere = _es_by_ids(es, alias, missing)
+    elsewhere = index.copies_by_ids(missing, page=ID_PAGE)
     for cid in missing:
         copy = elsewhere.get(cid)
         found.drift["wrong_tenant" if copy and copy.tenant_id != tenant else "missing"].add(cid)
