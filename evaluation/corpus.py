@@ -17,8 +17,7 @@ from shared.ingest.repository import live_job_states
 from shared.ingest.service import Upload, content_hash, delete_document
 from shared.ingest.upload_event import EventBatcher, build_upload_event
 from shared.queue import publish_upload_events
-from shared.settings import get_settings
-from shared.stores.elastic import get_es
+from shared.stores.chunk_index import ChunkIndex
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 FINAL_STATES = {"indexed", "failed", "dead_lettered"}
@@ -103,15 +102,14 @@ def _wait_jobs(
 
 def wait_elasticsearch(tenant_id: str, timeout_s: float, interval_s: float = 0.5) -> None:
     """Until the relay has drained the tenant's outbox and Elasticsearch holds every chunk."""
-    es = get_es()
-    alias = get_settings().es_chunks_alias()
+    index = ChunkIndex()
     deadline = time.monotonic() + timeout_s
     while True:
         with unit_of_work() as uow:
             backlog = repo.outbox_backlog(uow.session, tenant_id)
             chunks = repo.chunk_count(uow.session, tenant_id)
-        es.indices.refresh(index=alias)
-        in_es = es.count(index=alias, query={"term": {"tenant_id": tenant_id}})["count"]
+        index.refresh()
+        in_es = index.count_of_tenant(tenant_id)
         if not backlog and in_es == chunks:
             return
         if time.monotonic() > deadline:

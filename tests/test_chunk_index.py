@@ -14,7 +14,7 @@ from shared.db import unit_of_work
 from shared.models import Chunk
 from shared.reconcile import repository as reconcile_repo
 from shared.stores.chunk_index import ChunkIndex
-from tests.helpers import upload_text, wait_converged, wait_job
+from tests.helpers import key_headers, upload_text, wait_converged, wait_job
 
 IMPLEMENTATIONS: list[Callable[[], ChunkIndex]] = [ChunkIndex]
 
@@ -68,3 +68,35 @@ def test_copies_carry_their_version_and_a_fingerprint_that_matches_their_fields(
     # By id, whatever the tenant, in pages: the same copies.
     by_id = index.copies_by_ids([*pg, "absent:0"], page=1)
     assert by_id == copies
+
+
+def test_lexical_search_and_counts_stay_within_the_tenant(
+    client: TestClient, auth: dict[str, str], tenant: str, worker: object, index: ChunkIndex
+) -> None:
+    pg = _ingest(client, auth, tenant)
+    other = f"{tenant}-other"
+    other_auth = key_headers(other, ["read", "write"])
+    up = upload_text(client, other_auth, "contract-x", "Contract note on tidal flats, too.")
+    wait_job(client, other_auth, up["job_id"])
+    wait_converged(other)
+    index.refresh()
+    match = {"match": {"text": "tidal flats"}}
+    hits = index.lexical_search(tenant, match, [], size=10)
+    assert {chunk_id for chunk_id, _ in hits} == set(pg)
+    assert [score for _, score in hits] == sorted((score for _, score in hits), reverse=True)
+    assert index.lexical_search(tenant, match, [], size=1) == hits[:1]
+    assert index.count_of_tenant(tenant) == len(pg) and index.count_of_tenant(other) == 1
+    assert index.count_of_tenant(None) >= len(pg) + 1
+    assert index.cluster_status(timeout_s=2) in ("green", "yellow")
+
+
+def test_a_bulk_write_answers_per_item_and_exists_sees_it(
+    client: TestClient, auth: dict[str, str], tenant: str, worker: object, index: ChunkIndex
+) -> None:
+    [chunk_id] = list(_ingest(client, auth, tenant))[:1]
+    stale = {"index": {"_id": chunk_id, "version": 1, "version_type": "external"}}
+    response = index.bulk([stale, {"tenant_id": tenant, "text": "older"}])
+    [item] = response["items"]
+    assert item["index"]["status"] == 409  # the same version again: refused, per item
+    assert index.exists(chunk_id) and not index.exists("absent:0")
+    assert index.reindex_target() is None

@@ -11,7 +11,7 @@ from shared.db import schema_revision, unit_of_work
 from shared.migrate import ROOT
 from shared.redis_client import redis_client
 from shared.settings import Settings
-from shared.stores.elastic import get_es
+from shared.stores.chunk_index import ChunkIndex
 
 MIGRATIONS = ROOT / "migrations"
 
@@ -32,8 +32,8 @@ def _postgres(settings: Settings) -> dict[str, Any]:
 
 
 def _elasticsearch(settings: Settings) -> dict[str, Any]:
-    health = get_es().options(request_timeout=2).cluster.health()
-    return {"ok": health["status"] in ("green", "yellow"), "detail": f"cluster {health['status']}"}
+    status = ChunkIndex(settings=settings).cluster_status(timeout_s=2)
+    return {"ok": status in ("green", "yellow"), "detail": f"cluster {status}"}
 
 
 def _redis(settings: Settings) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from shared.models import (
 )
 from shared.queue import publish_ingest_job, publish_relay, queue_depths
 from shared.settings import get_settings
-from shared.stores.elastic import get_es
+from shared.stores.chunk_index import ChunkIndex
 
 
 def list_jobs(
@@ -174,10 +174,7 @@ def system_stats(tenant_id: str | None = None) -> dict[str, Any]:
     except Exception as e:  # Redis down: say so, answer the rest
         body["queue_depth"] = f"unavailable ({type(e).__name__})"
     try:
-        query = {"term": {"tenant_id": tenant_id}} if tenant_id is not None else None
-        body["chunks_elasticsearch"] = get_es().count(
-            index=settings.es_chunks_alias(), query=query
-        )["count"]
+        body["chunks_elasticsearch"] = ChunkIndex(settings=settings).count_of_tenant(tenant_id)
     except (ApiError, TransportError) as e:  # stats must answer when ES is down
         body["chunks_elasticsearch"] = f"unavailable ({type(e).__name__})"
     return body

@@ -24,8 +24,7 @@ from shared.models import Chunk, Document, EsOutbox, OutboxOp
 from shared.retry import retry_delay
 from shared.settings import Settings, get_settings
 from shared.stores.chunk_document import es_document
-from shared.stores.elastic import get_es
-from shared.stores.es_index import reindex_target
+from shared.stores.chunk_index import ChunkIndex
 
 log = logging.getLogger(__name__)
 
@@ -59,17 +58,17 @@ def drain(
     max_batches: int = 20, settings: Settings | None = None, es: Elasticsearch | None = None
 ) -> RelayReport:
     settings = settings or get_settings()
-    es = es or get_es()
+    index = ChunkIndex(es, settings)
     total = RelayReport()
     for _ in range(max_batches):
-        batch = _relay_batch(settings, es)
+        batch = _relay_batch(settings, index)
         total.add(batch)
         if batch.sent < settings.relay_batch_size or batch.unreachable:
             break
     return total
 
 
-def _relay_batch(settings: Settings, es: Elasticsearch) -> RelayReport:
+def _relay_batch(settings: Settings, index: ChunkIndex) -> RelayReport:
     report = RelayReport()
     with unit_of_work() as uow:
         session = uow.session
@@ -89,7 +88,7 @@ def _relay_batch(settings: Settings, es: Elasticsearch) -> RelayReport:
         requests = _actions(list(newest.values()), chunks, docs)
         report.sent = len(requests)
         try:
-            results = _send(es, settings, requests)
+            results = _send(index, settings, requests)
         except (EsConnectionError, EsConnectionTimeout) as e:
             # Elasticsearch is down: not the items' fault, so no attempt is counted. Groups
             # sent before the link went are sent again later (their versions make that a 409).
@@ -125,7 +124,7 @@ def _relay_batch(settings: Settings, es: Elasticsearch) -> RelayReport:
             if status < 300 or (status == 404 and row.op in DELETES):
                 report.applied += 1
                 done += ids
-            elif status == 409 and row.op == OutboxOp.REPAIR and not _exists(es, row.chunk_id):
+            elif status == 409 and row.op == OutboxOp.REPAIR and not index.exists(row.chunk_id):
                 # A tombstone newer than Postgres' version (an out-of-band delete) blocks the
                 # repair until Elasticsearch forgets it (index.gc_deletes): try again later.
                 report.retried += 1
@@ -222,7 +221,7 @@ def _index_lines(
 
 
 def _send(
-    es: Elasticsearch,
+    index: ChunkIndex,
     settings: Settings,
     requests: list[tuple[EsOutbox, list[dict[str, Any]]]],
 ) -> dict[int, dict[str, Any]]:
@@ -238,7 +237,7 @@ def _send(
     def send(group: list[tuple[EsOutbox, list[dict[str, Any]]]]) -> None:
         lines = [line for _, row_lines in group for line in row_lines]
         try:
-            response = es.bulk(operations=lines, index=settings.es_chunks_alias(), refresh=False)
+            response = index.bulk(lines)
         except ApiError as e:
             if e.meta.status not in SPLIT_STATUS:
                 raise
@@ -252,7 +251,7 @@ def _send(
             return
         for (row, _), item in zip(group, response["items"], strict=True):
             results[row.id] = next(iter(item.values()))
-        _dual_write(es, settings, lines)
+        _dual_write(index, lines)
 
     for group in _groups_by_size(requests, settings.relay_bulk_bytes):
         send(group)
@@ -276,19 +275,15 @@ def _groups_by_size(
     return groups
 
 
-def _dual_write(es: Elasticsearch, settings: Settings, actions: list[dict[str, Any]]) -> None:
+def _dual_write(index: ChunkIndex, lines: list[dict[str, Any]]) -> None:
     """While a reindex builds a new index, every change goes there too. Item failures there
     are not retried here: the reconcile that follows a reindex repairs them."""
-    target = reindex_target(es, settings) if actions else None
+    target = index.reindex_target() if lines else None
     if target is not None:
         try:
-            es.bulk(operations=actions, index=target, refresh=False)
+            index.bulk_to(target, lines)
         except ApiError as e:  # e.g. the reindex ended and its target is gone
             log.warning("dual write to %s failed (%s); reconcile repairs it", target, e)
-
-
-def _exists(es: Elasticsearch, chunk_id: str) -> bool:
-    return bool(es.exists(index=get_settings().es_chunks_alias(), id=chunk_id))
 
 
 def _reason(result: dict[str, Any]) -> str:

@@ -47,7 +47,7 @@ from shared.search.rerank import (
 from shared.search.schemas import SearchRequest
 from shared.settings import Settings, get_settings
 from shared.stores import english_analysis
-from shared.stores.elastic import get_es
+from shared.stores.chunk_index import ChunkIndex
 from shared.timing import StageTimes
 from shared.vector_type import vector_from_bytes
 
@@ -119,24 +119,12 @@ def lexical_arm(tenant_id: str, request: SearchRequest, settings: Settings) -> l
         if not text:  # only stop words: nothing for BM25 to match
             return []
     fields = [f"{prefix}{name}^{boost}" for name, boost in boosts.items()]
-    response = get_es().search(
-        index=settings.es_chunks_alias(),
-        size=request.candidate_depth.lexical,
-        query={
-            "bool": {
-                # User text only ever reaches a match query, never query_string.
-                "must": [
-                    {"multi_match": {"query": text, "fields": fields, "tie_breaker": tie_breaker}}
-                ],
-                "filter": [{"term": {"tenant_id": tenant_id}}, *es_filters(request.filters)],
-            }
-        },
-        source=False,
+    # User text only ever reaches a match query, never query_string.
+    match = {"multi_match": {"query": text, "fields": fields, "tie_breaker": tie_breaker}}
+    hits = ChunkIndex(settings=settings).lexical_search(
+        tenant_id, match, es_filters(request.filters), request.candidate_depth.lexical
     )
-    return [
-        ArmHit(hit["_id"], rank, float(hit["_score"]))
-        for rank, hit in enumerate(response["hits"]["hits"], start=1)
-    ]
+    return [ArmHit(chunk_id, rank, score) for rank, (chunk_id, score) in enumerate(hits, start=1)]
 
 
 def search(

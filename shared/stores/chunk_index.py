@@ -1,7 +1,15 @@
-"""The chunk index (Elasticsearch) as reconciliation sees it: which tenants it holds, per-bucket
-sums of each tenant's copies, and the copies themselves with their fingerprints recomputed from
-their fields. Reconciliation talks to Elasticsearch only through this class; the contract it
-keeps is tested in tests/test_chunk_index.py against the real store."""
+"""The chunk index (Elasticsearch behind its alias), as the rest of Concord uses it:
+
+* writes: versioned bulk requests with a result per item (the relay), the same lines to a
+  reindex in progress, and whether a copy exists;
+* reads for reconciliation: which tenants it holds, per-bucket sums of each tenant's copies,
+  and the copies with their fingerprints recomputed from their fields;
+* lexical search within one tenant, and counts.
+
+Nothing outside ``shared/stores/`` sends Elasticsearch a query or a write for chunks; the
+contract this class keeps is tested in tests/test_chunk_index.py against the real store. (The
+index's creation, mapping and reindex are shared/stores/es_index.py and
+shared/reconcile/reindex.py; a copy's shape is shared/stores/chunk_document.py.)"""
 
 from __future__ import annotations
 
@@ -14,6 +22,7 @@ from elasticsearch import Elasticsearch, helpers
 from shared.reconcile.buckets import BUCKETS, fingerprint_of_source
 from shared.settings import Settings, get_settings
 from shared.stores.elastic import get_es
+from shared.stores.es_index import reindex_target
 
 # Fields read back from a copy: what its fingerprint covers, and the stored fingerprint.
 COPIED_FIELDS = [
@@ -45,7 +54,60 @@ class EsCopy:
 class ChunkIndex:
     def __init__(self, es: Elasticsearch | None = None, settings: Settings | None = None) -> None:
         self.es = es or get_es()
-        self.alias = (settings or get_settings()).es_chunks_alias()
+        self.settings = settings or get_settings()
+        self.alias = self.settings.es_chunks_alias()
+
+    # -- writes
+
+    def bulk(self, lines: list[dict[str, Any]]) -> Any:
+        """One bulk request (action and document lines) to the alias; Elasticsearch's answer,
+        with a result per item. Raises what the client raises for a refused request."""
+        return self.es.bulk(operations=lines, index=self.alias, refresh=False)
+
+    def reindex_target(self) -> str | None:
+        """The index a reindex in progress is building, if any."""
+        return reindex_target(self.es, self.settings)
+
+    def bulk_to(self, target: str, lines: list[dict[str, Any]]) -> Any:
+        return self.es.bulk(operations=lines, index=target, refresh=False)
+
+    def exists(self, chunk_id: str) -> bool:
+        return bool(self.es.exists(index=self.alias, id=chunk_id))
+
+    # -- reads
+
+    def count(self, query: dict[str, Any] | None = None) -> int:
+        return int(self.es.count(index=self.alias, query=query)["count"])
+
+    def count_of_tenant(self, tenant_id: str | None) -> int:
+        """Copies of one tenant (every tenant's when None)."""
+        return self.count({"term": {"tenant_id": tenant_id}} if tenant_id is not None else None)
+
+    def cluster_status(self, timeout_s: float) -> str:
+        """green, yellow or red, as the cluster reports it within ``timeout_s``."""
+        return str(self.es.options(request_timeout=timeout_s).cluster.health()["status"])
+
+    def lexical_search(
+        self,
+        tenant_id: str,
+        match: dict[str, Any],
+        filters: list[dict[str, Any]],
+        size: int,
+    ) -> list[tuple[str, float]]:
+        """(chunk id, BM25 score), best first, of ``tenant_id``'s copies only: the tenant
+        filter is added here, so no caller can search another tenant's chunks."""
+        response = self.es.search(
+            index=self.alias,
+            size=size,
+            query={
+                "bool": {
+                    "must": [match],
+                    "filter": [{"term": {"tenant_id": tenant_id}}, *filters],
+                }
+            },
+            source=False,
+        )
+        return [(hit["_id"], float(hit["_score"])) for hit in response["hits"]["hits"]]
 
     def refresh(self) -> None:
         """Make every write acknowledged so far visible to the reads below."""

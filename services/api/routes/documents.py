@@ -44,7 +44,7 @@ from shared.ingest.service import (
 from shared.search import repository as search_repo
 from shared.search.schemas import METADATA_KEY, NO_NUL
 from shared.settings import Settings
-from shared.stores.elastic import get_es
+from shared.stores.chunk_index import ChunkIndex
 
 router = APIRouter(
     prefix="/v1/documents",
@@ -273,21 +273,10 @@ def _es_state(
 ) -> dict[str, Any]:
     """Whether Elasticsearch holds exactly the live version's chunks."""
     try:
-        es = get_es()
-        total = es.count(
-            index=settings.es_chunks_alias(), query={"term": {"document_id": str(document_id)}}
-        )["count"]
-        current = es.count(
-            index=settings.es_chunks_alias(),
-            query={
-                "bool": {
-                    "filter": [
-                        {"term": {"document_id": str(document_id)}},
-                        {"term": {"version": version}},
-                    ]
-                }
-            },
-        )["count"]
+        index = ChunkIndex(settings=settings)
+        of_document = {"term": {"document_id": str(document_id)}}
+        total = index.count(of_document)
+        current = index.count({"bool": {"filter": [of_document, {"term": {"version": version}}]}})
     except (ApiError, TransportError) as e:  # the document view still answers when ES is down
         return {"reachable": False, "error": type(e).__name__}
     return {
