@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.cli.stack import ProjectProcess, _pid_alive, app_processes
+from services.cli.stack.common import _pid_alive
+from services.cli.stack.processes import ProjectProcess, app_processes
 from shared.settings import get_settings
 
 log = logging.getLogger("concord.supervisor")

