@@ -1,6 +1,7 @@
-"""The chunk index's contract (shared/stores/chunk_index.py), against the real store: what
-reconciliation relies on it for. A second implementation (another search engine) would be
-added to IMPLEMENTATIONS and pass the same tests."""
+"""The chunk index's contract (shared/stores/chunk_index.py), against the real store: what the
+relay, reconciliation, search, the admin stats and readiness rely on it for. A second
+implementation (another search engine) would be added to IMPLEMENTATIONS and pass the same
+tests."""
 
 from __future__ import annotations
 

@@ -367,7 +367,6 @@ def test_bulk_item_failures_are_applied_or_dead_lettered_never_dropped(
     auth: dict[str, str],
     tenant: str,
     worker: CeleryProcess,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from shared.ingest import pipeline
 
@@ -381,10 +380,9 @@ def test_bulk_item_failures_are_applied_or_dead_lettered_never_dropped(
             accepted[up["document_id"]] = up["version"]
             pipeline.process_job(uuid.UUID(up["job_id"]))
         proxied = Elasticsearch(proxy.url, request_timeout=30)
-        monkeypatch.setattr(relay, "get_es", lambda: proxied)
 
         def drained() -> bool:
-            relay.drain()
+            relay.drain(es=proxied)
             with unit_of_work() as uow:
                 return repo.outbox_backlog(uow.session, tenant) == 0
 

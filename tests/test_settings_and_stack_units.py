@@ -1,4 +1,4 @@
-"""Unit tests of settings and the stack launcher (shared/settings.py, services/cli/stack.py):
+"""Unit tests of settings and the stack launcher (shared/settings.py, services/cli/stack/):
 no services."""
 
 from __future__ import annotations

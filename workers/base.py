@@ -15,7 +15,7 @@ from shared.retry import is_retriable, retry_delay
 from shared.settings import get_settings
 from workers.celery_app import celery_app
 
-__all__ = ["concord_task", "is_retriable", "retry_delay", "retry_if_retriable"]
+__all__ = ["concord_task", "retry_if_retriable"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -1,4 +1,4 @@
-"""Operator actions behind the admin CLI (and, later, the admin API): jobs, dead letters,
+"""Operator actions behind the admin CLI and the admin API: jobs, dead letters,
 stats. Functions take a session or unit of work and never commit."""
 
 from __future__ import annotations

@@ -6,10 +6,12 @@
   and the copies with their fingerprints recomputed from their fields;
 * lexical search within one tenant, and counts.
 
-Nothing outside ``shared/stores/`` sends Elasticsearch a query or a write for chunks; the
-contract this class keeps is tested in tests/test_chunk_index.py against the real store. (The
+Every request for chunks goes to Elasticsearch through this class (callers may build query
+clauses: the search service its match clause, shared/search/filters.py the filters); the
+contract it keeps is tested in tests/test_chunk_index.py against the real store. It lets the
+client's errors through (ApiError, TransportError), which callers that degrade catch. The
 index's creation, mapping and reindex are shared/stores/es_index.py and
-shared/reconcile/reindex.py; a copy's shape is shared/stores/chunk_document.py.)"""
+shared/reconcile/reindex.py; a copy's shape is shared/stores/chunk_document.py."""
 
 from __future__ import annotations
 
