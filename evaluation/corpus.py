@@ -17,7 +17,7 @@ from shared.ingest.repository import live_job_states
 from shared.ingest.service import Upload, content_hash, delete_document
 from shared.ingest.upload_event import EventBatcher, build_upload_event
 from shared.queue import publish_upload_events
-from shared.stores.chunk_index import ChunkIndex
+from shared.stores.chunk_index import ElasticsearchChunkIndex
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 FINAL_STATES = {"indexed", "failed", "dead_lettered"}
@@ -102,7 +102,7 @@ def _wait_jobs(
 
 def wait_elasticsearch(tenant_id: str, timeout_s: float, interval_s: float = 0.5) -> None:
     """Until the relay has drained the tenant's outbox and Elasticsearch holds every chunk."""
-    index = ChunkIndex()
+    index = ElasticsearchChunkIndex()
     deadline = time.monotonic() + timeout_s
     while True:
         with unit_of_work() as uow:

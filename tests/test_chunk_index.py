@@ -14,10 +14,10 @@ from sqlalchemy import select
 from shared.db import unit_of_work
 from shared.models import Chunk
 from shared.reconcile import repository as reconcile_repo
-from shared.stores.chunk_index import ChunkIndex
+from shared.stores.chunk_index import ChunkIndex, ElasticsearchChunkIndex
 from tests.helpers import key_headers, upload_text, wait_converged, wait_job
 
-IMPLEMENTATIONS: list[Callable[[], ChunkIndex]] = [ChunkIndex]
+IMPLEMENTATIONS: list[Callable[[], ChunkIndex]] = [ElasticsearchChunkIndex]
 
 
 @pytest.fixture(params=IMPLEMENTATIONS, ids=lambda make: make.__name__)

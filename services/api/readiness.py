@@ -11,7 +11,7 @@ from shared.db import schema_revision, unit_of_work
 from shared.migrate import ROOT
 from shared.redis_client import redis_client
 from shared.settings import Settings
-from shared.stores.chunk_index import ChunkIndex
+from shared.stores.chunk_index import ElasticsearchChunkIndex
 
 MIGRATIONS = ROOT / "migrations"
 
@@ -32,7 +32,7 @@ def _postgres(settings: Settings) -> dict[str, Any]:
 
 
 def _elasticsearch(settings: Settings) -> dict[str, Any]:
-    status = ChunkIndex(settings=settings).cluster_status(timeout_s=2)
+    status = ElasticsearchChunkIndex(settings=settings).cluster_status(timeout_s=2)
     return {"ok": status in ("green", "yellow"), "detail": f"cluster {status}"}
 
 

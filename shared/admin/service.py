@@ -26,7 +26,7 @@ from shared.models import (
 )
 from shared.queue import publish_ingest_job, publish_relay, queue_depths
 from shared.settings import get_settings
-from shared.stores.chunk_index import ChunkIndex
+from shared.stores.chunk_index import ElasticsearchChunkIndex
 
 
 def list_jobs(
@@ -174,7 +174,9 @@ def system_stats(tenant_id: str | None = None) -> dict[str, Any]:
     except Exception as e:  # Redis down: say so, answer the rest
         body["queue_depth"] = f"unavailable ({type(e).__name__})"
     try:
-        body["chunks_elasticsearch"] = ChunkIndex(settings=settings).count_of_tenant(tenant_id)
+        body["chunks_elasticsearch"] = ElasticsearchChunkIndex(settings=settings).count_of_tenant(
+            tenant_id
+        )
     except (ApiError, TransportError) as e:  # stats must answer when ES is down
         body["chunks_elasticsearch"] = f"unavailable ({type(e).__name__})"
     return body

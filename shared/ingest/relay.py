@@ -24,7 +24,7 @@ from shared.models import Chunk, Document, EsOutbox, OutboxOp
 from shared.retry import retry_delay
 from shared.settings import Settings, get_settings
 from shared.stores.chunk_document import es_document
-from shared.stores.chunk_index import ChunkIndex
+from shared.stores.chunk_index import ChunkIndex, ElasticsearchChunkIndex
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def drain(
     max_batches: int = 20, settings: Settings | None = None, es: Elasticsearch | None = None
 ) -> RelayReport:
     settings = settings or get_settings()
-    index = ChunkIndex(es, settings)
+    index = ElasticsearchChunkIndex(es, settings)
     total = RelayReport()
     for _ in range(max_batches):
         batch = _relay_batch(settings, index)

@@ -39,7 +39,7 @@ from shared.ingest import repository as ingest_repo
 from shared.models import OutboxOp, ReconcileRun
 from shared.reconcile import repository as repo
 from shared.reconcile.buckets import BUCKETS
-from shared.stores.chunk_index import ChunkIndex, EsCopy
+from shared.stores.chunk_index import ChunkIndex, ElasticsearchChunkIndex, EsCopy
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def reconcile(
     ``deep`` compares every bucket chunk by chunk instead of trusting agreeing bucket sums:
     it also finds a copy edited outside Concord whose stored fingerprint was left as it was.
     """
-    index = ChunkIndex(es)
+    index = ElasticsearchChunkIndex(es)
     started = time.monotonic()
     report = ReconcileReport()
     index.refresh()  # compare against every write acknowledged so far
@@ -138,7 +138,7 @@ def reconcile_and_verify(
     first = reconcile(tenant, repair=True, deep=deep, progress=progress)
     if first.repaired_ids or first.repairs_pending:
         drain_repairs(first.repaired_ids | first.repairs_pending)
-        ChunkIndex().refresh()
+        ElasticsearchChunkIndex().refresh()
     return first, reconcile(tenant, repair=False)
 
 

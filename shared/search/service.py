@@ -47,7 +47,7 @@ from shared.search.rerank import (
 from shared.search.schemas import SearchRequest
 from shared.settings import Settings, get_settings
 from shared.stores import english_analysis
-from shared.stores.chunk_index import ChunkIndex
+from shared.stores.chunk_index import ElasticsearchChunkIndex
 from shared.timing import StageTimes
 from shared.vector_type import vector_from_bytes
 
@@ -121,7 +121,7 @@ def lexical_arm(tenant_id: str, request: SearchRequest, settings: Settings) -> l
     fields = [f"{prefix}{name}^{boost}" for name, boost in boosts.items()]
     # User text only ever reaches a match query, never query_string.
     match = {"multi_match": {"query": text, "fields": fields, "tie_breaker": tie_breaker}}
-    hits = ChunkIndex(settings=settings).lexical_search(
+    hits = ElasticsearchChunkIndex(settings=settings).lexical_search(
         tenant_id, match, es_filters(request.filters), request.candidate_depth.lexical
     )
     return [ArmHit(chunk_id, rank, score) for rank, (chunk_id, score) in enumerate(hits, start=1)]

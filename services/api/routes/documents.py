@@ -44,7 +44,7 @@ from shared.ingest.service import (
 from shared.search import repository as search_repo
 from shared.search.schemas import METADATA_KEY, NO_NUL
 from shared.settings import Settings
-from shared.stores.chunk_index import ChunkIndex
+from shared.stores.chunk_index import ElasticsearchChunkIndex
 
 router = APIRouter(
     prefix="/v1/documents",
@@ -273,7 +273,7 @@ def _es_state(
 ) -> dict[str, Any]:
     """Whether Elasticsearch holds exactly the live version's chunks."""
     try:
-        index = ChunkIndex(settings=settings)
+        index = ElasticsearchChunkIndex(settings=settings)
         of_document = {"term": {"document_id": str(document_id)}}
         total = index.count(of_document)
         current = index.count({"bool": {"filter": [of_document, {"term": {"version": version}}]}})
