@@ -14,7 +14,6 @@ from typing import Any
 
 from evaluation import abstain as abstain_eval
 from evaluation import beir, peer, report
-from evaluation import repository as repo
 from evaluation.corpus import sync_corpus
 from evaluation.metrics import evaluate, percentiles
 from evaluation.runner import (
@@ -29,6 +28,8 @@ from evaluation.runner import (
 )
 from shared.auth import create_key, revoke_key
 from shared.db import unit_of_work
+from shared.ingest import repository as ingest_repo
+from shared.models import Chunk
 from shared.search import profiles, rerankers
 from shared.settings import get_settings
 
@@ -116,7 +117,7 @@ def run_eval(
         _abstain(dataset, queries, qrels, options, progress, http) if options.abstain else None
     )
     with unit_of_work() as uow:
-        chunks = repo.chunk_count(uow.session, tenant)
+        chunks = ingest_repo.count_rows(uow.session, Chunk, tenant)
     rows = [_row(name, run, qrels, configs) for name, run in runs.items()]
     result: dict[str, Any] = {
         "dataset": dataset.name,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shared.models import Chunk, Document, EsOutbox
+from shared.models import Chunk, Document
 
 
 def live_documents(session: Session, tenant_id: str) -> dict[str, tuple[uuid.UUID, str]]:
@@ -19,22 +19,6 @@ def live_documents(session: Session, tenant_id: str) -> dict[str, tuple[uuid.UUI
         )
     )
     return {external_id: (doc_id, digest) for doc_id, external_id, digest in rows}
-
-
-def chunk_count(session: Session, tenant_id: str) -> int:
-    return (
-        session.scalar(select(func.count()).select_from(Chunk).where(Chunk.tenant_id == tenant_id))
-        or 0
-    )
-
-
-def outbox_backlog(session: Session, tenant_id: str) -> int:
-    return (
-        session.scalar(
-            select(func.count()).select_from(EsOutbox).where(EsOutbox.tenant_id == tenant_id)
-        )
-        or 0
-    )
 
 
 def chunk_embeddings(session: Session, tenant_id: str) -> list[tuple[str, str, Any]]:
