@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 from bench.cpu_meter import StackCpuMeter  # noqa: E402
 from evaluation.corpus import wait_elasticsearch  # noqa: E402
 from shared.db import unit_of_work  # noqa: E402
+from shared.documents.events import EventBatcher, build_upload_event  # noqa: E402
 from shared.ingest.embedding import get_embedder, torch_threads_per_process  # noqa: E402
-from shared.ingest.upload_event import EventBatcher, build_upload_event  # noqa: E402
 from shared.models import Chunk, EmbeddingCache, IngestJob  # noqa: E402
 from shared.queue import publish_upload_event, publish_upload_events  # noqa: E402
 from shared.settings import get_settings  # noqa: E402

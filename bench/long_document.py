@@ -23,15 +23,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from shared.db import unit_of_work  # noqa: E402
-from shared.ingest import pipeline, relay  # noqa: E402
-from shared.ingest.service import Upload, accept_upload, delete_document  # noqa: E402
+from shared.documents.schemas import Upload  # noqa: E402
+from shared.documents.service import accept_upload, delete_document  # noqa: E402
+from shared.ingest import pipeline  # noqa: E402
 from shared.models import Chunk, IngestJob  # noqa: E402
+from shared.outbox import service as relay  # noqa: E402
 from shared.settings import get_settings  # noqa: E402
 from shared.stores.elastic import get_es  # noqa: E402
 
 
 def long_markdown(sections: int) -> bytes:
-    # The same shape as tests/test_bounded_work.long_markdown.
+    # The same shape as tests/ingest/test_bounded_work.long_markdown.
     return "".join(
         f"# Section {i}\nPart {i} of the long survey.\n" for i in range(sections)
     ).encode()
@@ -55,10 +57,10 @@ def main() -> None:
         )
     assert result.job_id is not None
     started = time.monotonic()
-    pipeline.process_job(result.job_id)
+    pipeline.process_job(unit_of_work, result.job_id)
     processed_s = time.monotonic() - started
     relay_started = time.monotonic()
-    relay.drain(max_batches=10_000)
+    relay.drain(unit_of_work, max_batches=10_000)
     relay_s = time.monotonic() - relay_started
     es, alias = get_es(), settings.es_chunks_alias()
     es.indices.refresh(index=alias)
@@ -91,7 +93,7 @@ def main() -> None:
     # Clean up as a user would: delete the document (both stores, through the outbox).
     with unit_of_work() as uow:
         delete_document(uow, tenant, result.document_id)
-    relay.drain(max_batches=10_000)
+    relay.drain(unit_of_work, max_batches=10_000)
 
 
 if __name__ == "__main__":

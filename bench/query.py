@@ -36,7 +36,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from services.cli.stack import api_command  # noqa: E402
-from shared.auth import create_key  # noqa: E402
 from shared.db import unit_of_work  # noqa: E402
 from shared.ingest.embedding import get_embedder  # noqa: E402
 from shared.ingest.pipeline import text_hash  # noqa: E402
@@ -46,6 +45,7 @@ from shared.search.filters import range_terms  # noqa: E402
 from shared.settings import get_settings  # noqa: E402
 from shared.stores.elastic import get_es  # noqa: E402
 from shared.tenants import repository as tenants_repo  # noqa: E402
+from shared.tenants.service import create_key  # noqa: E402
 
 CHUNKS_PER_DOCUMENT = 10
 MODES: dict[str, dict[str, Any]] = {

@@ -58,7 +58,7 @@ def main() -> None:
             drop_tenant(tenant)
         texts = base_passages(args.dataset, 1000)
         populate(tenant, args.size, texts, get_embedder().embed_passages(texts))
-    _, after = reconcile_and_verify(tenant)  # start from agreement
+    _, after = reconcile_and_verify(unit_of_work, tenant)  # start from agreement
     assert after.total() == 0, after.as_dict()
 
     es, alias = get_es(), get_settings().es_chunks_alias()
@@ -84,7 +84,7 @@ def main() -> None:
         )
         es.indices.refresh(index=alias)
         started = time.monotonic()
-        report = reconcile(tenant, repair=False)
+        report = reconcile(unit_of_work, tenant, repair=False)
         elapsed = time.monotonic() - started
         row = {
             "chunks": len(ids),
@@ -97,7 +97,7 @@ def main() -> None:
         }
         if victims:
             started = time.monotonic()
-            _, after = reconcile_and_verify(tenant)
+            _, after = reconcile_and_verify(unit_of_work, tenant)
             row["repair_seconds"] = round(time.monotonic() - started, 3)
             row["drift_after_repair"] = after.total()
             assert after.total() == 0, after.as_dict()

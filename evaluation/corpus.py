@@ -13,11 +13,13 @@ from typing import Any
 
 from evaluation import repository as repo
 from shared.db import unit_of_work
-from shared.ingest import repository as ingest_repo
-from shared.ingest.repository import live_job_states
-from shared.ingest.service import Upload, content_hash, delete_document
-from shared.ingest.upload_event import EventBatcher, build_upload_event
+from shared.db.repository import count_rows
+from shared.documents.events import EventBatcher, build_upload_event
+from shared.documents.schemas import Upload
+from shared.documents.service import content_hash, delete_document
+from shared.jobs.repository import live_job_states
 from shared.models import Chunk
+from shared.outbox.repository import outbox_backlog
 from shared.queue import publish_upload_events
 from shared.stores.chunk_index import ElasticsearchChunkIndex
 
@@ -108,8 +110,8 @@ def wait_elasticsearch(tenant_id: str, timeout_s: float, interval_s: float = 0.5
     deadline = time.monotonic() + timeout_s
     while True:
         with unit_of_work() as uow:
-            backlog = ingest_repo.outbox_backlog(uow.session, tenant_id)
-            chunks = ingest_repo.count_rows(uow.session, Chunk, tenant_id)
+            backlog = outbox_backlog(uow.session, tenant_id)
+            chunks = count_rows(uow.session, Chunk, tenant_id)
         index.refresh()
         in_es = index.count_of_tenant(tenant_id)
         if not backlog and in_es == chunks:

@@ -26,12 +26,13 @@ from evaluation.runner import (
     run_config,
     standard_configs,
 )
-from shared.auth import create_key, revoke_key
 from shared.db import unit_of_work
-from shared.ingest import repository as ingest_repo
+from shared.db.repository import count_rows
 from shared.models import Chunk
-from shared.search import profiles, rerankers
+from shared.profiles import service as profiles
+from shared.rerankers import service as rerankers
 from shared.settings import get_settings
+from shared.tenants.service import create_key, revoke_key
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def run_eval(
         _abstain(dataset, queries, qrels, options, progress, http) if options.abstain else None
     )
     with unit_of_work() as uow:
-        chunks = ingest_repo.count_rows(uow.session, Chunk, tenant)
+        chunks = count_rows(uow.session, Chunk, tenant)
     rows = [_row(name, run, qrels, configs) for name, run in runs.items()]
     result: dict[str, Any] = {
         "dataset": dataset.name,

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from evaluation.runner import RunResult
+from shared.db.repository import ensure_database
 from shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,9 +36,7 @@ def _ensure_database(settings: Settings, name: str) -> str:
         dbname=settings.pg_database,
         autocommit=True,
     ) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-        if not exists:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        ensure_database(conn, name)
     return (
         f"postgresql://{settings.pg_user}:{settings.pg_password}"
         f"@{settings.pg_host}:{settings.pg_port}/{name}"

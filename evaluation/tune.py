@@ -25,8 +25,8 @@ from evaluation.harness import eval_tenant
 from evaluation.metrics import ndcg_at_k, unique
 from evaluation.runner import Progress
 from shared.db import unit_of_work
+from shared.profiles.service import save_profile
 from shared.search.fusion import ArmHit, fuse
-from shared.search.profiles import save_profile
 from shared.search.schemas import CandidateDepth, Fusion, LexicalOptions, SearchRequest
 from shared.search.service import dense_arm, lexical_arm, query_vector
 from shared.settings import get_settings
@@ -185,7 +185,7 @@ def _collect_arms(
             QueryArms(
                 qid,
                 np.asarray(vector, np.float32),
-                dense_arm(tenant, vector, request, settings),
+                dense_arm(unit_of_work, tenant, vector, request, settings),
                 lexical,
             )
         )

@@ -15,6 +15,8 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
+from shared.db import Transactions
+
 log = logging.getLogger(__name__)
 
 SEARCH_SECONDS = Histogram("concord_search_seconds", "Search latency", ["mode"])
@@ -39,19 +41,26 @@ STALE_HITS_DROPPED = Counter(
 
 
 class SystemCollector(Collector):
+    """Reads the system-wide figures at scrape time, in a transaction from ``transactions``
+    (the API's own unit of work: a scrape of /metrics is the boundary)."""
+
+    def __init__(self, transactions: Transactions) -> None:
+        self.transactions = transactions
+
     def collect(self) -> Iterator[GaugeMetricFamily | SummaryMetricFamily]:
-        from shared.db import unit_of_work
-        from shared.ingest import repository as repo
+        from shared.jobs import repository as jobs_repo
+        from shared.outbox import repository as outbox_repo
         from shared.queue import queue_depths
+        from shared.reconcile import repository as reconcile_repo
 
         try:
             depths = queue_depths()
-            with unit_of_work() as uow:
-                backlog = repo.outbox_backlog(uow.session)
-                dead = repo.dead_letter_count(uow.session)
-                jobs = repo.job_state_counts(uow.session)
-                stages = repo.stage_time_totals(uow.session)
-                last = repo.last_reconcile(uow.session)
+            with self.transactions() as uow:
+                backlog = outbox_repo.outbox_backlog(uow.session)
+                dead = jobs_repo.dead_letter_count(uow.session)
+                jobs = jobs_repo.job_state_counts(uow.session)
+                stages = jobs_repo.stage_time_totals(uow.session)
+                last = reconcile_repo.last_run(uow.session)
         except Exception as e:  # a scrape must not fail because a store is down
             log.warning("system metrics unavailable: %s: %s", type(e).__name__, e)
             return

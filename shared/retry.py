@@ -21,7 +21,7 @@ RETRIABLE: tuple[type[BaseException], ...] = (
     redis.ConnectionError,
     EsConnectionError,
     # A task past its soft time limit: the work it did is kept (embeddings are cached as
-    # they are made, see shared/ingest/pipeline._embed), so the next attempt goes further.
+    # they are made, see shared/ingest/pipeline.embed_batch), so the next attempt goes further.
     SoftTimeLimitExceeded,
 )
 

@@ -103,7 +103,7 @@ class Settings(BaseSettings):
     ingest_batch_bytes: int = 1024 * 1024
 
     # Jobs and durability. A running job's lease is short and renewed by a heartbeat from
-    # the process working on it (shared/ingest/heartbeat.py): a job whose process died is
+    # the process working on it (shared/jobs/heartbeat.py): a job whose process died is
     # taken over by the next sweep after the lease runs out (20 + 5 s at most), while a long
     # job whose process is alive keeps its lease for as long as it runs.
     job_lease_seconds: int = 20

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -16,6 +17,8 @@ from shared.models import Chunk, Document, EsOutbox
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
 from tests.conftest import wait_for
+
+BRPOP_TIMEOUT_S = 1.0  # kombu's Redis transport (brpop_timeout)
 
 
 def upload_text(
@@ -147,8 +150,13 @@ def long_text(topic: str, sentences: int = 60) -> str:
 
 @contextmanager
 def paused(worker: Any) -> Iterator[None]:
-    """SIGSTOP the worker (all its processes) so the test decides what runs, and in what order."""
+    """SIGSTOP the worker (all its processes) so the test decides what runs, and in what order.
+
+    A worker stopped while its BRPOP waits on Redis would still be handed the next message
+    published within that BRPOP's timeout (kombu's 1 s) and sit on it until it is resumed:
+    so the block starts only once any such wait has run out."""
     os.killpg(worker.proc.pid, signal.SIGSTOP)
+    time.sleep(BRPOP_TIMEOUT_S + 0.3)
     try:
         yield
     finally:
@@ -212,13 +220,13 @@ def index_orphan(tenant: str, text: str = "ghost", title: str = "") -> str:
 
 def dead_lettered_upload(client: Any, auth: dict[str, str], worker: Any) -> tuple[str, int]:
     """Upload a document whose job then runs out of attempts: (job id, dead letter id)."""
-    from shared.ingest import sweep
+    from shared.jobs import sweep
     from shared.models import DeadLetter
 
     with paused(worker):
         up = upload_text(client, auth, "phoenix.txt", "The phoenix rises again from its ashes.")
         exhaust_attempts(up["job_id"])
-        sweep.sweep_expired_jobs()
+        sweep.sweep_expired_jobs(unit_of_work)
     assert wait_job(client, auth, up["job_id"], state="dead_lettered")
     with unit_of_work() as uow:
         letter_id = uow.session.scalar(select(DeadLetter.id).where(DeadLetter.ref == up["job_id"]))
@@ -228,7 +236,7 @@ def dead_lettered_upload(client: Any, auth: dict[str, str], worker: Any) -> tupl
 
 def new_key(tenant: str, scopes: list[str]) -> str:
     """The secret of a new API key of ``tenant`` with ``scopes``."""
-    from shared.auth import create_key
+    from shared.tenants.service import create_key
 
     with unit_of_work() as uow:
         _, secret = create_key(uow.session, tenant, "test", scopes)

@@ -17,9 +17,11 @@ from typing import Any
 
 from evaluation import beir
 from evaluation.harness import eval_tenant
-from shared.db import now, unit_of_work
+from shared.db import unit_of_work
+from shared.db.repository import now
 from shared.models import TrainingJob
 from shared.queue import publish_training_job
+from training import repository as repo
 from training.reranker import (
     TrainingOptions,
     refuse_test_split,
@@ -37,7 +39,8 @@ def start_training_job(dataset_dir: Path, name: str, options: TrainingOptions) -
     job_id = uuid.uuid4()
     params = {"dataset": str(dataset_dir.resolve()), "name": name, "options": asdict(options)}
     with unit_of_work() as uow:
-        uow.session.add(
+        repo.add_training_job(
+            uow.session,
             TrainingJob(
                 id=job_id,
                 tenant_id=eval_tenant(dataset),
@@ -45,7 +48,7 @@ def start_training_job(dataset_dir: Path, name: str, options: TrainingOptions) -
                 state="queued",
                 params=params,
                 progress={},
-            )
+            ),
         )
     publish_training_job(job_id)
     return job_id
@@ -53,7 +56,7 @@ def start_training_job(dataset_dir: Path, name: str, options: TrainingOptions) -
 
 def run_training_job(job_id: uuid.UUID) -> dict[str, Any]:
     with unit_of_work() as uow:
-        job = uow.session.get(TrainingJob, job_id)
+        job = repo.training_job(uow.session, job_id)
         if job is None or job.state != "queued":
             return {"job_id": str(job_id), "skipped": "not queued"}
         job.state = "running"
@@ -67,7 +70,7 @@ def run_training_job(job_id: uuid.UUID) -> dict[str, Any]:
             return
         last_beat = time.monotonic()
         with unit_of_work() as uow:
-            row = uow.session.get(TrainingJob, job_id)
+            row = repo.training_job(uow.session, job_id)
             if row is not None:
                 stages = dict(row.progress.get("stages", {}))
                 stages[stage] = {"done": done, "total": total}
@@ -89,7 +92,7 @@ def _finish(
     job_id: uuid.UUID, state: str, result: dict[str, Any] | None = None, error: str | None = None
 ) -> None:
     with unit_of_work() as uow:
-        job = uow.session.get(TrainingJob, job_id)
+        job = repo.training_job(uow.session, job_id)
         if job is not None:
             job.state, job.result, job.error = state, result, error
             job.updated_at = now(uow.session)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
+
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from shared.db import any_of
-from shared.models import Chunk, Document
+from shared.models import Chunk, Document, TrainingJob
 
 # The chunks of each live document's current version.
 _LIVE_CHUNKS = (Chunk.document_id == Document.id) & (Chunk.version == Document.version)
@@ -44,3 +46,11 @@ def random_chunks(
         .limit(n)
     )
     return [(external_id, title, text) for external_id, title, text in rows]
+
+
+def add_training_job(session: Session, job: TrainingJob) -> None:
+    session.add(job)
+
+
+def training_job(session: Session, job_id: uuid.UUID) -> TrainingJob | None:
+    return session.get(TrainingJob, job_id)

@@ -39,11 +39,12 @@ from evaluation.harness import eval_tenant
 from evaluation.metrics import ndcg_at_k, unique
 from shared.db import unit_of_work
 from shared.models import TrainedReranker
-from shared.search import rerankers
-from shared.search.rerank import CrossEncoderReranker, rerank_passage
+from shared.rerankers import service as rerankers
+from shared.rerankers.scoring import CrossEncoderReranker, rerank_passage
 from shared.search.schemas import SearchRequest
 from shared.search.service import blend_scores, search
 from shared.settings import get_settings
+from shared.tenants import repository as tenants_repo
 from training import repository as repo
 
 Progress = Callable[[str, int, int], None]
@@ -168,7 +169,7 @@ def train_reranker(
     }
     write_model_card(out_dir, card)
     with unit_of_work() as uow:
-        previous = uow.session.get(TrainedReranker, (tenant, name))
+        previous = tenants_repo.named_row(uow.session, TrainedReranker, tenant, name)
         old_path = previous.path if previous else None
         rerankers.register(uow.session, tenant, name, out_dir, base, card)
     if old_path and old_path != str(out_dir):
@@ -253,9 +254,9 @@ def mine_pairs(
                 **({"profile": options.profile} if options.profile else {}),
             }
         )
-        results = search(tenant, request)["results"]
+        results = search(unit_of_work, tenant, request).results
         retrieved = [
-            (r["external_id"], rerank_passage(r["title"], r["text"]), r["score"]) for r in results
+            (r.external_id or "", rerank_passage(r.title, r.text), r.score) for r in results
         ]
         if qid in held_out:
             validation.windows[qid] = retrieved[: options.rerank_window]

@@ -1,15 +1,19 @@
 """The one project-wide task decorator: acks late, time limits, an explicit retry policy.
 
-Only errors listed as retriable are retried (with exponential backoff and jitter); anything
-else fails at once. Never swallow an exception inside a task.
+A task declares which errors it retries (``retry_on``: with exponential backoff and jitter,
+up to ``max_retries``) and what happens once it gives up (``give_up``: record the failure,
+or fall back to a slower path); anything else fails at once. Never swallow an exception
+inside a task.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from celery import Task
+from celery.exceptions import Retry
 
 from shared.retry import is_retriable, retry_delay
 from shared.settings import get_settings
@@ -18,13 +22,25 @@ from workers.celery_app import celery_app
 __all__ = ["concord_task", "retry_if_retriable"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+# give_up(task, error, *the task's arguments): returns the task's result, or raises
+GiveUp = Callable[..., Any]
 
 
 def concord_task(
-    name: str, queue: str, max_retries: int = 5, long_running: bool = False
+    name: str,
+    queue: str,
+    *,
+    max_retries: int = 5,
+    retry_on: Callable[[BaseException], bool] | None = None,
+    give_up: GiveUp | None = None,
+    long_running: bool = False,
 ) -> Callable[[F], Task]:
-    """``long_running``: acknowledged on start and without the global time limits, for work
-    that outlives the broker's visibility timeout and tracks its own state in Postgres."""
+    """``retry_on``: the errors retried (e.g. ``shared.retry.is_retriable``); none by default.
+    ``give_up``: called with the task, the error and the task's arguments when the error is
+    not retried (or the retries are spent); what it returns is the task's result, what it
+    raises its failure. ``long_running``: acknowledged on start and without the global time
+    limits, for work that outlives the broker's visibility timeout and tracks its own state
+    in Postgres."""
 
     settings = get_settings()
 
@@ -38,17 +54,36 @@ def concord_task(
             if long_running
             else {"acks_late": True, "reject_on_worker_lost": True}
         )
+
+        @functools.wraps(fn)
+        def run(task: Task, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(task, *args, **kwargs)
+            except Retry:
+                raise
+            except Exception as error:
+                if retry_on is not None and retry_on(error):
+                    _retry_while_allowed(task, error)
+                if give_up is None:
+                    raise
+                return give_up(task, error, *args, **kwargs)
+
         task: Task = celery_app.task(
             name=name, bind=True, queue=queue, max_retries=max_retries, **options
-        )(fn)
+        )(run)
         return task
 
     return decorate
 
 
-def retry_if_retriable(task: Task, error: Exception) -> None:
-    """Raise the task's retry (with backoff) if ``error`` is one a retry may fix and retries
-    are left; otherwise return, and the caller records the failure."""
+def _retry_while_allowed(task: Task, error: Exception) -> None:
     retries = task.request.retries or 0
-    if is_retriable(error) and retries < (task.max_retries or 0):
+    if retries < (task.max_retries or 0):
         raise task.retry(exc=error, countdown=retry_delay(retries)) from error
+
+
+def retry_if_retriable(task: Task, error: Exception) -> None:
+    """For a ``give_up`` path that meets an error of its own: raise the task's retry if the
+    error is one a retry may fix and retries are left; otherwise return."""
+    if is_retriable(error):
+        _retry_while_allowed(task, error)

@@ -1,4 +1,5 @@
-"""Thin tasks: take ids, hand off to a pipeline step, decide retry or failure."""
+"""Thin tasks: take ids, hand the boundary's transactions (``unit_of_work``) to a service,
+and say on the decorator which errors they retry and what they do once they give up."""
 
 from __future__ import annotations
 
@@ -9,11 +10,15 @@ from typing import Any
 
 from celery import Task
 
-from shared.ingest import pipeline, relay, sweep
-from shared.ingest.service import reject_upload_event
-from shared.ingest.upload_event import EventsOutcome
-from shared.ingest.upload_event import accept_upload_events as accept_events_together
+from shared.db import unit_of_work
+from shared.documents import events as upload_events
+from shared.documents.events import EventsOutcome
+from shared.documents.service import add_event_dead_letter
+from shared.ingest import pipeline
+from shared.jobs import service as jobs
+from shared.jobs import sweep
 from shared.logs import job_context
+from shared.outbox import service as relay
 from shared.queue import (
     ACCEPT_EVENT_TASK,
     ACCEPT_EVENTS_TASK,
@@ -29,86 +34,106 @@ from shared.queue import (
     TRAINING_QUEUE,
 )
 from shared.reconcile.service import reconcile
+from shared.retry import is_retriable
 from shared.settings import get_settings
 from workers.base import concord_task, retry_if_retriable
 
 log = logging.getLogger(__name__)
 
 
-@concord_task(PROCESS_JOB_TASK, INGEST_QUEUE)
+def _dead_letter_job(task: Task, error: Exception, job_id: str) -> None:
+    """The job's retries are spent, or its error is not one a retry fixes."""
+    with unit_of_work() as uow:
+        jobs.record_failure(uow, uuid.UUID(job_id), error)
+    raise error
+
+
+@concord_task(PROCESS_JOB_TASK, INGEST_QUEUE, retry_on=is_retriable, give_up=_dead_letter_job)
 def process_job(self: Task, job_id: str) -> dict[str, Any]:
-    try:
-        with job_context(job_id, None):
-            outcome = pipeline.process_job(uuid.UUID(job_id))
-    except Exception as e:
-        retry_if_retriable(self, e)
-        pipeline.record_failure(uuid.UUID(job_id), e)
-        raise
-    return {"job_id": outcome.job_id, "state": str(outcome.state), **outcome.detail}
+    """claim → parse → chunk → embed → write (shared/ingest/pipeline.process_job)."""
+    with job_context(job_id, None):
+        return pipeline.process_job(unit_of_work, uuid.UUID(job_id)).as_dict()
 
 
 @concord_task(PROCESS_JOBS_TASK, INGEST_QUEUE, max_retries=0)
 def process_jobs(self: Task, job_ids: list[str]) -> dict[str, Any]:
     """Jobs accepted together, as one batch. Not retried as a whole: on failure each job is
-    back in the queue with its own ``process_job`` message (see pipeline.process_jobs)."""
-    outcomes = pipeline.process_jobs([uuid.UUID(j) for j in job_ids])
+    back in the queue with its own ``process_job`` message (see pipeline.run)."""
+    outcomes = pipeline.process_jobs(unit_of_work, [uuid.UUID(j) for j in job_ids])
     return {"jobs": len(job_ids), "states": dict(Counter(o.state for o in outcomes.values()))}
 
 
-@concord_task(ACCEPT_EVENTS_TASK, INGEST_QUEUE)
-def accept_upload_events(self: Task, events: list[Any]) -> dict[str, int]:
-    """Many upload events in one message (``concord ingest`` sends these)."""
-    return _accept_events(self, events if isinstance(events, list) else [events]).counts()
+def _events(message: Any) -> list[Any]:
+    return message if isinstance(message, list) else [message]
 
 
-@concord_task(ACCEPT_EVENT_TASK, INGEST_QUEUE)
-def accept_upload_event(self: Task, event: Any) -> dict[str, Any]:
-    """Intake for producers that publish one upload event per message: the same path as a
-    list of them, so an event that can never be accepted is dead-lettered, never dropped."""
-    outcome = _accept_events(self, [event])
-    status = "accepted" if outcome.accepted else "unchanged" if outcome.unchanged else "rejected"
-    return {"status": status, "job_id": str(outcome.job_ids[0]) if outcome.job_ids else None}
+def _accept_together(events: list[Any]) -> EventsOutcome:
+    with unit_of_work() as uow:
+        return upload_events.accept_upload_events(uow, events, get_settings())
 
 
-def _accept_events(task: Task, events: list[Any]) -> EventsOutcome:
-    """Accept a message's events in one transaction. If that fails for a reason a retry will
-    not fix, the events are accepted one at a time instead, so that one bad event cannot take
-    its neighbours down, and each one that still fails is dead-lettered with its reason (also
-    once a retriable failure has used up the task's retries). A retry of the whole message is
-    safe: events already accepted come back ``unchanged``."""
-    settings = get_settings()
-    try:
-        return accept_events_together(events, settings)
-    except Exception as e:
-        retry_if_retriable(task, e)
-        log.warning("accepting %s events together failed (%s); one at a time", len(events), e)
+def _accept_one_at_a_time(task: Task, error: Exception, message: Any) -> EventsOutcome:
+    """Accepting a message's events in one transaction failed for good: they are accepted one
+    at a time instead, so that one bad event cannot take its neighbours down, and each one
+    that still fails is dead-lettered with its reason (also once a retriable failure has used
+    up the task's retries). A retry of the whole message is safe: events already accepted
+    come back ``unchanged``."""
+    events = _events(message)
+    log.warning("accepting %s events together failed (%s); one at a time", len(events), error)
     outcome = EventsOutcome()
     for event in events:
         try:
-            outcome.add(accept_events_together([event], settings))
+            outcome.add(_accept_together([event]))
         except Exception as e:
             retry_if_retriable(task, e)
-            reject_upload_event(event if isinstance(event, dict) else {"event": repr(event)}, e)
+            with unit_of_work() as uow:
+                add_event_dead_letter(
+                    uow.session, event if isinstance(event, dict) else {"event": repr(event)}, e
+                )
             outcome.rejected += 1
     return outcome
 
 
+def _counts(task: Task, error: Exception, message: Any) -> dict[str, int]:
+    return _accept_one_at_a_time(task, error, message).counts()
+
+
+@concord_task(ACCEPT_EVENTS_TASK, INGEST_QUEUE, retry_on=is_retriable, give_up=_counts)
+def accept_upload_events(self: Task, events: list[Any]) -> dict[str, int]:
+    """Many upload events in one message (``concord ingest`` sends these)."""
+    return _accept_together(_events(events)).counts()
+
+
+def _status(outcome: EventsOutcome) -> dict[str, Any]:
+    status = "accepted" if outcome.accepted else "unchanged" if outcome.unchanged else "rejected"
+    return {"status": status, "job_id": str(outcome.job_ids[0]) if outcome.job_ids else None}
+
+
+def _single_status(task: Task, error: Exception, event: Any) -> dict[str, Any]:
+    return _status(_accept_one_at_a_time(task, error, [event]))
+
+
+@concord_task(ACCEPT_EVENT_TASK, INGEST_QUEUE, retry_on=is_retriable, give_up=_single_status)
+def accept_upload_event(self: Task, event: Any) -> dict[str, Any]:
+    """Intake for producers that publish one upload event per message: the same path as a
+    list of them, so an event that can never be accepted is dead-lettered, never dropped."""
+    return _status(_accept_together([event]))
+
+
 @concord_task(RELAY_TASK, RELAY_QUEUE, max_retries=0)
 def drain_outbox(self: Task) -> dict[str, Any]:
-    report = relay.drain()
-    return vars(report)
+    return vars(relay.drain(unit_of_work))
 
 
 @concord_task(RECONCILE_TASK, MAINTENANCE_QUEUE, max_retries=0)
 def reconcile_all(self: Task) -> dict[str, Any]:
     """Periodic: compare every tenant and queue repairs (the relay applies them)."""
-    return reconcile(repair=True).as_dict()
+    return reconcile(unit_of_work, repair=True).as_dict()
 
 
 @concord_task(SWEEP_TASK, MAINTENANCE_QUEUE, max_retries=0)
 def sweep_expired_jobs(self: Task) -> dict[str, Any]:
-    report = sweep.sweep_expired_jobs()
-    return vars(report)
+    return vars(sweep.sweep_expired_jobs(unit_of_work))
 
 
 @concord_task(TRAIN_RERANKER_TASK, TRAINING_QUEUE, max_retries=0, long_running=True)

@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api.readiness import readiness_checks
 from services.api.routes import admin, documents, jobs, search
+from shared.db import unit_of_work
 from shared.errors import ConcordError, describe_validation_errors
 from shared.logs import configure_json_logging, new_request_id, request_id_var
 from shared.metrics import API_REQUEST_SECONDS, SystemCollector
@@ -79,7 +80,7 @@ def error_body(code: str, message: str, status: int) -> JSONResponse:
 @lru_cache(maxsize=1)
 def _register_system_metrics() -> None:
     """Once per process, however many apps the tests create."""
-    REGISTRY.register(SystemCollector())
+    REGISTRY.register(SystemCollector(unit_of_work))
 
 
 @asynccontextmanager
@@ -91,7 +92,7 @@ async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
 
 def _warm_up() -> None:
     from shared.ingest.embedding import get_embedder
-    from shared.search.rerank import warm_up
+    from shared.rerankers.scoring import warm_up
 
     get_embedder().embed_query("warm up")
     warm_up()

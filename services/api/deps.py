@@ -8,10 +8,10 @@ from fastapi import Depends
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 
-from shared import ratelimit
-from shared.auth import Principal, authenticate
 from shared.db import unit_of_work
 from shared.settings import Settings, get_settings
+from shared.tenants import ratelimit
+from shared.tenants.service import Principal, authenticate
 
 # Declared as security schemes, so the OpenAPI document says which routes need a key and
 # clients (and schemathesis) know how to send one. auto_error=False: a missing or malformed

@@ -7,7 +7,8 @@ from typing import Any
 
 from alembic.script import ScriptDirectory
 
-from shared.db import schema_revision, unit_of_work
+from shared.db import unit_of_work
+from shared.db.repository import schema_revision
 from shared.migrate import ROOT
 from shared.redis_client import redis_client
 from shared.settings import Settings

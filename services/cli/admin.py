@@ -24,6 +24,7 @@ def reconcile(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Compare Postgres and Elasticsearch; exit 1 while drift remains."""
+    from shared.db import unit_of_work
     from shared.reconcile.service import reconcile as run
     from shared.reconcile.service import reconcile_and_verify
 
@@ -32,11 +33,11 @@ def reconcile(
         typer.echo(f"{tenant}: {done}/{total} buckets compared", err=True)
 
     if dry_run:
-        report = run(tenant, repair=False, deep=deep, progress=progress)
+        report = run(unit_of_work, tenant, repair=False, deep=deep, progress=progress)
         body: dict[str, Any] = {"mode": "dry-run", **report.as_dict()}
         remaining = report.total()
     else:
-        found, after = reconcile_and_verify(tenant, deep=deep, progress=progress)
+        found, after = reconcile_and_verify(unit_of_work, tenant, deep=deep, progress=progress)
         body = {"mode": "repair", **found.as_dict(), "after_repair": after.as_dict()}
         remaining = after.total()
     if as_json:
@@ -69,17 +70,20 @@ def reindex() -> None:
     (resumes an interrupted run); then report any drift."""
     from rich.progress import Progress
 
+    from shared.db import unit_of_work
     from shared.reconcile.reindex import reindex as run
     from shared.reconcile.service import reconcile as check
 
     with Progress(console=console) as bar:
         task = bar.add_task("copying chunks", total=None)
-        result = run(lambda done, total: bar.update(task, completed=done, total=total))
+        result = run(
+            unit_of_work, lambda done, total: bar.update(task, completed=done, total=total)
+        )
     console.print(
         f"{'resumed and ' if result.resumed else ''}copied {result.copied} chunks into "
         f"{result.new_index} in {result.seconds:.1f}s; removed {result.old_indices}"
     )
-    drift = check(repair=False)
+    drift = check(unit_of_work, repair=False)
     console.print(f"drift after the switch: {drift.total()}")
     if drift.total():
         raise typer.Exit(1)
@@ -135,11 +139,13 @@ def dlq_list(tenant: str | None = typer.Option(None), limit: int = typer.Option(
 
 @dlq_app.command("show")
 def dlq_show(letter_id: int) -> None:
-    from shared.admin.service import dead_letter_dict, get_dead_letter
+    from shared.admin.service import get_dead_letter
     from shared.db import unit_of_work
+    from shared.jobs.service import dead_letter_view
 
     with unit_of_work() as uow:
-        typer.echo(json.dumps(dead_letter_dict(get_dead_letter(uow.session, letter_id)), indent=2))
+        letter = dead_letter_view(get_dead_letter(uow.session, letter_id))
+    typer.echo(letter.model_dump_json(indent=2))
 
 
 @dlq_app.command("replay")
@@ -166,10 +172,12 @@ def dlq_discard(letter_id: int) -> None:
 def stats(as_json: bool = typer.Option(False, "--json")) -> None:
     """Documents, versions, chunks per store, outbox backlog, dead letters, last reconcile."""
     from shared.admin.service import system_stats
+    from shared.db import unit_of_work
 
-    body = system_stats()
+    with unit_of_work() as uow:
+        stats_ = system_stats(uow.session)
     if as_json:
-        typer.echo(json.dumps(body, indent=2, default=str))
+        typer.echo(stats_.model_dump_json(indent=2))
         return
-    for key, value in body.items():
+    for key, value in stats_.model_dump(mode="json").items():
         console.print(f"{key:<22} {value}")

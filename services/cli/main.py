@@ -49,8 +49,8 @@ def keys_create(
     name: str = typer.Option("cli", help="A label for the key."),
 ) -> None:
     """Create an API key; the secret is printed once and never stored."""
-    from shared.auth import create_key
     from shared.db import unit_of_work
+    from shared.tenants.service import create_key
 
     with unit_of_work() as uow:
         key, secret = create_key(uow.session, tenant, name, [s.strip() for s in scopes.split(",")])
@@ -62,11 +62,12 @@ def keys_create(
 @keys_app.command("list")
 def keys_list() -> None:
     """List keys (never their secrets)."""
-    from shared.auth import list_keys
     from shared.db import unit_of_work
+    from shared.tenants.service import list_keys
 
     with unit_of_work() as uow:
-        typer.echo(json.dumps(list_keys(uow.session), indent=2))
+        keys = [key.model_dump(mode="json") for key in list_keys(uow.session)]
+    typer.echo(json.dumps(keys, indent=2))
 
 
 @keys_app.command("revoke")
@@ -74,8 +75,8 @@ def keys_revoke(key_id: str) -> None:
     """Revoke a key by id."""
     import uuid
 
-    from shared.auth import revoke_key
     from shared.db import unit_of_work
+    from shared.tenants.service import revoke_key
 
     with unit_of_work() as uow:
         found = revoke_key(uow.session, uuid.UUID(key_id))
@@ -93,7 +94,7 @@ def ingest(
     timeout: float = typer.Option(600, help="Seconds to wait with --wait."),
 ) -> None:
     """Publish files (directories recursively) as upload events on the ingest queue."""
-    from shared.ingest.upload_event import EventBatcher, build_upload_event
+    from shared.documents.events import EventBatcher, build_upload_event
     from shared.queue import publish_upload_events
 
     files: list[Path] = sorted(
@@ -134,7 +135,7 @@ def _wait_indexed(tenant: str, external_ids: list[str], timeout: float) -> int:
     import time
 
     from shared.db import unit_of_work
-    from shared.ingest.repository import live_job_states
+    from shared.jobs.repository import live_job_states
 
     final = {"indexed", "failed", "dead_lettered"}
     deadline = time.monotonic() + timeout

@@ -98,11 +98,11 @@ def validate_command(
 def list_(tenant: str = typer.Option(..., help="Tenant whose rerankers to list.")) -> None:
     """Registered rerankers of a tenant, with their model cards."""
     from shared.db import unit_of_work
-    from shared.search import rerankers
+    from shared.rerankers import service as rerankers
 
     with unit_of_work() as uow:
         entries = rerankers.list_for_tenant(uow.session, tenant)
-        listed = [rerankers.reranker_dict(e) for e in entries]
+        listed = [rerankers.reranker_view(e).model_dump(mode="json") for e in entries]
     typer.echo(json.dumps(listed, indent=2))
 
 
@@ -112,7 +112,7 @@ def delete(
 ) -> None:
     """Unregister a reranker and remove its files."""
     from shared.db import unit_of_work
-    from shared.search import rerankers
+    from shared.rerankers import service as rerankers
 
     try:
         with unit_of_work() as uow:

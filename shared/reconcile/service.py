@@ -33,13 +33,17 @@ from typing import Any
 from elasticsearch import Elasticsearch
 from sqlalchemy.orm import Session
 
-from shared.db import unit_of_work
-from shared.ingest import relay
-from shared.ingest import repository as ingest_repo
-from shared.models import OutboxOp, ReconcileRun
+from shared.db import Transactions
+from shared.documents import repository as documents_repo
+from shared.jobs import repository as jobs_repo
+from shared.models import OutboxOp
+from shared.outbox import repository as outbox_repo
+from shared.outbox import service as relay
 from shared.reconcile import repository as repo
 from shared.reconcile.buckets import BUCKETS
-from shared.stores.chunk_index import ChunkIndex, ElasticsearchChunkIndex, EsCopy
+from shared.stores.chunk_index import ChunkIndex, ElasticsearchChunkIndex
+from shared.stores.schemas import EsCopy, Fingerprints, document_id_of
+from shared.stores.vector_store import PgVectorStore
 
 log = logging.getLogger(__name__)
 
@@ -95,13 +99,15 @@ class ReconcileReport:
 
 
 def reconcile(
+    transactions: Transactions,
     tenant: str | None = None,
     repair: bool = False,
     es: Elasticsearch | None = None,
     deep: bool = False,
     progress: Progress | None = None,
 ) -> ReconcileReport:
-    """Compare (and with ``repair``, queue repairs for) one tenant or every tenant.
+    """Compare (and with ``repair``, queue repairs for) one tenant or every tenant, each
+    range of buckets in a transaction of its own from ``transactions``.
 
     ``deep`` compares every bucket chunk by chunk instead of trusting agreeing bucket sums:
     it also finds a copy edited outside Concord whose stored fingerprint was left as it was.
@@ -113,36 +119,40 @@ def reconcile(
     if tenant:
         tenants = [tenant]
     else:
-        with unit_of_work() as uow:
-            tenants = sorted(repo.pg_tenants(uow.session) | index.tenants())
+        with transactions() as uow:
+            tenants = sorted(PgVectorStore(uow.session).tenants() | index.tenants())
     report.tenants = len(tenants)
     for t in tenants:
-        _reconcile_tenant(index, t, report, repair=repair, deep=deep, progress=progress)
+        _reconcile_tenant(
+            transactions, index, t, report, repair=repair, deep=deep, progress=progress
+        )
     report.duration_s = time.monotonic() - started
-    with unit_of_work() as uow:
-        uow.session.add(
-            ReconcileRun(
-                tenant_id=tenant,
-                duration_s=report.duration_s,
-                repair=repair,
-                report=report.as_dict(),
-            )
+    with transactions() as uow:
+        repo.add_run(
+            uow.session,
+            tenant_id=tenant,
+            duration_s=report.duration_s,
+            repair=repair,
+            report=report.as_dict(),
         )
     return report
 
 
 def reconcile_and_verify(
-    tenant: str | None = None, deep: bool = False, progress: Progress | None = None
+    transactions: Transactions,
+    tenant: str | None = None,
+    deep: bool = False,
+    progress: Progress | None = None,
 ) -> tuple[ReconcileReport, ReconcileReport]:
     """Repair, drain the outbox now, and compare again: the second report shows what remains."""
-    first = reconcile(tenant, repair=True, deep=deep, progress=progress)
+    first = reconcile(transactions, tenant, repair=True, deep=deep, progress=progress)
     if first.repaired_ids or first.repairs_pending:
-        drain_repairs(first.repaired_ids | first.repairs_pending)
+        drain_repairs(transactions, first.repaired_ids | first.repairs_pending)
         ElasticsearchChunkIndex().refresh()
-    return first, reconcile(tenant, repair=False)
+    return first, reconcile(transactions, tenant, repair=False)
 
 
-def drain_repairs(chunk_ids: set[str], wait_s: float = 30.0) -> None:
+def drain_repairs(transactions: Transactions, chunk_ids: set[str], wait_s: float = 30.0) -> None:
     """Send the queued repairs and wait until they have left the outbox.
 
     A running relay worker may have claimed some of them first (claims skip locked rows), so an
@@ -153,9 +163,9 @@ def drain_repairs(chunk_ids: set[str], wait_s: float = 30.0) -> None:
     deadline = time.monotonic() + wait_s
     ids = sorted(chunk_ids)
     while True:
-        relay.drain(max_batches=10_000)
-        with unit_of_work() as uow:
-            pending = ingest_repo.due_outbox_rows_for(uow.session, ids)
+        relay.drain(transactions, max_batches=10_000)
+        with transactions() as uow:
+            pending = outbox_repo.due_outbox_rows_for(uow.session, ids)
         if not pending or time.monotonic() >= deadline:
             return
         time.sleep(0.1)
@@ -186,6 +196,7 @@ class _RangeDrift:
 
 
 def _reconcile_tenant(
+    transactions: Transactions,
     index: ChunkIndex,
     tenant: str,
     report: ReconcileReport,
@@ -194,8 +205,8 @@ def _reconcile_tenant(
     deep: bool,
     progress: Progress | None,
 ) -> None:
-    with unit_of_work() as uow:
-        pg_stats = repo.bucket_stats(uow.session, tenant)
+    with transactions() as uow:
+        pg_stats = PgVectorStore(uow.session).bucket_stats(tenant)
     es_stats, unbucketed = index.bucket_stats(tenant)
     report.buckets_scanned += BUCKETS
     differing = sorted(
@@ -206,8 +217,8 @@ def _reconcile_tenant(
     sizes = {b: max(pg_stats.get(b, (0, 0, 0))[0], es_stats.get(b, (0, 0, 0))[0]) for b in to_read}
     done = 0
     for buckets in _bucket_ranges(to_read, sizes):
-        with unit_of_work() as uow:
-            pg_rows = repo.chunks_in_buckets(uow.session, tenant, buckets)
+        with transactions() as uow:
+            pg_rows = PgVectorStore(uow.session).fingerprints_in_buckets(tenant, buckets)
             es_rows = index.copies_in_buckets(tenant, buckets)
             _compare_range(uow.session, index, tenant, pg_rows, es_rows, report, repair)
         done += len(buckets)
@@ -215,9 +226,9 @@ def _reconcile_tenant(
             progress(tenant, done, len(to_read))
         log.info("reconcile %s: %d of %d buckets compared", tenant, done, len(to_read))
     if unbucketed:  # legacy copies without a bucket: compare them with their Postgres rows
-        with unit_of_work() as uow:
+        with transactions() as uow:
             es_rows = index.copies_in_buckets(tenant, [], unbucketed=True)
-            pg_rows = repo.chunks_by_ids(uow.session, tenant, sorted(es_rows))
+            pg_rows = PgVectorStore(uow.session).fingerprints_by_ids(tenant, sorted(es_rows))
             _compare_range(uow.session, index, tenant, pg_rows, es_rows, report, repair)
 
 
@@ -225,7 +236,7 @@ def _compare_range(
     session: Session,
     index: ChunkIndex,
     tenant: str,
-    pg_rows: dict[str, tuple[int, int]],
+    pg_rows: Fingerprints,
     es_rows: dict[str, EsCopy],
     report: ReconcileReport,
     repair: bool,
@@ -240,7 +251,7 @@ def _compare_range(
         copy = elsewhere.get(cid)
         found.drift["wrong_tenant" if copy and copy.tenant_id != tenant else "missing"].add(cid)
     extra = [cid for cid in es_rows if cid not in pg_rows]
-    owners = repo.chunk_tenants(session, extra)
+    owners = PgVectorStore(session).owners(extra)
     for cid in extra:
         owner = owners.get(cid)
         if owner and owner != tenant:
@@ -271,10 +282,10 @@ def _queue_repairs(session: Session, found: _RangeDrift, report: ReconcileReport
     drifted = set().union(*found.drift.values())
     # A chunk whose outbox row is still waiting needs no second one (an earlier repair, or an
     # ingest write the relay has not sent yet).
-    queued = repo.chunks_with_queued_writes(session, sorted(drifted))
+    queued = outbox_repo.chunks_with_queued_writes(session, sorted(drifted))
     # A write that is a dead letter at this version (or a newer one) would fail again: held
     # for the operator. One of an older version does not block the repair of a newer one.
-    dead = repo.dead_lettered_versions(session, sorted(drifted - queued))
+    dead = jobs_repo.dead_lettered_versions(session, sorted(drifted - queued))
     held = {cid for cid, version in dead.items() if version >= found.versions[cid]}
     queued |= held
     rewrite = (
@@ -283,25 +294,25 @@ def _queue_repairs(session: Session, found: _RangeDrift, report: ReconcileReport
         - queued
     )
     entries = [
-        ingest_repo.OutboxEntry(
+        outbox_repo.OutboxEntry(
             chunk.tenant_id, chunk.document_id, OutboxOp.REPAIR, chunk.version, [chunk.id]
         )
-        for chunk in ingest_repo.chunks_by_ids(session, sorted(rewrite)).values()
+        for chunk in PgVectorStore(session).chunks_by_ids(sorted(rewrite)).values()
     ]
     orphans = sorted(found.drift["orphaned"] - queued)
-    versions = repo.document_versions_for_chunks(session, orphans)
+    versions = documents_repo.document_versions_for_chunks(session, orphans)
     for cid in orphans:
         copy = found.orphan_copies[cid]
         # At least the copy's own version, so Elasticsearch accepts the delete; at least the
         # document's current version, the newest Postgres has, so no later write is blocked.
         # The relay checks Postgres again when it applies it.
-        doc_id, doc_version = versions.get(cid, (repo.document_id_of(cid), 0))
+        doc_id, doc_version = versions.get(cid, (document_id_of(cid), 0))
         entries.append(
-            ingest_repo.OutboxEntry(
+            outbox_repo.OutboxEntry(
                 copy.tenant_id, doc_id, OutboxOp.PURGE, max(copy.es_version, doc_version), [cid]
             )
         )
-    ingest_repo.add_outbox_entries(session, entries)
+    outbox_repo.add_outbox_entries(session, entries)
     report.repaired_ids |= {cid for e in entries for cid in e.chunk_ids}
     report.repairs_pending |= queued - held
     report.repairs_held |= held

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
 from shared.ingest.chunking import sentence_spans
+from shared.search.schemas import Decision, EvidenceItem, Omission, Provenance
 
 ScoreType = Literal["dense_cosine", "rerank"]
 
@@ -81,20 +82,20 @@ class PolicyResult:
     score_type: ScoreType
     threshold: float
     top_score: float | None
-    evidence: list[dict[str, Any]] = field(default_factory=list)
-    omitted: list[dict[str, str]] = field(default_factory=list)
+    evidence: list[EvidenceItem] = field(default_factory=list)
+    omitted: list[Omission] = field(default_factory=list)
     tokens_used: int = 0
     token_budget: int = 0
     per_result: dict[str, str] = field(default_factory=dict)
 
-    def decision(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "reason": self.reason,
-            "score_type": self.score_type,
-            "threshold": self.threshold,
-            "top_score": self.top_score,
-        }
+    def decision(self) -> Decision:
+        return Decision(
+            status=self.status,
+            reason=self.reason,
+            score_type=self.score_type,
+            threshold=self.threshold,
+            top_score=self.top_score,
+        )
 
 
 def _has_provenance(c: Candidate) -> bool:
@@ -152,7 +153,7 @@ def apply_policy(
 
 
 def _omit(result: PolicyResult, c: Candidate, reason: str) -> None:
-    result.omitted.append({"chunk_id": c.chunk_id, "reason": reason})
+    result.omitted.append(Omission(chunk_id=c.chunk_id, reason=reason))
     result.per_result[c.chunk_id] = reason
 
 
@@ -194,23 +195,23 @@ def _pack(
         flags = ["possible_prompt_injection"] if looks_like_prompt_injection(text) else []
         result.per_result[c.chunk_id] = "included_truncated" if truncated else "included"
         result.evidence.append(
-            {
-                "chunk_id": c.chunk_id,
-                "text": text,
-                "tokens": tokens,
-                "truncated": truncated,
-                "flags": flags,
-                "score": c.scores.get(config.score_type),
-                "provenance": {
-                    "document_id": c.document_id,
-                    "external_id": c.external_id,
-                    "version": c.version,
-                    "section": c.section,
-                    "char_start": start,
-                    "char_end": end,
-                    "indexed_at": c.indexed_at,
-                },
-            }
+            EvidenceItem(
+                chunk_id=c.chunk_id,
+                text=text,
+                tokens=tokens,
+                truncated=truncated,
+                flags=flags,
+                score=c.scores.get(config.score_type),
+                provenance=Provenance(
+                    document_id=c.document_id,
+                    external_id=c.external_id,
+                    version=c.version,
+                    section=c.section,
+                    char_start=start,
+                    char_end=end,
+                    indexed_at=c.indexed_at,
+                ),
+            )
         )
 
 

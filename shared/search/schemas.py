@@ -240,3 +240,104 @@ ProfileSettings = create_model(  # type: ignore[call-overload]
         if name not in NOT_IN_PROFILE
     },
 )
+
+
+# ------------------------------------------------------------------ the response
+
+
+class Provenance(BaseModel):
+    document_id: str
+    external_id: str | None
+    version: int | None
+    section: str
+    char_start: int
+    char_end: int
+    indexed_at: str | None
+
+
+class EvidenceItem(BaseModel):
+    """A chunk packed into the token budget (whole sentences only), with where it came from
+    and flags such as ``possible_prompt_injection``."""
+
+    chunk_id: str
+    text: str
+    tokens: int
+    truncated: bool
+    flags: list[str]
+    score: float | None
+    provenance: Provenance
+
+
+class Omission(BaseModel):
+    chunk_id: str
+    reason: str
+
+
+class Evidence(BaseModel):
+    items: list[EvidenceItem]
+    token_budget: int
+    tokens_used: int
+    omitted: list[Omission]
+
+
+class Decision(BaseModel):
+    """``answerable``, or ``abstain`` with the reason (``no_hits``, ``all_filtered``,
+    ``below_threshold``, ``score_unavailable``, ``missing_provenance``, ``over_budget``)."""
+
+    status: Literal["answerable", "abstain"]
+    reason: str | None
+    score_type: Literal["dense_cosine", "rerank"]
+    threshold: float
+    top_score: float | None
+
+
+class RankScore(BaseModel):
+    rank: int
+    score: float
+
+
+class RerankTrace(BaseModel):
+    score: float
+    rank_change: int
+
+
+class Trace(BaseModel):
+    """How a result got where it is: each arm's rank and score, the fused ones, the rerank
+    score and rank change, and what the policy decided for it."""
+
+    dense: RankScore | None
+    lexical: RankScore | None
+    fused: RankScore
+    rerank: RerankTrace | None
+    final_rank: int
+    policy: str
+
+
+class SearchResult(BaseModel):
+    chunk_id: str
+    document_id: str
+    external_id: str | None
+    title: str
+    version: int | None
+    section: str
+    text: str
+    char_start: int | None
+    char_end: int | None
+    indexed_at: str | None
+    score: float = Field(description="the fused score")
+    found_by: list[Arm]
+    scores: dict[str, float] = Field(description="dense_cosine, and rerank when reranked")
+    trace: Trace | None = Field(default=None, description="with explain")
+
+
+class SearchResponse(BaseModel):
+    query: str
+    mode: Mode
+    degraded: list[str] = Field(
+        description="dense_unavailable, lexical_unavailable, rerank_unavailable"
+    )
+    dropped_stale: int = Field(description="hits Postgres does not hold live, dropped")
+    decision: Decision
+    results: list[SearchResult]
+    evidence: Evidence
+    timings_ms: dict[str, float] | None = Field(default=None, description="with explain")

@@ -14,40 +14,48 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 from elasticsearch import ApiError, TransportError
 from sqlalchemy.exc import SQLAlchemyError
 
-from shared.db import unit_of_work
+from shared.db import Transactions
 from shared.errors import StoreUnavailable
 from shared.ingest.embedding import get_embedder
-from shared.ingest.pipeline import document_of_chunk
 from shared.metrics import (
     DEGRADED_QUERIES,
     SEARCH_SECONDS,
     SEARCH_STAGE_SECONDS,
     STALE_HITS_DROPPED,
 )
-from shared.search import repository as search_repo
-from shared.search import rerankers
-from shared.search.filters import es_filters, sql_conditions
-from shared.search.fusion import ArmHit, fuse
-from shared.search.policy import Candidate, PolicyConfig, apply_policy
-from shared.search.profiles import resolve_profile
-from shared.search.rerank import (
+from shared.outbox.service import queue_stale_copy_purges
+from shared.profiles.service import resolve_profile
+from shared.rerankers import service as rerankers
+from shared.rerankers.scoring import (
     RerankUnavailable,
     get_reranker,
     get_trained_reranker,
     rerank_passage,
     rerank_within_budget,
 )
-from shared.search.schemas import SearchRequest
+from shared.search.fusion import ArmHit, fuse
+from shared.search.policy import Candidate, PolicyConfig, PolicyResult, apply_policy
+from shared.search.schemas import (
+    Evidence,
+    RankScore,
+    RerankTrace,
+    SearchRequest,
+    SearchResponse,
+    SearchResult,
+    Trace,
+)
 from shared.settings import Settings, get_settings
-from shared.stores import english_analysis
 from shared.stores.chunk_index import ElasticsearchChunkIndex
+from shared.stores.schemas import document_of_chunk
+from shared.stores.vector_store import PgVectorStore
 from shared.timing import StageTimes
 from shared.vector_type import vector_from_bytes
 
@@ -71,69 +79,56 @@ def query_vector(query: str, settings: Settings) -> list[float]:
     return list(_query_cache(settings.query_cache_size)(query))
 
 
-_tenant_sizes: dict[str, tuple[float, int]] = {}  # tenant -> (checked at, live chunks)
-TENANT_SIZE_TTL_S = 30.0
-
-
-def _tenant_size(session: Any, tenant_id: str) -> int:
-    """The tenant's chunk count, re-counted at most every 30 s per process."""
-    checked_at, size = _tenant_sizes.get(tenant_id, (0.0, 0))
-    if time.monotonic() - checked_at > TENANT_SIZE_TTL_S:
-        size = search_repo.tenant_chunk_count(session, tenant_id)
-        _tenant_sizes[tenant_id] = (time.monotonic(), size)
-    return size
-
-
 def dense_arm(
-    tenant_id: str, vector: list[float], request: SearchRequest, settings: Settings
+    transactions: Transactions,
+    tenant_id: str,
+    vector: list[float],
+    request: SearchRequest,
+    settings: Settings,
 ) -> list[ArmHit]:
-    with unit_of_work() as uow:
-        exact = _tenant_size(uow.session, tenant_id) <= settings.dense_exact_max_chunks
-        rows = search_repo.nearest_chunks(
-            uow.session,
-            tenant_id,
-            vector,
-            request.candidate_depth.dense,
-            # One HNSW scan yields at most ef_search rows: never ask for more than it finds.
-            max(settings.hnsw_ef_search, request.candidate_depth.dense),
-            sql_conditions(request.filters),
-            exact=exact,
+    """The pgvector arm, in a transaction of its own (it runs on a thread of its own)."""
+    with transactions() as uow:
+        hits = PgVectorStore(uow.session, settings).nearest(
+            tenant_id, vector, request.candidate_depth.dense, request.filters
         )
-    return [
-        ArmHit(cid, rank, 1.0 - float(distance))
-        for rank, (cid, distance) in enumerate(rows, start=1)
-    ]
+    return [ArmHit(cid, rank, cosine) for rank, (cid, cosine) in enumerate(hits, start=1)]
 
 
 def lexical_arm(tenant_id: str, request: SearchRequest, settings: Settings) -> list[ArmHit]:
-    boosts = request.lexical.field_boosts or settings.lexical_field_boosts
-    tie_breaker = (
-        request.lexical.tie_breaker
-        if request.lexical.tie_breaker is not None
-        else settings.lexical_tie_breaker
-    )
-    text = request.query
-    prefix = ""
-    if settings.lexical_analysis == "python-english":
-        text, prefix = english_analysis.analyze(request.query), "stemmed."
-        if not text:  # only stop words: nothing for BM25 to match
-            return []
-    fields = [f"{prefix}{name}^{boost}" for name, boost in boosts.items()]
-    # User text only ever reaches a match query, never query_string.
-    match = {"multi_match": {"query": text, "fields": fields, "tie_breaker": tie_breaker}}
+    """The BM25 arm; the chunk index builds the query (user text only in a match query)."""
     hits = ElasticsearchChunkIndex(settings=settings).lexical_search(
-        tenant_id, match, es_filters(request.filters), request.candidate_depth.lexical
+        tenant_id,
+        request.query,
+        request.filters,
+        request.candidate_depth.lexical,
+        field_boosts=request.lexical.field_boosts,
+        tie_breaker=request.lexical.tie_breaker,
     )
     return [ArmHit(chunk_id, rank, score) for rank, (chunk_id, score) in enumerate(hits, start=1)]
 
 
+@dataclass(frozen=True)
+class _Query:
+    """What every stage of one search needs: whose, what, with which settings, and the
+    boundary's transactions (each stage that reads Postgres opens its own: the arms run on
+    threads of their own)."""
+
+    tenant_id: str
+    request: SearchRequest
+    settings: Settings
+    transactions: Transactions
+
+
 def search(
-    tenant_id: str, request: SearchRequest, settings: Settings | None = None
-) -> dict[str, Any]:
+    transactions: Transactions,
+    tenant_id: str,
+    request: SearchRequest,
+    settings: Settings | None = None,
+) -> SearchResponse:
     settings = settings or get_settings()
     trained_reranker: str | None = None
     if request.profile is not None or request.rerank.model is not None:
-        with unit_of_work() as uow:
+        with transactions() as uow:
             if request.profile is not None:
                 request = resolve_profile(uow.session, tenant_id, request)
             if request.rerank.enabled and request.rerank.model is not None:
@@ -145,24 +140,20 @@ def search(
                     request = request.model_copy(
                         update={"rerank": request.rerank.model_copy(update={"blend": blend})}
                     )
+    query = _Query(tenant_id, request, settings, transactions)
     timings = StageTimes(scale=1e3, digits=3)  # milliseconds
     with SEARCH_SECONDS.labels(request.mode).time():
-        response = _search(tenant_id, request, settings, timings, trained_reranker)
+        response = _search(query, timings, trained_reranker)
     for stage, ms in timings.totals.items():
         SEARCH_STAGE_SECONDS.labels(stage).observe(ms / 1e3)
-    for reason in response["degraded"]:
+    for reason in response.degraded:
         DEGRADED_QUERIES.labels(reason).inc()
-    STALE_HITS_DROPPED.inc(response["dropped_stale"])
+    STALE_HITS_DROPPED.inc(response.dropped_stale)
     return response
 
 
-def _search(
-    tenant_id: str,
-    request: SearchRequest,
-    settings: Settings,
-    timings: StageTimes,
-    trained_reranker: str | None,
-) -> dict[str, Any]:
+def _search(query: _Query, timings: StageTimes, trained_reranker: str | None) -> SearchResponse:
+    tenant_id, request, settings = query.tenant_id, query.request, query.settings
     futures = {}
     with timings.stage("retrieve"):
         # BM25 needs no vector: Elasticsearch works on it while this thread embeds the query.
@@ -178,7 +169,7 @@ def _search(
                 _timed_arm,
                 timings,
                 "dense",
-                lambda: dense_arm(tenant_id, vector, request, settings),
+                lambda: dense_arm(query.transactions, tenant_id, vector, request, settings),
             )
         arms: dict[str, list[ArmHit]] = {}
         degraded: list[str] = []
@@ -193,7 +184,7 @@ def _search(
 
     fused = timings.timed("fuse", lambda: fuse(arms, request.fusion))
     with timings.stage("hydrate"):
-        candidates, dropped = _hydrate_enough(tenant_id, fused, vector, request, settings)
+        candidates, dropped = _hydrate_enough(query, fused, vector)
     by_arm = {arm: {h.chunk_id: h for h in hits} for arm, hits in arms.items()}
     fused_rank = {cid: (rank, score) for rank, (cid, score) in enumerate(fused, start=1)}
 
@@ -209,11 +200,11 @@ def _search(
         with timings.stage("mmr"):
             # Diversify within a window of the best candidates, not all of them.
             window = candidates[: settings.search_candidate_window]
-            _attach_embeddings(tenant_id, window)
+            _attach_embeddings(query, window)
             candidates = _mmr(window, request.mmr.lambda_, request.top_k, request.per_document_cap)
     results = _cap_per_document(candidates, request.per_document_cap)[: request.top_k]
     # The policy's near-duplicate suppression compares the results' embeddings.
-    timings.timed("hydrate", lambda: _attach_embeddings(tenant_id, results))
+    timings.timed("hydrate", lambda: _attach_embeddings(query, results))
 
     with timings.stage("policy"):
         policy = apply_policy(
@@ -222,28 +213,29 @@ def _search(
             _TokenizerCounter(),
             dropped_before=dropped,
         )
-    body: dict[str, Any] = {
-        "query": request.query,
-        "mode": request.mode,
-        "degraded": degraded,
-        "dropped_stale": dropped,
-        "decision": policy.decision(),
-        "results": [],
-        "evidence": {
-            "items": policy.evidence,
-            "token_budget": policy.token_budget,
-            "tokens_used": policy.tokens_used,
-            "omitted": policy.omitted,
-        },
-    }
+    items = []
     for final_rank, c in enumerate(results, start=1):
         item = _result(c, by_arm, fused_rank)
         if request.explain:
-            item["trace"] = _trace(c, final_rank, by_arm, fused_rank, rerank_info, policy)
-        body["results"].append(item)
+            item.trace = _trace(c, final_rank, by_arm, fused_rank, rerank_info, policy)
+        items.append(item)
+    response = SearchResponse(
+        query=request.query,
+        mode=request.mode,
+        degraded=degraded,
+        dropped_stale=dropped,
+        decision=policy.decision(),
+        results=items,
+        evidence=Evidence(
+            items=policy.evidence,
+            token_budget=policy.token_budget,
+            tokens_used=policy.tokens_used,
+            omitted=policy.omitted,
+        ),
+    )
     if request.explain:
-        body["timings_ms"] = timings.totals
-    return body
+        response.timings_ms = timings.totals
+    return response
 
 
 def _timed_arm(timings: StageTimes, name: str, fn: Callable[[], T]) -> T:
@@ -251,17 +243,14 @@ def _timed_arm(timings: StageTimes, name: str, fn: Callable[[], T]) -> T:
 
 
 def _hydrate_enough(
-    tenant_id: str,
-    fused: list[tuple[str, float]],
-    vector: list[float],
-    request: SearchRequest,
-    settings: Settings,
+    query: _Query, fused: list[tuple[str, float]], vector: list[float]
 ) -> tuple[list[Candidate], int]:
     """Hydrate the fused list in slices until the final list can be filled: twice top_k (room
     for stale drops) or the rerank window at first, more only while a per-document cap leaves
     fewer than top_k results, and never past ``search_candidate_window`` candidates or
     ``search_hydrate_budget_ms`` (a cap of one per document over a corpus of few documents
     would otherwise hydrate every fused candidate)."""
+    request, settings = query.request, query.settings
     deadline = time.monotonic() + settings.search_hydrate_budget_ms / 1000
     step = max(request.top_k * 2, request.rerank.window if request.rerank.enabled else 0, 20)
     # Without rerank or MMR reordering them, the results are (unless some are stale) the first
@@ -276,7 +265,7 @@ def _hydrate_enough(
     candidates: list[Candidate] = []
     dropped = 0
     for start in range(0, len(fused), step):
-        more, stale = _hydrate(tenant_id, fused[start : start + step], vector, likely_results)
+        more, stale = _hydrate(query, fused[start : start + step], vector, likely_results)
         candidates += more
         dropped += stale
         capped = _cap_per_document(candidates, request.per_document_cap)
@@ -288,17 +277,20 @@ def _hydrate_enough(
 
 
 def _hydrate(
-    tenant_id: str,
+    query: _Query,
     fused: list[tuple[str, float]],
     vector: list[float],
     embeddings_for: list[str],
 ) -> tuple[list[Candidate], int]:
+    """The live chunks among one slice of the fused list, as candidates; the hits Postgres
+    does not hold live are dropped and their copies queued for purging, in one transaction."""
     ids = [cid for cid, _ in fused]
-    with unit_of_work() as uow:
-        live = search_repo.live_chunks(uow.session, tenant_id, ids, vector, embeddings_for)
+    with query.transactions() as uow:
+        store = PgVectorStore(uow.session, query.settings)
+        live = store.hydrate(query.tenant_id, ids, vector, embeddings_for)
         stale = [cid for cid in ids if cid not in live]
         if stale:
-            search_repo.queue_repair(uow.session, tenant_id, stale)
+            queue_stale_copy_purges(uow.session, query.settings, query.tenant_id, stale)
     candidates = []
     for cid in ids:
         row = live.get(cid)
@@ -325,12 +317,12 @@ def _hydrate(
     return candidates, len(stale)
 
 
-def _attach_embeddings(tenant_id: str, candidates: list[Candidate]) -> None:
+def _attach_embeddings(query: _Query, candidates: list[Candidate]) -> None:
     missing = [c.chunk_id for c in candidates if c.embedding is None]
     if not missing:
         return
-    with unit_of_work() as uow:
-        found = search_repo.chunk_embeddings(uow.session, tenant_id, missing)
+    with query.transactions() as uow:
+        found = PgVectorStore(uow.session, query.settings).embeddings(query.tenant_id, missing)
     for c in candidates:
         if c.embedding is None and c.chunk_id in found:
             c.embedding = found[c.chunk_id]
@@ -479,22 +471,22 @@ class _TokenizerCounter:
 
 def _result(
     c: Candidate, by_arm: dict[str, dict[str, ArmHit]], fused_rank: dict[str, tuple[int, float]]
-) -> dict[str, Any]:
-    return {
-        "chunk_id": c.chunk_id,
-        "document_id": c.document_id,
-        "external_id": c.external_id,
-        "title": c.title,
-        "version": c.version,
-        "section": c.section,
-        "text": c.text,
-        "char_start": c.char_start,
-        "char_end": c.char_end,
-        "indexed_at": c.indexed_at,
-        "score": round(fused_rank[c.chunk_id][1], 6),
-        "found_by": [arm for arm in ("dense", "lexical") if c.chunk_id in by_arm.get(arm, {})],
-        "scores": c.scores,
-    }
+) -> SearchResult:
+    return SearchResult(
+        chunk_id=c.chunk_id,
+        document_id=c.document_id,
+        external_id=c.external_id,
+        title=c.title,
+        version=c.version,
+        section=c.section,
+        text=c.text,
+        char_start=c.char_start,
+        char_end=c.char_end,
+        indexed_at=c.indexed_at,
+        score=round(fused_rank[c.chunk_id][1], 6),
+        found_by=[arm for arm in ("dense", "lexical") if c.chunk_id in by_arm.get(arm, {})],
+        scores=c.scores,
+    )
 
 
 def _trace(
@@ -503,19 +495,19 @@ def _trace(
     by_arm: dict[str, dict[str, ArmHit]],
     fused_rank: dict[str, tuple[int, float]],
     rerank_info: dict[str, tuple[float, int]],
-    policy: Any,
-) -> dict[str, Any]:
-    def arm(name: str) -> dict[str, float] | None:
+    policy: PolicyResult,
+) -> Trace:
+    def arm(name: str) -> RankScore | None:
         hit = by_arm.get(name, {}).get(c.chunk_id)
-        return {"rank": hit.rank, "score": round(hit.score, 6)} if hit else None
+        return RankScore(rank=hit.rank, score=round(hit.score, 6)) if hit else None
 
     rank, score = fused_rank[c.chunk_id]
     rerank = rerank_info.get(c.chunk_id)
-    return {
-        "dense": arm("dense"),
-        "lexical": arm("lexical"),
-        "fused": {"rank": rank, "score": round(score, 6)},
-        "rerank": {"score": round(rerank[0], 6), "rank_change": rerank[1]} if rerank else None,
-        "final_rank": final_rank,
-        "policy": policy.per_result.get(c.chunk_id, "not_considered"),
-    }
+    return Trace(
+        dense=arm("dense"),
+        lexical=arm("lexical"),
+        fused=RankScore(rank=rank, score=round(score, 6)),
+        rerank=RerankTrace(score=round(rerank[0], 6), rank_change=rerank[1]) if rerank else None,
+        final_rank=final_rank,
+        policy=policy.per_result.get(c.chunk_id, "not_considered"),
+    )

@@ -1,1 +1,2 @@
-"""Tenants and their API keys (the service side is shared/auth.py)."""
+"""Tenants: their API keys (``service.py``: authentication, scopes, key lifecycle), rate limits
+per key (``ratelimit.py``) and the rows every tenant names (``repository.py``)."""

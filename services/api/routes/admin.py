@@ -5,44 +5,53 @@ tenants (every tenant's reconcile, keys for a new tenant) is the operator's CLI'
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, StrictBool
 
 from services.api.deps import NOT_FOUND, PROTECTED_ROUTE_ERRORS, Admin
 from shared.admin import service as ops
-from shared.auth import SCOPES, create_key, list_keys, revoke_key
+from shared.admin.schemas import (
+    Discarded,
+    ReconcileReportView,
+    ReconcileResult,
+    ReconcileRunView,
+    Replayed,
+    Stats,
+)
 from shared.db import unit_of_work
 from shared.errors import NotFound
+from shared.jobs import service as jobs
+from shared.jobs.schemas import DeadLetterView, JobRow
 from shared.models import JobState
 from shared.reconcile.service import reconcile, reconcile_and_verify
-from shared.search.schemas import NO_NUL
+from shared.tenants.schemas import CreatedKey, KeyRequest, KeyView
+from shared.tenants.service import create_key, list_keys, revoke_key
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], responses=PROTECTED_ROUTE_ERRORS | NOT_FOUND)
 LetterId = Annotated[int, Path(ge=1, le=2**63 - 1)]
-Scope = Annotated[str, Field(pattern="^(" + "|".join(SCOPES) + ")$")]
 
 
-class Strict(BaseModel):
+class ReconcileRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-
-class ReconcileRequest(Strict):
     repair: StrictBool = False
 
 
 @router.post("/reconcile")
-async def reconcile_route(body: ReconcileRequest, principal: Admin) -> dict[str, Any]:
+async def reconcile_route(body: ReconcileRequest, principal: Admin) -> ReconcileResult:
     """Compare this tenant's chunks in Postgres and Elasticsearch; with ``repair``, fix the
     drift and verify."""
     tenant = principal.tenant_id
     if not body.repair:
-        report = await run_in_threadpool(reconcile, tenant, False)
-        return {"mode": "dry-run", **report.as_dict()}
-    found, after = await run_in_threadpool(reconcile_and_verify, tenant)
-    return {"mode": "repair", **found.as_dict(), "after_repair": after.as_dict()}
+        report = await run_in_threadpool(reconcile, unit_of_work, tenant, False)
+        return ReconcileResult(mode="dry-run", **report.as_dict())
+    found, after = await run_in_threadpool(reconcile_and_verify, unit_of_work, tenant)
+    return ReconcileResult(
+        mode="repair", **found.as_dict(), after_repair=ReconcileReportView(**after.as_dict())
+    )
 
 
 @router.get("/jobs")
@@ -51,7 +60,7 @@ def jobs_route(
     state: JobState | None = None,
     stuck: bool = False,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-) -> list[dict[str, Any]]:
+) -> list[JobRow]:
     with unit_of_work() as uow:
         rows = ops.list_jobs(
             uow.session,
@@ -60,13 +69,13 @@ def jobs_route(
             tenant_id=principal.tenant_id,
             limit=limit,
         )
-        return [ops.job_dict(j) for j in rows]
+        return [jobs.job_row(j) for j in rows]
 
 
 @router.get("/reconcile-runs")
 def reconcile_runs_route(
     principal: Admin, limit: Annotated[int, Query(ge=1, le=500)] = 50
-) -> list[dict[str, Any]]:
+) -> list[ReconcileRunView]:
     """Recent reconcile runs of this tenant (dry runs and repairs), newest first."""
     with unit_of_work() as uow:
         return ops.list_reconcile_runs(uow.session, tenant_id=principal.tenant_id, limit=limit)
@@ -75,60 +84,52 @@ def reconcile_runs_route(
 @router.get("/dead-letters")
 def dead_letters_route(
     principal: Admin, limit: Annotated[int, Query(ge=1, le=1000)] = 50
-) -> list[dict[str, Any]]:
+) -> list[DeadLetterView]:
     with unit_of_work() as uow:
         letters = ops.list_dead_letters(uow.session, tenant_id=principal.tenant_id, limit=limit)
-        return [ops.dead_letter_dict(d) for d in letters]
+        return [jobs.dead_letter_view(d) for d in letters]
 
 
 @router.get("/dead-letters/{letter_id}")
-def dead_letter_route(letter_id: LetterId, principal: Admin) -> dict[str, Any]:
+def dead_letter_route(letter_id: LetterId, principal: Admin) -> DeadLetterView:
     with unit_of_work() as uow:
-        letter = ops.get_dead_letter(uow.session, letter_id, principal.tenant_id)
-        return ops.dead_letter_dict(letter)
+        return jobs.dead_letter_view(
+            ops.get_dead_letter(uow.session, letter_id, principal.tenant_id)
+        )
 
 
 @router.post("/dead-letters/{letter_id}/replay")
-def replay_route(letter_id: LetterId, principal: Admin) -> dict[str, str]:
+def replay_route(letter_id: LetterId, principal: Admin) -> Replayed:
     with unit_of_work() as uow:
-        return {"replayed": ops.replay_dead_letter(uow, letter_id, principal.tenant_id)}
+        return Replayed(replayed=ops.replay_dead_letter(uow, letter_id, principal.tenant_id))
 
 
 @router.delete("/dead-letters/{letter_id}")
-def discard_route(letter_id: LetterId, principal: Admin) -> dict[str, bool]:
+def discard_route(letter_id: LetterId, principal: Admin) -> Discarded:
     with unit_of_work() as uow:
         ops.discard_dead_letter(uow.session, letter_id, principal.tenant_id)
-    return {"discarded": True}
+    return Discarded(discarded=True)
 
 
 @router.get("/stats")
-def stats_route(principal: Admin) -> dict[str, Any]:
+def stats_route(principal: Admin) -> Stats:
     """This tenant's counts in both stores, plus the shared queue depths."""
-    return ops.system_stats(principal.tenant_id)
-
-
-class KeyRequest(Strict):
-    scopes: list[Scope] = Field(default=["read"], min_length=1, max_length=len(SCOPES))
-    name: str = Field(default="api", min_length=1, max_length=200, pattern=NO_NUL)
+    with unit_of_work() as uow:
+        return ops.system_stats(uow.session, principal.tenant_id)
 
 
 @router.post("/keys", status_code=201)
-def create_key_route(body: KeyRequest, principal: Admin) -> dict[str, Any]:
+def create_key_route(body: KeyRequest, principal: Admin) -> CreatedKey:
     """A new key for this tenant; the secret is in this response only and never stored."""
     with unit_of_work() as uow:
         key, secret = create_key(
             uow.session, principal.tenant_id, body.name, sorted(set(body.scopes))
         )
-        return {
-            "id": str(key.id),
-            "tenant_id": key.tenant_id,
-            "scopes": key.scopes,
-            "secret": secret,
-        }
+        return CreatedKey(id=key.id, tenant_id=key.tenant_id, scopes=key.scopes, secret=secret)
 
 
 @router.get("/keys")
-def list_keys_route(principal: Admin) -> list[dict[str, Any]]:
+def list_keys_route(principal: Admin) -> list[KeyView]:
     with unit_of_work() as uow:
         return list_keys(uow.session, principal.tenant_id)
 

@@ -8,7 +8,7 @@ from elasticsearch import ApiError, TransportError
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from services.api.deps import (
@@ -20,31 +20,36 @@ from services.api.deps import (
     Writer,
 )
 from shared.db import unit_of_work
+from shared.documents import repository as repo
+from shared.documents.intake import check_upload, refuse_unstorable
+from shared.documents.schemas import (
+    MAX_EXTERNAL_ID_CHARS,
+    MAX_TITLE_CHARS,
+    ChunkList,
+    ChunkView,
+    DocumentDeleted,
+    DocumentList,
+    DocumentSummary,
+    DocumentView,
+    IndexState,
+    TextDocument,
+    Upload,
+    UploadAccepted,
+    UploadResult,
+    VersionView,
+)
+from shared.documents.service import accept_upload, delete_document, get_document
 from shared.errors import (
     BadRequest,
     PayloadTooLarge,
     UnsupportedMediaType,
     describe_validation_errors,
 )
-from shared.ingest import repository as repo
-from shared.ingest.intake import check_upload
 from shared.ingest.parsing import resolve_content_type
-from shared.ingest.service import (
-    MAX_EXTERNAL_ID_CHARS,
-    MAX_METADATA_KEYS,
-    MAX_METADATA_LIST,
-    MAX_TITLE_CHARS,
-    Upload,
-    UploadResult,
-    accept_upload,
-    delete_document,
-    get_document,
-    refuse_unstorable,
-)
-from shared.search import repository as search_repo
-from shared.search.schemas import METADATA_KEY, NO_NUL
+from shared.search.schemas import NO_NUL
 from shared.settings import Settings
 from shared.stores.chunk_index import ElasticsearchChunkIndex
+from shared.stores.vector_store import PgVectorStore
 
 router = APIRouter(
     prefix="/v1/documents",
@@ -53,39 +58,6 @@ router = APIRouter(
 )
 
 MULTIPART_OVERHEAD = 64 * 1024
-METADATA_SCALARS: list[Any] = [
-    {"type": "string"},
-    {"type": "number"},
-    {"type": "boolean"},
-    {"type": "null"},
-]
-
-
-class TextDocument(BaseModel):
-    """The JSON form of an upload; files go as multipart/form-data instead."""
-
-    external_id: str = Field(min_length=1, max_length=MAX_EXTERNAL_ID_CHARS, pattern=NO_NUL)
-    text: str = Field(min_length=1)
-    title: str = Field(default="", max_length=MAX_TITLE_CHARS, pattern=NO_NUL)
-    content_type: str = "text/plain"
-    # Checked by check_metadata (for every way in); the schema states the same bounds.
-    metadata: dict[str, Any] = Field(
-        default_factory=dict,
-        json_schema_extra={
-            "maxProperties": MAX_METADATA_KEYS,
-            "propertyNames": {"pattern": METADATA_KEY.pattern},
-            "additionalProperties": {
-                "anyOf": [
-                    *METADATA_SCALARS,
-                    {
-                        "type": "array",
-                        "items": {"anyOf": list(METADATA_SCALARS)},
-                        "maxItems": MAX_METADATA_LIST,
-                    },
-                ]
-            },
-        },
-    )
 
 
 async def _read_body_limited(request: Request, limit: int) -> bytes:
@@ -196,8 +168,14 @@ UPLOAD_REQUEST_BODY = {
 @router.post(
     "",
     status_code=202,
+    response_model=UploadAccepted,
     openapi_extra=UPLOAD_REQUEST_BODY,
-    responses={200: {"description": "Unchanged content: nothing to index (a no-op)"}},
+    responses={
+        200: {
+            "description": "Unchanged content: nothing to index (a no-op)",
+            "model": UploadAccepted,
+        }
+    },
 )
 async def upload_document(
     request: Request, principal: Writer, settings: SettingsDep
@@ -206,13 +184,15 @@ async def upload_document(
     # The transaction (lock waits included) and the publish after it block: in a worker
     # thread, so that one slow upload does not stall every other request of this process.
     result = await run_in_threadpool(_accept, settings, upload)
-    body = {
-        "document_id": str(result.document_id),
-        "version": result.version,
-        "job_id": str(result.job_id) if result.job_id else None,
-        "status": result.status,
-    }
-    return JSONResponse(body, status_code=202 if result.status == "accepted" else 200)
+    body = UploadAccepted(
+        document_id=result.document_id,
+        version=result.version,
+        job_id=result.job_id,
+        status=result.status,
+    )
+    return JSONResponse(
+        body.model_dump(mode="json"), status_code=202 if result.status == "accepted" else 200
+    )
 
 
 def _accept(settings: Settings, upload: Upload) -> UploadResult:
@@ -225,18 +205,17 @@ def list_documents(
     principal: Reader,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     after: Annotated[str | None, Query(max_length=512, pattern=NO_NUL)] = None,
-) -> dict[str, Any]:
+) -> DocumentList:
     """The caller's live documents by external id; pass the last one as ``after`` for more."""
     with unit_of_work() as uow:
         docs = repo.list_documents(uow.session, principal.tenant_id, limit, after)
         items = [
-            {"id": str(d.id), "external_id": d.external_id, "title": d.title, "version": d.version}
+            DocumentSummary(id=d.id, external_id=d.external_id, title=d.title, version=d.version)
             for d in docs
         ]
-    return {
-        "documents": items,
-        "next_after": items[-1]["external_id"] if len(items) == limit else None,
-    }
+    return DocumentList(
+        documents=items, next_after=items[-1].external_id if len(items) == limit else None
+    )
 
 
 @router.get("/{document_id}")
@@ -247,44 +226,43 @@ def read_document(
     include_deleted: bool = Query(
         False, description="Show a deleted document's tombstone and store state instead of 404"
     ),
-) -> dict[str, Any]:
+) -> DocumentView:
     with unit_of_work() as uow:
         doc = get_document(uow.session, principal.tenant_id, document_id, include_deleted)
         versions = repo.list_versions(uow.session, doc.id)
-        chunk_count = repo.count_chunks(uow.session, doc.id)
-    return {
-        "id": str(doc.id),
-        "external_id": doc.external_id,
-        "title": doc.title,
-        "metadata": doc.metadata_,
-        "version": doc.version,
-        "deleted": doc.deleted,
-        "chunk_count": chunk_count,
-        "versions": [
-            {"version": v.version, "tombstone": v.tombstone, "created_at": v.created_at.isoformat()}
+        chunk_count = PgVectorStore(uow.session, settings).count_of_document(doc.id)
+    return DocumentView(
+        id=doc.id,
+        external_id=doc.external_id,
+        title=doc.title,
+        metadata=doc.metadata_,
+        version=doc.version,
+        deleted=doc.deleted,
+        chunk_count=chunk_count,
+        versions=[
+            VersionView(version=v.version, tombstone=v.tombstone, created_at=v.created_at)
             for v in versions
         ],
-        "elasticsearch": _es_state(settings, doc.id, doc.version, chunk_count),
-    }
+        elasticsearch=_index_state(settings, doc.id, doc.version, chunk_count),
+    )
 
 
-def _es_state(
+def _index_state(
     settings: Settings, document_id: uuid.UUID, version: int, chunk_count: int
-) -> dict[str, Any]:
+) -> IndexState:
     """Whether Elasticsearch holds exactly the live version's chunks."""
     try:
         index = ElasticsearchChunkIndex(settings=settings)
-        of_document = {"term": {"document_id": str(document_id)}}
-        total = index.count(of_document)
-        current = index.count({"bool": {"filter": [of_document, {"term": {"version": version}}]}})
+        total = index.count_of_document(str(document_id))
+        current = index.count_of_document(str(document_id), version)
     except (ApiError, TransportError) as e:  # the document view still answers when ES is down
-        return {"reachable": False, "error": type(e).__name__}
-    return {
-        "reachable": True,
-        "chunks": total,
-        "live_version_chunks": current,
-        "in_sync": total == current == chunk_count,
-    }
+        return IndexState(reachable=False, error=type(e).__name__)
+    return IndexState(
+        reachable=True,
+        chunks=total,
+        live_version_chunks=current,
+        in_sync=total == current == chunk_count,
+    )
 
 
 @router.get("/{document_id}/chunks")
@@ -292,31 +270,31 @@ def browse_chunks(
     document_id: uuid.UUID,
     principal: Reader,
     section: Annotated[str | None, Query(max_length=2000, pattern=NO_NUL)] = None,
-) -> dict[str, Any]:
+) -> ChunkList:
     """Every chunk of the live version, in order (optionally one section): an exact lookup."""
     with unit_of_work() as uow:
         doc = get_document(uow.session, principal.tenant_id, document_id)
-        chunks = search_repo.document_chunks(uow.session, principal.tenant_id, doc.id, section)
-        return {
-            "document_id": str(doc.id),
-            "version": doc.version,
-            "section": section,
-            "chunks": [
-                {
-                    "chunk_id": c.id,
-                    "ordinal": c.ordinal,
-                    "section": c.section,
-                    "text": c.text,
-                    "char_start": c.char_start,
-                    "char_end": c.char_end,
-                }
+        chunks = PgVectorStore(uow.session).document_chunks(principal.tenant_id, doc.id, section)
+        return ChunkList(
+            document_id=doc.id,
+            version=doc.version,
+            section=section,
+            chunks=[
+                ChunkView(
+                    chunk_id=c.id,
+                    ordinal=c.ordinal,
+                    section=c.section,
+                    text=c.text,
+                    char_start=c.char_start,
+                    char_end=c.char_end,
+                )
                 for c in chunks
             ],
-        }
+        )
 
 
 @router.delete("/{document_id}")
-def remove_document(document_id: uuid.UUID, principal: Writer) -> dict[str, Any]:
+def remove_document(document_id: uuid.UUID, principal: Writer) -> DocumentDeleted:
     with unit_of_work() as uow:
         version = delete_document(uow, principal.tenant_id, document_id)
-    return {"document_id": str(document_id), "version": version, "deleted": True}
+    return DocumentDeleted(document_id=document_id, version=version, deleted=True)

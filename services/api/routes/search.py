@@ -1,75 +1,63 @@
 from __future__ import annotations
 
-import json
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Path
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import Response
 
 from services.api.deps import NOT_FOUND, PROTECTED_ROUTE_ERRORS, Admin, Reader
 from shared.db import unit_of_work
-from shared.search import profiles, rerankers
-from shared.search.schemas import NO_NUL, PROFILE_NAME, ProfileSettings, SearchRequest
+from shared.profiles import service as profiles
+from shared.profiles.schemas import ProfileBody, ProfileView
+from shared.rerankers import service as rerankers
+from shared.rerankers.schemas import RerankerView
+from shared.search.schemas import PROFILE_NAME, SearchRequest, SearchResponse
 from shared.search.service import search
 
 router = APIRouter(prefix="/v1", tags=["search"], responses=PROTECTED_ROUTE_ERRORS | NOT_FOUND)
 ProfileName = Annotated[str, Path(pattern=PROFILE_NAME)]
 
 
-class SearchResponse(JSONResponse):
-    """The search body is plain JSON data already: encoded directly, not walked again by
-    FastAPI's encoder (3.7 ms of a 100-result response with traces, json.dumps 0.7 ms)."""
-
-    def render(self, content: Any) -> bytes:
-        return json.dumps(
-            content, ensure_ascii=False, allow_nan=False, separators=(",", ":")
-        ).encode()
-
-
-@router.post("/search", response_model=dict[str, Any])
-async def search_route(body: SearchRequest, principal: Reader) -> SearchResponse:
+@router.post("/search", response_model=SearchResponse)
+async def search_route(body: SearchRequest, principal: Reader) -> Response:
     """Hybrid search with fusion, optional rerank, MMR, and the evidence policy's decision.
     The tenant always comes from the API key, never from the request body."""
-    return SearchResponse(await run_in_threadpool(search, principal.tenant_id, body))
-
-
-class ProfileBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    settings: ProfileSettings
-    description: str = Field(default="", max_length=2000, pattern=NO_NUL)
+    response = await run_in_threadpool(search, unit_of_work, principal.tenant_id, body)
+    # The response is a model already: encoded once by pydantic, not validated and walked
+    # again by FastAPI (a 100-result response with traces spent 3.7 ms in its encoder).
+    # Unset fields (``trace`` and ``timings_ms`` without explain) are left out.
+    return Response(response.model_dump_json(exclude_unset=True), media_type="application/json")
 
 
 @router.get("/rerankers")
-def list_rerankers_route(principal: Reader) -> list[dict[str, Any]]:
+def list_rerankers_route(principal: Reader) -> list[RerankerView]:
     """Rerankers trained on this tenant's judgements (concord reranker train), with their
     model cards; select one with "rerank": {"enabled": true, "model": NAME}."""
     with unit_of_work() as uow:
         return [
-            rerankers.reranker_dict(r)
+            rerankers.reranker_view(r)
             for r in rerankers.list_for_tenant(uow.session, principal.tenant_id)
         ]
 
 
 @router.get("/profiles")
-def list_profiles_route(principal: Reader) -> list[dict[str, Any]]:
+def list_profiles_route(principal: Reader) -> list[ProfileView]:
     with unit_of_work() as uow:
         return [
-            profiles.profile_dict(p)
+            profiles.profile_view(p)
             for p in profiles.list_profiles(uow.session, principal.tenant_id)
         ]
 
 
 @router.get("/profiles/{name}")
-def get_profile_route(name: ProfileName, principal: Reader) -> dict[str, Any]:
+def get_profile_route(name: ProfileName, principal: Reader) -> ProfileView:
     with unit_of_work() as uow:
-        return profiles.profile_dict(profiles.get_profile(uow.session, principal.tenant_id, name))
+        return profiles.profile_view(profiles.get_profile(uow.session, principal.tenant_id, name))
 
 
 @router.put("/profiles/{name}")
-def put_profile_route(name: ProfileName, body: ProfileBody, principal: Admin) -> dict[str, Any]:
+def put_profile_route(name: ProfileName, body: ProfileBody, principal: Admin) -> ProfileView:
     with unit_of_work() as uow:
         profile = profiles.save_profile(
             uow.session,
@@ -78,7 +66,7 @@ def put_profile_route(name: ProfileName, body: ProfileBody, principal: Admin) ->
             body.settings.model_dump(mode="json", by_alias=True, exclude_unset=True),
             body.description,
         )
-        return profiles.profile_dict(profile)
+        return profiles.profile_view(profile)
 
 
 @router.delete("/profiles/{name}", status_code=204)

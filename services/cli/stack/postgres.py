@@ -20,6 +20,7 @@ from services.cli.stack.common import (
     _refuse_taken_port,
     _wait_until,
 )
+from shared.db.repository import ensure_database
 from shared.settings import Settings
 
 # ---------------------------------------------------------------- Postgres
@@ -126,11 +127,7 @@ class PostgresService:
     def _ensure_database(self) -> bool:
         try:
             with self._connect("postgres") as conn:
-                exists = conn.execute(
-                    "SELECT 1 FROM pg_database WHERE datname = %s", (self.s.pg_database,)
-                ).fetchone()
-                if not exists:
-                    conn.execute(f'CREATE DATABASE "{self.s.pg_database}"')
+                ensure_database(conn, self.s.pg_database)
                 return True
         except psycopg.Error:
             return False

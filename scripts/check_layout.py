@@ -1,0 +1,167 @@
+"""The layout's rules, checked: run ``python scripts/check_layout.py`` (the test suite does).
+
+1. Every SQL statement is in a ``repository.py`` (or a migration): no other module imports a
+   statement constructor (select, insert, update, delete, text) from SQLAlchemy or runs
+   ``execute``/``scalar``/``scalars`` or a session's ``add``/``get``/``delete``.
+2. No import cycle between the project's modules (imports inside functions count too).
+3. ``workers/`` imports nothing from ``services/``.
+4. Only boundaries open a unit of work: ``unit_of_work`` is imported by the API and CLI
+   (``services/``), the tasks (``workers/``) and the offline applications (``evaluation/``,
+   ``training/``), never by ``shared/`` (``shared/db`` defines it).
+5. Every API route declares a response model (or answers 204 with no body).
+
+Prints each violation and exits 1 if there is any.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("shared", "services", "workers", "evaluation", "training")
+STATEMENTS = {"select", "insert", "update", "delete", "text"}
+RUNS_SQL = {"execute", "scalar", "scalars"}
+SESSION_SQL = {"add", "get", "delete", "merge"}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
+    return found
+
+
+def _is_session(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Name) and node.id == "session") or (
+        isinstance(node, ast.Attribute) and node.attr == "session"
+    )
+
+
+def sql_outside_repositories(path: Path, tree: ast.AST) -> list[str]:
+    if path.name == "repository.py":
+        return []
+    problems = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sqlalchemy"):
+            for alias in node.names:
+                if alias.name in STATEMENTS:
+                    problems.append(f"{path}:{node.lineno}: imports {alias.name} from SQLAlchemy")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            attr = node.func.attr
+            if attr in RUNS_SQL or (attr in SESSION_SQL and _is_session(node.func.value)):
+                problems.append(f"{path}:{node.lineno}: runs SQL ({attr})")
+    return problems
+
+
+def imports_of(name: str, tree: ast.AST, known: dict[str, Path]) -> set[str]:
+    found = set()
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        found |= {t for t in targets if t in known and t != name}
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(10_000)
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def routes_without_models(path: Path, tree: ast.AST) -> list[str]:
+    problems = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for decorator in node.decorator_list:
+            if not (
+                isinstance(decorator, ast.Call)
+                and isinstance(decorator.func, ast.Attribute)
+                and decorator.func.attr in {"get", "post", "put", "patch", "delete"}
+            ):
+                continue
+            keywords = {k.arg: k.value for k in decorator.keywords}
+            no_body = isinstance(keywords.get("status_code"), ast.Constant) and (
+                keywords["status_code"].value == 204  # type: ignore[attr-defined]
+            )
+            hidden = isinstance(keywords.get("include_in_schema"), ast.Constant)
+            returns = ast.unparse(node.returns) if node.returns else ""
+            declared = "response_model" in keywords or (
+                returns and returns not in {"None", "Response", "JSONResponse", "dict[str, Any]"}
+            )
+            if not (declared or no_body or hidden):
+                problems.append(f"{path}:{node.lineno}: route {node.name} has no response model")
+    return problems
+
+
+def _opens_uow(tree: ast.AST) -> bool:
+    return any(
+        isinstance(n, ast.ImportFrom)
+        and n.module == "shared.db"
+        and any(a.name == "unit_of_work" for a in n.names)
+        for n in ast.walk(tree)
+    )
+
+
+def main() -> int:
+    known = modules()
+    trees = {name: ast.parse(path.read_text(), str(path)) for name, path in known.items()}
+    problems: list[str] = []
+    graph = {name: imports_of(name, tree, known) for name, tree in trees.items()}
+    for name, tree in trees.items():
+        path = known[name].relative_to(ROOT)
+        problems += sql_outside_repositories(path, tree)
+        if name.startswith("workers"):
+            problems += [f"{path}: imports {t}" for t in graph[name] if t.startswith("services")]
+        if name.startswith("shared.") and not name.startswith("shared.db") and _opens_uow(tree):
+            problems.append(f"{path}: opens a unit of work (only boundaries may)")
+        if name.startswith("services.api.routes"):
+            problems += routes_without_models(path, tree)
+    problems += [f"import cycle: {' -> '.join(c)}" for c in cycles(graph)]
+    for problem in problems:
+        print(problem)
+    print(f"{len(known)} modules checked, {len(problems)} problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Engine and unit of work. Only the boundary (a route, a task, a CLI command) opens a unit of
+work, and only it commits: a service receives the boundary's ``UnitOfWork``, or, when its work
+spans several transactions (the ingest steps, reconcile ranges, search arms on threads), the
+boundary's ``Transactions`` factory and opens each transaction with it. The database clock and
+the few statements that belong to no domain are in ``shared/db/repository.py``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from functools import lru_cache
+from typing import Any
+
+from sqlalchemy import ColumnElement, Engine, any_, bindparam, create_engine
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.orm import QueryableAttribute, Session, sessionmaker
+
+from shared.settings import get_settings
+
+
+@lru_cache
+def get_engine() -> Engine:
+    """Created on first use in each process, never at import (Celery prefork safe)."""
+    settings = get_settings()
+    return create_engine(
+        settings.postgres_dsn(),
+        pool_pre_ping=True,
+        pool_size=5,
+        max_overflow=10,
+        connect_args={"connect_timeout": 5},
+    )
+
+
+@lru_cache
+def _session_factory() -> sessionmaker[Session]:
+    return sessionmaker(bind=get_engine(), expire_on_commit=False)
+
+
+class UnitOfWork:
+    """A session plus work to run only once its transaction has committed (enqueueing tasks:
+    a worker must never see pre-commit state) and dropped on rollback."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._after_commit: list[Callable[[], object]] = []
+
+    def after_commit(self, action: Callable[[], object]) -> None:
+        self._after_commit.append(action)
+
+    def run_after_commit(self) -> None:
+        actions, self._after_commit = self._after_commit, []
+        for action in actions:
+            action()
+
+
+@contextmanager
+def unit_of_work() -> Iterator[UnitOfWork]:
+    """One transaction: committed when the block ends, rolled back if it raises; the actions
+    registered with ``after_commit`` run after the commit."""
+    session = _session_factory()()
+    uow = UnitOfWork(session)
+    try:
+        yield uow
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+    uow.run_after_commit()
+
+
+# What a boundary hands a service whose work spans several transactions: ``unit_of_work``.
+Transactions = Callable[[], AbstractContextManager[UnitOfWork]]
+
+
+def dispose_engine_after_fork() -> None:
+    """Drop pooled connections inherited across fork (they belong to the parent)."""
+    if get_engine.cache_info().currsize:
+        get_engine().dispose(close=False)
+
+
+def any_of(column: QueryableAttribute[Any], values: Iterable[Any]) -> ColumnElement[bool]:
+    """``column = ANY(:values)``: one array parameter however many values. (An ``IN`` list
+    binds a parameter per value, and Postgres refuses a statement with more than 65,535.)"""
+    return column == any_(bindparam(None, list(values), type_=ARRAY(column.type)))

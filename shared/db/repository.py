@@ -1,0 +1,67 @@
+"""The statements that belong to no domain: the database clock, advisory locks, generic row
+inserts and counts, the schema revision, and creating a database before any schema exists."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, cast
+
+import psycopg
+from psycopg import sql
+from sqlalchemy import Table, func, select, text
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from shared.models import Base
+
+
+def now(session: Session) -> datetime:
+    """The database clock, so leases compare against one clock whatever the host."""
+    return session.execute(select(func.now())).scalar_one()
+
+
+def schema_revision(session: Session) -> str | None:
+    """The Alembic revision the database is at (None before the first migration)."""
+    revision = session.scalar(text("SELECT version_num FROM alembic_version"))
+    return None if revision is None else str(revision)
+
+
+def lock_key(session: Session, key: str) -> None:
+    """Serialize writers of one document (or one external id) until the transaction ends."""
+    lock_keys(session, [key])
+
+
+def lock_keys(session: Session, keys: Sequence[str]) -> None:
+    """:func:`lock_key` for many keys in one round trip, always in the same (sorted) order, so
+    that two writers of overlapping sets cannot deadlock."""
+    session.execute(
+        text(
+            "SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) "
+            "FROM unnest(CAST(:keys AS text[])) WITH ORDINALITY AS t(k, n) ORDER BY n"
+        ),
+        {"keys": sorted(set(keys))},
+    )
+
+
+def insert_rows(session: Session, model: type[Base], rows: Sequence[dict[str, Any]]) -> None:
+    """Rows of ``model``'s table (column values by name) in one executemany: one cached
+    statement whatever the count, which SQLAlchemy sends as multi-row VALUES batches."""
+    if rows:
+        session.connection().execute(insert(cast(Table, model.__table__)), rows)
+
+
+def count_rows(session: Session, model: Any, tenant_id: str | None = None, *conditions: Any) -> int:
+    """Rows of ``model`` matching ``conditions``, within one tenant unless ``tenant_id`` is
+    None (the operator's view of every tenant)."""
+    if tenant_id is not None:
+        conditions = (*conditions, model.tenant_id == tenant_id)
+    return session.scalar(select(func.count()).select_from(model).where(*conditions)) or 0
+
+
+def ensure_database(connection: psycopg.Connection[Any], name: str) -> None:
+    """Create the database ``name`` unless it exists, over an autocommit connection to another
+    database (CREATE DATABASE cannot run in a transaction, nor before the schema exists)."""
+    exists = connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+    if not exists:
+        connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))

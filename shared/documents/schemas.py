@@ -1,0 +1,150 @@
+"""The shapes of the documents domain: the limits every way in states and checks, an upload as
+intake sees it, and the API's request and response bodies."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from shared.schemas import Timestamp
+from shared.search.schemas import METADATA_KEY, NO_NUL
+
+# What the API's OpenAPI schema and docs/upload-event.schema.json publish, for every way in.
+MAX_EXTERNAL_ID_CHARS = 512
+MAX_TITLE_CHARS = 1000
+# Metadata is copied into every chunk, in both stores: bounded per document.
+MAX_METADATA_KEYS = 64
+MAX_METADATA_BYTES = 16 * 1024  # as compact JSON
+MAX_METADATA_LIST = 100  # values in one list
+MAX_EXACT_INT = 2**53  # what a double (Elasticsearch's number) holds exactly
+
+
+@dataclass(frozen=True)
+class Upload:
+    tenant_id: str
+    external_id: str
+    raw: bytes
+    content_type: str
+    title: str = ""
+    filename: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    document_id: uuid.UUID
+    version: int
+    job_id: uuid.UUID | None
+    status: Literal["accepted", "unchanged"]
+
+
+# ------------------------------------------------------------------ the API's bodies
+
+METADATA_SCALARS: list[Any] = [
+    {"type": "string"},
+    {"type": "number"},
+    {"type": "boolean"},
+    {"type": "null"},
+]
+
+
+class TextDocument(BaseModel):
+    """The JSON form of an upload; files go as multipart/form-data instead."""
+
+    external_id: str = Field(min_length=1, max_length=MAX_EXTERNAL_ID_CHARS, pattern=NO_NUL)
+    text: str = Field(min_length=1)
+    title: str = Field(default="", max_length=MAX_TITLE_CHARS, pattern=NO_NUL)
+    content_type: str = "text/plain"
+    # Checked by check_metadata (for every way in); the schema states the same bounds.
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        json_schema_extra={
+            "maxProperties": MAX_METADATA_KEYS,
+            "propertyNames": {"pattern": METADATA_KEY.pattern},
+            "additionalProperties": {
+                "anyOf": [
+                    *METADATA_SCALARS,
+                    {
+                        "type": "array",
+                        "items": {"anyOf": list(METADATA_SCALARS)},
+                        "maxItems": MAX_METADATA_LIST,
+                    },
+                ]
+            },
+        },
+    )
+
+
+class UploadAccepted(BaseModel):
+    """202 with the job that indexes the new version; 200 ``unchanged`` with the version's
+    newest job when the same content was uploaded again."""
+
+    document_id: uuid.UUID
+    version: int
+    job_id: uuid.UUID | None
+    status: Literal["accepted", "unchanged"]
+
+
+class DocumentSummary(BaseModel):
+    id: uuid.UUID
+    external_id: str
+    title: str
+    version: int
+
+
+class DocumentList(BaseModel):
+    documents: list[DocumentSummary]
+    next_after: str | None = Field(description="pass as ``after`` for the next page")
+
+
+class VersionView(BaseModel):
+    version: int
+    tombstone: bool
+    created_at: Timestamp
+
+
+class IndexState(BaseModel):
+    """Whether Elasticsearch holds exactly the live version's chunks."""
+
+    reachable: bool
+    error: str | None = None
+    chunks: int | None = None
+    live_version_chunks: int | None = None
+    in_sync: bool | None = None
+
+
+class DocumentView(BaseModel):
+    id: uuid.UUID
+    external_id: str
+    title: str
+    metadata: dict[str, Any]
+    version: int
+    deleted: bool
+    chunk_count: int
+    versions: list[VersionView]
+    elasticsearch: IndexState
+
+
+class ChunkView(BaseModel):
+    chunk_id: str
+    ordinal: int
+    section: str
+    text: str
+    char_start: int
+    char_end: int
+
+
+class ChunkList(BaseModel):
+    document_id: uuid.UUID
+    version: int
+    section: str | None
+    chunks: list[ChunkView]
+
+
+class DocumentDeleted(BaseModel):
+    document_id: uuid.UUID
+    version: int = Field(description="the tombstone's version")
+    deleted: bool

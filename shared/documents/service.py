@@ -1,0 +1,232 @@
+"""Accept uploads (and deletes) into Postgres. Nothing here commits or enqueues directly: the
+caller's unit of work commits, and only then are tasks published."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import uuid
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from shared.db import UnitOfWork
+from shared.db.repository import insert_rows, lock_key, lock_keys, now
+from shared.documents import repository as repo
+from shared.documents.schemas import Upload, UploadResult
+from shared.errors import ConcordError, NotFound
+from shared.jobs import repository as jobs_repo
+from shared.logs import current_request_id
+from shared.models import Document, DocumentVersion, IngestJob, JobState, OutboxOp
+from shared.outbox import repository as outbox_repo
+from shared.queue import publish_ingest_job, publish_relay
+from shared.settings import Settings
+from shared.stores.vector_store import PgVectorStore
+from shared.tenants import repository as tenants_repo
+
+
+def content_hash(upload: Upload) -> str:
+    """What makes two uploads the same: bytes, type, title and metadata."""
+    digest = hashlib.sha256(upload.raw)
+    digest.update(b"\0" + upload.content_type.encode())
+    digest.update(b"\0" + upload.title.encode())
+    digest.update(b"\0" + json.dumps(upload.metadata or {}, sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def accept_upload(
+    uow: UnitOfWork, settings: Settings, upload: Upload, publish: bool = True
+) -> UploadResult:
+    """Commit the document, its raw content and a job; the job is published after commit
+    (unless ``publish`` is False: the caller publishes the jobs it accepted together).
+
+    Re-uploading unchanged content is a no-op that reports ``unchanged``; changed content
+    becomes the next version."""
+    result = accept_uploads(uow, settings, [upload])[0]
+    if publish and result.status == "accepted" and result.job_id is not None:
+        job_id = result.job_id
+        uow.after_commit(lambda: publish_ingest_job(job_id))
+    return result
+
+
+def accept_uploads(
+    uow: UnitOfWork, settings: Settings, uploads: list[Upload]
+) -> list[UploadResult]:
+    """:func:`accept_upload` for many uploads in one transaction, set-wise (one statement
+    each for the tenants, the locks, the documents, the versions and the jobs), in the order
+    given: two uploads of one external id become two versions, or one if the second is
+    unchanged. Publishing the jobs is left to the caller."""
+    session = uow.session
+    request_id = current_request_id()
+    tenants_repo.ensure_tenants(session, [u.tenant_id for u in uploads])
+    # Held until commit. lock_keys takes them in sorted order, so two such batches cannot
+    # deadlock.
+    lock_keys(session, [f"external:{u.tenant_id}:{u.external_id}" for u in uploads])
+    # Locked as well: a delete of one of these documents (which locks its row, not the key)
+    # either commits before this read, and the upload follows its tombstone, or waits for us.
+    docs = repo.documents_by_external_ids(
+        session, [(u.tenant_id, u.external_id) for u in uploads], for_update=True
+    )
+    current_time = now(session)
+    republish_after = timedelta(seconds=settings.queued_republish_seconds)
+    newest_jobs = jobs_repo.latest_jobs_for(session, [(d.id, d.version) for d in docs.values()])
+    results: list[UploadResult] = []
+    versions: list[dict[str, Any]] = []
+    jobs: list[dict[str, Any]] = []
+
+    def new_job(doc: Document) -> uuid.UUID:
+        job_id = uuid.uuid4()
+        jobs.append(
+            {
+                "id": job_id,
+                "tenant_id": doc.tenant_id,
+                "document_id": doc.id,
+                "version": doc.version,
+                "state": JobState.QUEUED.value,
+                "attempts": 0,
+                # If the message never reaches a worker, the sweep publishes it again
+                # after this (the database clock: this transaction's now()).
+                "lease_expires_at": current_time + republish_after,
+                "stage_timings": {},
+                "detail": {"request_id": request_id} if request_id else {},
+            }
+        )
+        newest_jobs[(doc.id, doc.version)] = (job_id, JobState.QUEUED.value)
+        return job_id
+
+    for upload in uploads:
+        digest = content_hash(upload)
+        doc = docs.get((upload.tenant_id, upload.external_id))
+        if doc is not None and not doc.deleted and doc.content_hash == digest:
+            newest = newest_jobs.get((doc.id, doc.version))
+            if newest is None or newest[1] not in (JobState.FAILED, JobState.DEAD_LETTERED):
+                # Its job is filled in below: from this batch, or the version's newest one.
+                results.append(UploadResult(doc.id, doc.version, None, "unchanged"))
+                continue
+            # The same content again after its job failed: a retry of that version.
+            results.append(UploadResult(doc.id, doc.version, new_job(doc), "accepted"))
+            continue
+        if doc is None:
+            doc = Document(
+                id=uuid.uuid4(),
+                tenant_id=upload.tenant_id,
+                external_id=upload.external_id,
+                title=upload.title,
+                metadata_=upload.metadata or {},
+                version=1,
+                content_hash=digest,
+                deleted=False,
+            )
+            repo.add_document(session, doc)
+            docs[(upload.tenant_id, upload.external_id)] = doc
+        else:
+            doc.version += 1
+            doc.title = upload.title
+            doc.metadata_ = upload.metadata or {}
+            doc.content_hash = digest
+            doc.deleted = False
+            doc.updated_at = current_time
+        versions.append(
+            {
+                "document_id": doc.id,
+                "version": doc.version,
+                "tenant_id": upload.tenant_id,
+                "content_hash": digest,
+                "content_type": upload.content_type,
+                "filename": upload.filename,
+                "raw": upload.raw,
+                "tombstone": False,
+            }
+        )
+        results.append(UploadResult(doc.id, doc.version, new_job(doc), "accepted"))
+    session.flush()  # the documents, before the rows that reference them
+    insert_rows(session, DocumentVersion, versions)
+    insert_rows(session, IngestJob, jobs)
+    # Unchanged uploads answer with their version's newest job.
+    return [
+        replace(r, job_id=newest_jobs.get((r.document_id, r.version), (None, ""))[0])
+        if r.status == "unchanged"
+        else r
+        for r in results
+    ]
+
+
+def add_event_dead_letter(session: Session, event: dict[str, Any], error: Exception) -> None:
+    """Record an upload event that can never be accepted as a dead letter (without its
+    content, which may be large), so the producer's mistake is visible."""
+    message = error.message if isinstance(error, ConcordError) else str(error)
+    jobs_repo.add_dead_letter(
+        session,
+        tenant_id=_storable(str(event.get("tenant_id") or "?"))[:64],
+        source="event",
+        ref=_storable(str(event.get("external_id") or "?")),
+        stage="intake",
+        error_class=type(error).__name__,
+        message=_storable(message),
+        attempts=1,
+        payload=_storable({k: v for k, v in event.items() if k != "content_base64"}),
+    )
+
+
+def _storable(value: Any) -> Any:
+    """An event refused for holding what Postgres cannot store (see refuse_unstorable) must
+    still be recorded: NUL characters are dropped, lone surrogates replaced, and NaN and
+    infinities written as text."""
+    if isinstance(value, str):
+        return value.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {_storable(str(k)): _storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_storable(v) for v in value]
+    return value
+
+
+def delete_document(uow: UnitOfWork, tenant_id: str, document_id: uuid.UUID) -> int:
+    """Record a tombstone as a new version, remove the chunks from Postgres and queue their
+    deletion from Elasticsearch in the same transaction. Returns the tombstone version."""
+    session = uow.session
+    doc = repo.document_for_tenant(session, tenant_id, document_id, for_update=True)
+    if doc is None or doc.deleted:
+        raise NotFound(f"document {document_id} not found")
+    lock_key(session, f"document:{doc.id}")
+    doc.version += 1
+    doc.deleted = True
+    doc.updated_at = now(session)
+    repo.add_version(
+        session,
+        DocumentVersion(
+            document_id=doc.id,
+            version=doc.version,
+            tenant_id=tenant_id,
+            content_hash=doc.content_hash,
+            content_type="tombstone",
+            raw=None,
+            tombstone=True,
+        ),
+    )
+    removed = PgVectorStore(session).delete_superseded({doc.id: doc.version}).get(doc.id, [])
+    outbox_repo.add_outbox(
+        session,
+        tenant_id=tenant_id,
+        document_id=doc.id,
+        op=OutboxOp.DELETE,
+        version=doc.version,
+        chunk_ids=removed,
+    )
+    uow.after_commit(publish_relay)
+    return doc.version
+
+
+def get_document(
+    session: Session, tenant_id: str, document_id: uuid.UUID, include_deleted: bool = False
+) -> Document:
+    """A deleted document is gone for callers (404), unless they ask for its tombstone."""
+    doc = repo.document_for_tenant(session, tenant_id, document_id)
+    if doc is None or (doc.deleted and not include_deleted):
+        raise NotFound(f"document {document_id} not found")
+    return doc

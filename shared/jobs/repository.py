@@ -1,0 +1,294 @@
+"""All SQL of jobs and dead letters: claims, leases, the sweep's queries, the operator's views.
+Functions take a session and never commit."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Integer, cast, delete, func, select, text, tuple_, update
+from sqlalchemy.dialects.postgresql import distinct_on
+from sqlalchemy.orm import Session
+
+from shared.db import any_of
+from shared.db.repository import count_rows
+from shared.models import DeadLetter, Document, DocumentVersion, IngestJob, JobState, TrainingJob
+
+# ------------------------------------------------------------------ one job
+
+
+def job_for_tenant(session: Session, tenant_id: str, job_id: uuid.UUID) -> IngestJob | None:
+    return session.scalar(
+        select(IngestJob).where(IngestJob.id == job_id, IngestJob.tenant_id == tenant_id)
+    )
+
+
+def job_by_id(session: Session, job_id: uuid.UUID) -> IngestJob | None:
+    return session.get(IngestJob, job_id)
+
+
+def lock_job(session: Session, job_id: uuid.UUID) -> IngestJob | None:
+    return session.scalar(select(IngestJob).where(IngestJob.id == job_id).with_for_update())
+
+
+def lock_jobs(session: Session, job_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, IngestJob]:
+    """:func:`lock_job` for many jobs in one query (locked in id order)."""
+    if not job_ids:
+        return {}
+    jobs = session.scalars(
+        select(IngestJob)
+        .where(any_of(IngestJob.id, job_ids))
+        .order_by(IngestJob.id)
+        .with_for_update()
+    )
+    return {job.id: job for job in jobs}
+
+
+def job_state(session: Session, job_id: uuid.UUID) -> tuple[str, bool] | None:
+    """The job's state and whether its lease is live (by the database clock)."""
+    row = session.execute(
+        select(IngestJob.state, IngestJob.lease_expires_at > func.now()).where(
+            IngestJob.id == job_id
+        )
+    ).one_or_none()
+    return None if row is None else (row[0], bool(row[1]))
+
+
+# ------------------------------------------------------------------ claims and leases
+
+
+def claim_queued_jobs(
+    session: Session, limit: int, exclude: uuid.UUID, max_bytes: int
+) -> Sequence[IngestJob]:
+    """Oldest queued jobs that no one else is claiming right now (for batching), at most
+    ``limit`` of them and at most ``max_bytes`` of raw content together: a batch is bounded
+    by its work, not only by its job count.
+
+    (Newest-first was tried, so that the messages that come next still find their own jobs
+    queued: it let the batches run ahead of the intake events in the same queue, which then
+    ran on their own afterwards, with no encoding beside them; the run took longer.)"""
+    if limit <= 0 or max_bytes <= 0:
+        return []
+    rows = session.execute(
+        select(IngestJob, func.coalesce(func.octet_length(DocumentVersion.raw), 0))
+        .join(
+            DocumentVersion,
+            (DocumentVersion.document_id == IngestJob.document_id)
+            & (DocumentVersion.version == IngestJob.version),
+        )
+        .where(IngestJob.state == JobState.QUEUED, IngestJob.id != exclude)
+        .order_by(IngestJob.created_at)
+        .limit(limit)
+        .with_for_update(of=IngestJob, skip_locked=True)
+    ).all()
+    taken, total = [], 0
+    for job, size in rows:
+        total += size
+        if total > max_bytes:
+            break
+        taken.append(job)
+    return taken
+
+
+def claimable_jobs(session: Session, job_ids: Sequence[uuid.UUID]) -> Sequence[IngestJob]:
+    """Of ``job_ids``, those queued, or running under a lease that has run out, and not being
+    claimed by anyone else right now; locked."""
+    if not job_ids:
+        return []
+    return session.scalars(
+        select(IngestJob)
+        .where(
+            any_of(IngestJob.id, job_ids),
+            (IngestJob.state == JobState.QUEUED)
+            | ((IngestJob.state == JobState.RUNNING) & (IngestJob.lease_expires_at < func.now())),
+        )
+        .order_by(IngestJob.id)
+        .with_for_update(skip_locked=True)
+    ).all()
+
+
+def renew_leases(session: Session, job_ids: Sequence[uuid.UUID], seconds: int) -> None:
+    """The heartbeat: the leases of those of ``job_ids`` still running, from the database's
+    clock."""
+    session.execute(
+        update(IngestJob)
+        .where(any_of(IngestJob.id, job_ids), IngestJob.state == JobState.RUNNING)
+        .values(lease_expires_at=func.now() + timedelta(seconds=seconds))
+    )
+
+
+def expired_jobs(session: Session, limit: int) -> Sequence[IngestJob]:
+    """Queued or running jobs whose lease ran out: their message or worker was lost."""
+    return session.scalars(
+        select(IngestJob)
+        .where(
+            IngestJob.state.in_([JobState.QUEUED, JobState.RUNNING]),
+            IngestJob.lease_expires_at < func.now(),
+        )
+        .order_by(IngestJob.lease_expires_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    ).all()
+
+
+def queued_jobs_published_before(
+    session: Session, published_before: datetime, lease_seconds: int, limit: int
+) -> Sequence[IngestJob]:
+    """Queued jobs whose message went out before ``published_before`` (a lease starts when
+    its message is published), oldest first."""
+    return session.scalars(
+        select(IngestJob)
+        .where(
+            IngestJob.state == JobState.QUEUED,
+            IngestJob.lease_expires_at < published_before + timedelta(seconds=lease_seconds),
+        )
+        .order_by(IngestJob.lease_expires_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    ).all()
+
+
+# ------------------------------------------------------------------ jobs of documents
+
+
+def latest_jobs_for(
+    session: Session, versions: Collection[tuple[uuid.UUID, int]]
+) -> dict[tuple[uuid.UUID, int], tuple[uuid.UUID, str]]:
+    """(document id, version) -> the id and state of its newest job, for many in one query."""
+    if not versions:
+        return {}
+    rows = session.execute(
+        select(IngestJob.document_id, IngestJob.version, IngestJob.id, IngestJob.state)
+        .ext(distinct_on(IngestJob.document_id, IngestJob.version))
+        .where(tuple_(IngestJob.document_id, IngestJob.version).in_(list(versions)))
+        .order_by(IngestJob.document_id, IngestJob.version, IngestJob.created_at.desc())
+    )
+    return {(document_id, version): (job_id, state) for document_id, version, job_id, state in rows}
+
+
+def live_job_states(
+    session: Session, tenant_id: str, external_ids: Sequence[str]
+) -> dict[str, str]:
+    """external id -> state of the job for the document's live version (when there is one)."""
+    if not external_ids:
+        return {}
+    rows = session.execute(
+        select(Document.external_id, IngestJob.state)
+        .join(
+            IngestJob,
+            (IngestJob.document_id == Document.id) & (IngestJob.version == Document.version),
+        )
+        .where(Document.tenant_id == tenant_id, Document.external_id.in_(list(external_ids)))
+    ).all()
+    return {external_id: state for external_id, state in rows}
+
+
+# ------------------------------------------------------------------ the operator's views
+
+
+def recent_jobs(
+    session: Session, *, state: str | None, stuck: bool, tenant_id: str | None, limit: int
+) -> Sequence[IngestJob]:
+    """Newest first; ``stuck``: queued or running past their lease."""
+    query = select(IngestJob).order_by(IngestJob.created_at.desc()).limit(limit)
+    if state:
+        query = query.where(IngestJob.state == state)
+    if stuck:
+        query = query.where(
+            IngestJob.state.in_([JobState.QUEUED, JobState.RUNNING]),
+            IngestJob.lease_expires_at < func.now(),
+        )
+    if tenant_id:
+        query = query.where(IngestJob.tenant_id == tenant_id)
+    return session.scalars(query).all()
+
+
+def job_state_counts(session: Session, tenant_id: str | None = None) -> dict[str, int]:
+    query = select(IngestJob.state, func.count()).group_by(IngestJob.state)
+    if tenant_id is not None:
+        query = query.where(IngestJob.tenant_id == tenant_id)
+    return {state: count for state, count in session.execute(query)}
+
+
+def stage_time_totals(session: Session) -> dict[str, tuple[int, float]]:
+    """stage -> (jobs that recorded it, total seconds), over finished jobs."""
+    rows = session.execute(
+        text(
+            "SELECT key, count(*), sum(value::float) FROM ingest_jobs, "
+            "jsonb_each_text(stage_timings) WHERE state = 'indexed' GROUP BY key"
+        )
+    )
+    return {stage: (int(count), float(total)) for stage, count, total in rows}
+
+
+def training_job_for_tenant(
+    session: Session, tenant_id: str, job_id: uuid.UUID
+) -> TrainingJob | None:
+    job = session.get(TrainingJob, job_id)
+    return job if job is not None and job.tenant_id == tenant_id else None
+
+
+# ------------------------------------------------------------------ dead letters
+
+
+def add_dead_letter(
+    session: Session,
+    *,
+    tenant_id: str,
+    source: str,
+    ref: str,
+    stage: str,
+    error_class: str,
+    message: str,
+    attempts: int,
+    payload: dict[str, Any] | None = None,
+) -> None:
+    session.add(
+        DeadLetter(
+            tenant_id=tenant_id,
+            source=source,
+            ref=ref,
+            stage=stage,
+            error_class=error_class,
+            message=message[:4000],
+            attempts=attempts,
+            payload=payload or {},
+        )
+    )
+
+
+def dead_letter(session: Session, letter_id: int) -> DeadLetter | None:
+    return session.get(DeadLetter, letter_id)
+
+
+def recent_dead_letters(
+    session: Session, *, tenant_id: str | None, limit: int
+) -> Sequence[DeadLetter]:
+    query = select(DeadLetter).order_by(DeadLetter.id.desc()).limit(limit)
+    if tenant_id:
+        query = query.where(DeadLetter.tenant_id == tenant_id)
+    return session.scalars(query).all()
+
+
+def delete_dead_letter(session: Session, letter_id: int) -> None:
+    session.execute(delete(DeadLetter).where(DeadLetter.id == letter_id))
+
+
+def dead_letter_count(session: Session, tenant_id: str | None = None) -> int:
+    return count_rows(session, DeadLetter, tenant_id)
+
+
+def dead_lettered_versions(session: Session, ids: Sequence[str]) -> dict[str, int]:
+    """chunk id -> the newest version among its Elasticsearch writes that are dead letters not
+    yet replayed or discarded."""
+    if not ids:
+        return {}
+    version = cast(DeadLetter.payload["version"].astext, Integer)
+    rows = session.execute(
+        select(DeadLetter.ref, func.max(version))
+        .where(DeadLetter.source == "outbox", any_of(DeadLetter.ref, ids))
+        .group_by(DeadLetter.ref)
+    )
+    return {ref: int(v) for ref, v in rows if v is not None}

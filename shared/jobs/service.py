@@ -1,0 +1,203 @@
+"""A job's life: queued → running (claimed, under a lease its worker's heartbeat renews) →
+indexed, failed or dead-lettered; released back to the queue on errors a retry may fix, given
+up on after its attempts. Functions take the caller's unit of work (or a job row it locked)
+and never commit."""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from shared.db import UnitOfWork
+from shared.db.repository import now
+from shared.jobs import repository as repo
+from shared.jobs.schemas import DeadLetterView, IngestJobView, JobError, JobRow, TrainingJobView
+from shared.models import DeadLetter, IngestJob, JobState, TrainingJob
+from shared.queue import publish_ingest_job
+from shared.retry import describe_error
+from shared.settings import Settings
+
+FINISHED = (JobState.INDEXED, JobState.FAILED, JobState.DEAD_LETTERED)
+# A running training job writes progress at least every few seconds; one silent for this long
+# lost its worker (the task acks on start, so nothing redelivers it).
+TRAINING_LOST_AFTER = timedelta(minutes=10)
+
+
+def extend_lease(job: IngestJob, at: datetime, seconds: int) -> None:
+    job.lease_expires_at = at + timedelta(seconds=seconds)
+
+
+def start(job: IngestJob, at: datetime, settings: Settings) -> None:
+    """Claimed: running under a fresh lease, one more attempt counted."""
+    job.state = JobState.RUNNING
+    job.attempts += 1
+    job.started_at = at
+    extend_lease(job, at, settings.job_lease_seconds)
+
+
+def finish(job: IngestJob, detail: dict[str, Any], at: datetime) -> None:
+    job.state = JobState.INDEXED
+    job.finished_at = at
+    job.lease_expires_at = None
+    job.error_stage = job.error_class = job.error_message = None
+    job.detail = detail
+
+
+def fail_without_content(job: IngestJob, at: datetime) -> None:
+    job.state = JobState.FAILED
+    job.error_stage, job.error_class = "claim", "MissingContent"
+    job.error_message = "the document version has no stored content"
+    job.finished_at = at
+
+
+def fail(
+    uow: UnitOfWork, job_id: uuid.UUID, stage: str, error: BaseException, dead_letter: bool
+) -> None:
+    """Record that the job failed at ``stage``: ``failed``, or ``dead_lettered`` with a dead
+    letter an operator can replay. A job finished meanwhile (by a worker that took it over)
+    is left as it is."""
+    session = uow.session
+    job = repo.lock_job(session, job_id)
+    if job is None or job.state in (JobState.INDEXED, JobState.DEAD_LETTERED):
+        return
+    job.state = JobState.DEAD_LETTERED if dead_letter else JobState.FAILED
+    job.error_stage = stage
+    job.error_class = type(error).__name__
+    job.error_message = describe_error(error)
+    job.finished_at = now(session)
+    job.lease_expires_at = None
+    if dead_letter:
+        _add_dead_letter(uow, job)
+
+
+def record_failure(uow: UnitOfWork, job_id: uuid.UUID, error: BaseException) -> None:
+    """A task's retries are spent, or its error is not one a retry fixes: the job is
+    dead-lettered with the error, where an operator can see and replay it."""
+    fail(uow, job_id, "process", error, dead_letter=True)
+
+
+def release(
+    uow: UnitOfWork,
+    job_ids: Sequence[uuid.UUID],
+    settings: Settings,
+    retried_by_task: uuid.UUID | None,
+) -> None:
+    """Hand unfinished jobs back to the queue at once, each with a message of its own, except
+    ``retried_by_task``: its task's retry brings it back, and should that message be lost,
+    its lease (expired now) lets the next sweep publish it."""
+    current = now(uow.session)
+    for job in repo.lock_jobs(uow.session, job_ids).values():
+        if job.state != JobState.RUNNING:
+            continue
+        job.state = JobState.QUEUED
+        if job.id == retried_by_task:
+            job.lease_expires_at = current
+        else:
+            publish_again(uow, job, current, settings)
+
+
+def publish_again(uow: UnitOfWork, job: IngestJob, at: datetime, settings: Settings) -> str:
+    """A fresh lease for a queued job, and its message again once the lease is committed."""
+    extend_lease(job, at, settings.queued_republish_seconds)
+    uow.after_commit(functools.partial(publish_ingest_job, job.id))
+    return str(job.id)
+
+
+def give_up(uow: UnitOfWork, job: IngestJob, at: datetime) -> None:
+    """The job's lease ran out once too often: dead-lettered with the last error it recorded."""
+    job.state = JobState.DEAD_LETTERED
+    job.error_stage = job.error_stage or "lease"
+    job.error_class = job.error_class or "LeaseExpired"
+    job.error_message = (
+        f"gave up after {job.attempts} attempts; last error: "
+        f"{job.error_message or 'the worker disappeared while holding the lease'}"
+    )
+    job.finished_at = at
+    job.lease_expires_at = None
+    _add_dead_letter(uow, job)
+
+
+def queue_for_replay(uow: UnitOfWork, job: IngestJob, settings: Settings) -> None:
+    """An operator's replay: a fresh set of attempts, published after commit."""
+    job.state = JobState.QUEUED
+    job.attempts = 0
+    job.error_stage = job.error_class = job.error_message = None
+    job.finished_at = None
+    publish_again(uow, job, now(uow.session), settings)
+
+
+def training_job_view(job: TrainingJob, current_time: datetime) -> TrainingJobView:
+    state = job.state
+    if state == "running" and current_time - job.updated_at > TRAINING_LOST_AFTER:
+        state = "lost"
+    return TrainingJobView(
+        id=job.id,
+        name=job.name,
+        state=state,
+        progress=job.progress,
+        result=job.result,
+        error=job.error,
+        created_at=job.created_at,
+        updated_at=job.updated_at,
+    )
+
+
+def _add_dead_letter(uow: UnitOfWork, job: IngestJob) -> None:
+    repo.add_dead_letter(
+        uow.session,
+        tenant_id=job.tenant_id,
+        source="job",
+        ref=str(job.id),
+        stage=job.error_stage or "process",
+        error_class=job.error_class or "Error",
+        message=job.error_message or "",
+        attempts=job.attempts,
+        payload={"document_id": str(job.document_id), "version": job.version},
+    )
+
+
+def ingest_job_view(job: IngestJob) -> IngestJobView:
+    error = (
+        None
+        if job.error_class is None
+        else JobError.model_validate(
+            {"stage": job.error_stage, "class": job.error_class, "message": job.error_message}
+        )
+    )
+    return IngestJobView(
+        id=job.id,
+        document_id=job.document_id,
+        version=job.version,
+        state=job.state,
+        attempts=job.attempts,
+        error=error,
+        stage_timings=job.stage_timings,
+        detail=job.detail,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+    )
+
+
+def job_row(job: IngestJob) -> JobRow:
+    return JobRow(
+        id=job.id,
+        tenant_id=job.tenant_id,
+        document_id=job.document_id,
+        version=job.version,
+        state=job.state,
+        attempts=job.attempts,
+        error=job.error_message,
+        error_stage=job.error_stage,
+        stage_timings=job.stage_timings,
+        created_at=job.created_at,
+        finished_at=job.finished_at,
+        lease_expires_at=job.lease_expires_at,
+    )
+
+
+def dead_letter_view(letter: DeadLetter) -> DeadLetterView:
+    return DeadLetterView.model_validate(letter, from_attributes=True)

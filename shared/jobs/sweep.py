@@ -1,0 +1,80 @@
+"""The lease sweep: recovery from Postgres, never from Redis redelivery.
+
+A running job whose lease expired lost its worker (kill -9, OOM, a lost host): a live worker
+renews it every few seconds (shared/jobs/heartbeat.py). A queued job whose lease expired
+has waited ``queued_republish_seconds`` since its message was published: the message was lost.
+The sweep gives either a fresh lease and publishes the job again; a job that has used up its
+attempts is dead-lettered with the last error it recorded.
+
+Waiting out a queued job's lease (minutes) is too slow when Redis comes back empty: then the
+ingest queue is empty while Postgres still has queued jobs published more than a sweep period
+ago, and those are published again at once. A job whose message was only taken by a worker a
+moment ago gets a second message, which finds it running: a no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from shared.db import Transactions
+from shared.db.repository import now
+from shared.jobs import repository as repo
+from shared.jobs import service as jobs
+from shared.models import JobState
+from shared.queue import INGEST_QUEUE, queue_depths
+from shared.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SweepReport:
+    republished: list[str] = field(default_factory=list)
+    dead_lettered: list[str] = field(default_factory=list)
+
+
+def sweep_expired_jobs(
+    transactions: Transactions, settings: Settings | None = None, limit: int = 500
+) -> SweepReport:
+    """Two transactions: the jobs whose lease ran out (published again, or given up on), then
+    the queued jobs whose message Redis lost."""
+    settings = settings or get_settings()
+    report = SweepReport()
+    with transactions() as uow:
+        current = now(uow.session)
+        for job in repo.expired_jobs(uow.session, limit):
+            if job.attempts >= settings.job_max_attempts:
+                jobs.give_up(uow, job, current)
+                report.dead_lettered.append(str(job.id))
+                continue
+            job.state = JobState.QUEUED
+            report.republished.append(jobs.publish_again(uow, job, current, settings))
+    report.republished += _republish_lost_messages(transactions, settings, limit)
+    if report.republished or report.dead_lettered:
+        log.info(
+            "sweep: republished %d, dead-lettered %d",
+            len(report.republished),
+            len(report.dead_lettered),
+        )
+    return report
+
+
+def _republish_lost_messages(
+    transactions: Transactions, settings: Settings, limit: int
+) -> list[str]:
+    try:
+        if queue_depths()[INGEST_QUEUE] > 0:
+            return []  # messages are waiting: queued jobs are just behind them
+    except Exception:  # Redis down: nothing can be published now anyway
+        return []
+    with transactions() as uow:
+        current = now(uow.session)
+        stale = current - timedelta(seconds=settings.sweep_interval_seconds)
+        return [
+            jobs.publish_again(uow, job, current, settings)
+            for job in repo.queued_jobs_published_before(
+                uow.session, stale, settings.queued_republish_seconds, limit
+            )
+        ]

@@ -1,0 +1,108 @@
+"""All SQL of the Elasticsearch outbox: the rows that carry chunk writes and deletes from the
+transaction that made them to the relay. Functions take a session and never commit."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
+
+from shared.db import any_of
+from shared.db.repository import count_rows, insert_rows
+from shared.models import EsOutbox, OutboxOp
+
+
+@dataclass(frozen=True)
+class OutboxEntry:
+    tenant_id: str
+    document_id: uuid.UUID
+    op: OutboxOp
+    version: int
+    chunk_ids: Sequence[str]
+
+
+def add_outbox(
+    session: Session,
+    *,
+    tenant_id: str,
+    document_id: uuid.UUID,
+    op: OutboxOp,
+    version: int,
+    chunk_ids: Sequence[str],
+) -> None:
+    add_outbox_entries(session, [OutboxEntry(tenant_id, document_id, op, version, chunk_ids)])
+
+
+def add_outbox_entries(session: Session, entries: Sequence[OutboxEntry]) -> None:
+    """One outbox row per chunk id of every entry, in one statement."""
+    values = [
+        {
+            "tenant_id": e.tenant_id,
+            "document_id": e.document_id,
+            "chunk_id": cid,
+            "op": e.op.value,
+            "version": e.version,
+        }
+        for e in entries
+        for cid in e.chunk_ids
+    ]
+    insert_rows(session, EsOutbox, values)
+
+
+def claim_outbox(session: Session, limit: int) -> Sequence[EsOutbox]:
+    """Due rows, locked so that concurrent relays never send the same row twice."""
+    return session.scalars(
+        select(EsOutbox)
+        .where(EsOutbox.next_attempt_at <= func.now())
+        .order_by(EsOutbox.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    ).all()
+
+
+def due_outbox_rows_for(session: Session, chunk_ids: Sequence[str]) -> int:
+    """Rows of these chunks that are due, whether or not a relay holds them right now."""
+    return count_rows(
+        session,
+        EsOutbox,
+        None,
+        any_of(EsOutbox.chunk_id, chunk_ids),
+        EsOutbox.next_attempt_at <= func.now(),
+    )
+
+
+def chunks_with_queued_writes(session: Session, ids: Sequence[str]) -> set[str]:
+    """The chunks among ``ids`` that already have an outbox row waiting (a repair queued by an
+    earlier reconcile, or an ingest write not yet relayed): queuing another would only repeat
+    it."""
+    if not ids:
+        return set()
+    return set(session.scalars(select(EsOutbox.chunk_id).where(any_of(EsOutbox.chunk_id, ids))))
+
+
+def delete_outbox(session: Session, ids: Sequence[int]) -> None:
+    if ids:
+        session.execute(delete(EsOutbox).where(any_of(EsOutbox.id, ids)))
+
+
+def postpone_outbox(
+    session: Session, ids: Sequence[int], delay_s: float, error: str, count_attempt: bool
+) -> None:
+    if not ids:
+        return
+    values: dict[str, Any] = {
+        "next_attempt_at": func.now() + timedelta(seconds=delay_s),
+        "last_error": error[:2000],
+    }
+    if count_attempt:
+        values["attempts"] = EsOutbox.attempts + 1
+    session.execute(update(EsOutbox).where(any_of(EsOutbox.id, ids)).values(**values))
+
+
+def outbox_backlog(session: Session, tenant_id: str | None = None) -> int:
+    return count_rows(session, EsOutbox, tenant_id)

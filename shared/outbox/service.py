@@ -1,0 +1,337 @@
+"""The Elasticsearch outbox: drain it into the chunk index with the bulk API (the relay), and
+queue the purge of stale copies a search met.
+
+Every item's result is read (a bulk 200 can hide item failures). Writes carry the Postgres
+version as an external version, so duplicate, late or out-of-order deliveries cannot bring back
+stale or deleted content: Elasticsearch answers 409 when it already holds an equal or newer
+version, and that counts as done. 429 and 5xx are retried with backoff and jitter; anything
+else is dead-lettered with its reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from elasticsearch import ApiError, Elasticsearch
+from elasticsearch import ConnectionError as EsConnectionError
+from elasticsearch import ConnectionTimeout as EsConnectionTimeout
+from sqlalchemy.orm import Session
+
+from shared.db import Transactions
+from shared.documents import repository as documents_repo
+from shared.jobs import repository as jobs_repo
+from shared.models import Chunk, Document, EsOutbox, OutboxOp
+from shared.outbox import repository as repo
+from shared.retry import retry_delay
+from shared.settings import Settings, get_settings
+from shared.stores.chunk_document import es_document
+from shared.stores.chunk_index import ChunkIndex, ElasticsearchChunkIndex
+from shared.stores.schemas import document_id_of
+from shared.stores.vector_store import PgVectorStore
+
+log = logging.getLogger(__name__)
+
+RETRIABLE_STATUS = {429, 500, 502, 503, 504}
+# Whole-request refusals a row can cause (too large, unparsable, a node failing on it): the
+# request is split to find that row. Others (401, 403, 404...) concern every row alike.
+SPLIT_STATUS = {400, 413} | RETRIABLE_STATUS
+
+
+@dataclass
+class RelayReport:
+    sent: int = 0
+    applied: int = 0
+    already_current: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    unreachable: bool = False
+
+    def add(self, other: RelayReport) -> None:
+        for name in ("sent", "applied", "already_current", "retried", "dead_lettered"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.unreachable = self.unreachable or other.unreachable
+
+
+def backoff_seconds(attempts: int, cap: float = 60.0) -> float:
+    """The relay's backoff: the project's jittered exponential one, from one second."""
+    return retry_delay(attempts, base=1.0, cap=cap)
+
+
+def drain(
+    transactions: Transactions,
+    max_batches: int = 20,
+    settings: Settings | None = None,
+    es: Elasticsearch | None = None,
+) -> RelayReport:
+    """Relay up to ``max_batches`` batches of due rows, each claimed, sent and settled in a
+    transaction of its own; stops early when the outbox has no more or Elasticsearch is
+    unreachable."""
+    settings = settings or get_settings()
+    index = ElasticsearchChunkIndex(es, settings)
+    total = RelayReport()
+    for _ in range(max_batches):
+        with transactions() as uow:
+            batch = _relay_batch(uow.session, settings, index)
+        total.add(batch)
+        if batch.sent < settings.relay_batch_size or batch.unreachable:
+            break
+    return total
+
+
+def _relay_batch(session: Session, settings: Settings, index: ChunkIndex) -> RelayReport:
+    report = RelayReport()
+    rows = repo.claim_outbox(session, settings.relay_batch_size)
+    if not rows:
+        return report
+    # Only the newest operation per chunk matters; older rows ride along with it.
+    newest: dict[str, EsOutbox] = {}
+    riders: dict[str, list[int]] = {}
+    for row in rows:
+        riders.setdefault(row.chunk_id, []).append(row.id)
+        if row.chunk_id not in newest or _order(row) > _order(newest[row.chunk_id]):
+            newest[row.chunk_id] = row
+    # Deletes too: each is checked against Postgres now, when it is applied.
+    chunks = PgVectorStore(session, settings).chunks_by_ids(list(newest))
+    docs = documents_repo.documents_by_ids(session, [c.document_id for c in chunks.values()])
+    requests = _actions(list(newest.values()), chunks, docs)
+    report.sent = len(requests)
+    try:
+        results = _send(index, settings, requests)
+    except (EsConnectionError, EsConnectionTimeout) as e:
+        # Elasticsearch is down: not the items' fault, so no attempt is counted. Groups
+        # sent before the link went are sent again later (their versions make that a 409).
+        report.unreachable = True
+        report.retried = len(rows)
+        delay = backoff_seconds(min(r.attempts for r in rows) + 1, cap=15.0)
+        repo.postpone_outbox(
+            session,
+            [r.id for r in rows],
+            delay,
+            f"{type(e).__name__}: {e}",
+            count_attempt=False,
+        )
+        return report
+    except ApiError as e:
+        # Refused for a reason no row causes (authentication, a missing index): the whole
+        # batch waits, its attempts counted, as before request splitting existed.
+        report.retried = len(rows)
+        repo.postpone_outbox(
+            session,
+            [r.id for r in rows],
+            backoff_seconds(rows[0].attempts + 1),
+            f"bulk request failed: {e}",
+            count_attempt=True,
+        )
+        return report
+
+    done: list[int] = []
+    for row, _ in requests:
+        result = results[row.id]
+        status = int(result.get("status", 500))
+        ids = riders[row.chunk_id]
+        if status < 300 or (status == 404 and row.op in DELETES):
+            report.applied += 1
+            done += ids
+        elif status == 409 and row.op == OutboxOp.REPAIR and not index.exists(row.chunk_id):
+            # A tombstone newer than Postgres' version (an out-of-band delete) blocks the
+            # repair until Elasticsearch forgets it (index.gc_deletes): try again later.
+            report.retried += 1
+            repo.postpone_outbox(
+                session,
+                ids,
+                backoff_seconds(row.attempts + 1, cap=30.0),
+                "blocked by a newer Elasticsearch tombstone",
+                count_attempt=False,
+            )
+        elif status == 409:
+            report.already_current += 1
+            done += ids
+        elif status in RETRIABLE_STATUS and row.attempts + 1 < settings.relay_max_attempts:
+            report.retried += 1
+            repo.postpone_outbox(
+                session,
+                ids,
+                backoff_seconds(row.attempts + 1),
+                _reason(result),
+                count_attempt=True,
+            )
+        else:
+            report.dead_lettered += 1
+            jobs_repo.add_dead_letter(
+                session,
+                tenant_id=row.tenant_id,
+                source="outbox",
+                ref=row.chunk_id,
+                stage="es_relay",
+                error_class=f"es_{status}",
+                message=_reason(result),
+                attempts=row.attempts + 1,
+                payload={
+                    "op": row.op,
+                    "version": row.version,
+                    "document_id": str(row.document_id),
+                },
+            )
+            done += ids
+    # Rows of chunks with nothing to send (e.g. superseded) are finished too.
+    sent_chunk_ids = {r.chunk_id for r, _ in requests}
+    done += [i for cid, ids in riders.items() if cid not in sent_chunk_ids for i in ids]
+    repo.delete_outbox(session, done)
+    return report
+
+
+def _order(row: EsOutbox) -> tuple[int, int, int]:
+    # At equal versions a delete outranks an index (a tombstone ends the version).
+    return (row.version, 1 if row.op in DELETES else 0, row.id)
+
+
+WRITES = (OutboxOp.INDEX, OutboxOp.REPAIR)
+DELETES = (OutboxOp.DELETE, OutboxOp.PURGE)
+
+
+def _version_type(op: str) -> str:
+    # Repairs come from reconciliation, which reads Postgres, the source of truth: they may
+    # overwrite a document at an equal version (a corrupted copy), never regress a newer one.
+    return "external_gte" if op in (OutboxOp.REPAIR, OutboxOp.PURGE) else "external"
+
+
+def _actions(
+    rows: list[EsOutbox], chunks: dict[str, Chunk], docs: dict[Any, Document]
+) -> list[tuple[EsOutbox, list[dict[str, Any]]]]:
+    """Each row with the bulk lines (action, and document for a write) it sends."""
+    requests: list[tuple[EsOutbox, list[dict[str, Any]]]] = []
+    for row in rows:
+        chunk = chunks.get(row.chunk_id)
+        if row.op in WRITES and chunk is not None:
+            # Always send the chunk as it is now; its version guards against regressions.
+            requests.append((row, _index_lines(chunk, docs, _version_type(row.op))))
+        elif row.op in DELETES and chunk is not None and chunk.version >= row.version:
+            # Postgres holds a live copy at or above the delete's version: the delete was
+            # decided on a view that a write overtook (a reconcile or a search that raced
+            # it). The live copy is sent instead, so a delete never removes live data.
+            requests.append((row, _index_lines(chunk, docs, "external_gte")))
+        elif row.op in DELETES:
+            action = {
+                "_id": row.chunk_id,
+                "version": row.version,
+                "version_type": _version_type(row.op),
+            }
+            requests.append((row, [{"delete": action}]))
+        # A write row whose chunk is gone was superseded by a delete row of its own.
+    return requests
+
+
+def _index_lines(
+    chunk: Chunk, docs: dict[Any, Document], version_type: str
+) -> list[dict[str, Any]]:
+    action = {"_id": chunk.id, "version": chunk.version, "version_type": version_type}
+    return [{"index": action}, es_document(chunk, docs[chunk.document_id])]
+
+
+def _send(
+    index: ChunkIndex,
+    settings: Settings,
+    requests: list[tuple[EsOutbox, list[dict[str, Any]]]],
+) -> dict[int, dict[str, Any]]:
+    """Send the rows' lines in bulk requests of at most ``relay_bulk_bytes`` each and return
+    every row's item result by row id.
+
+    A request refused as a whole (413 too large, 400 unparsable, 5xx...) is split in halves
+    and sent again, down to one row: the row that alone makes a request fail gets that
+    failure as its own item result (attempts, backoff, then a dead letter), and the other
+    rows of its batch are applied, never held with it."""
+    results: dict[int, dict[str, Any]] = {}
+
+    def send(group: list[tuple[EsOutbox, list[dict[str, Any]]]]) -> None:
+        lines = [line for _, row_lines in group for line in row_lines]
+        try:
+            response = index.bulk(lines)
+        except ApiError as e:
+            if e.meta.status not in SPLIT_STATUS:
+                raise
+            if len(group) > 1:
+                half = len(group) // 2
+                send(group[:half])
+                send(group[half:])
+                return
+            reason = {"type": "bulk_request_refused", "reason": str(e.message)[:500]}
+            results[group[0][0].id] = {"status": e.meta.status, "error": reason}
+            return
+        for (row, _), item in zip(group, response["items"], strict=True):
+            results[row.id] = next(iter(item.values()))
+        _dual_write(index, lines)
+
+    for group in _groups_by_size(requests, settings.relay_bulk_bytes):
+        send(group)
+    return results
+
+
+def _groups_by_size(
+    requests: list[tuple[EsOutbox, list[dict[str, Any]]]], max_bytes: int
+) -> list[list[tuple[EsOutbox, list[dict[str, Any]]]]]:
+    """Consecutive groups whose serialized lines stay within ``max_bytes`` (a row larger than
+    that goes alone)."""
+    groups: list[list[tuple[EsOutbox, list[dict[str, Any]]]]] = []
+    held = max_bytes + 1
+    for request in requests:
+        size = sum(len(json.dumps(line, ensure_ascii=False).encode()) + 1 for line in request[1])
+        if held + size > max_bytes:
+            groups.append([])
+            held = 0
+        groups[-1].append(request)
+        held += size
+    return groups
+
+
+def _dual_write(index: ChunkIndex, lines: list[dict[str, Any]]) -> None:
+    """While a reindex builds a new index, every change goes there too. Item failures there
+    are not retried here: the reconcile that follows a reindex repairs them."""
+    target = index.reindex_target() if lines else None
+    if target is not None:
+        try:
+            index.bulk_to(target, lines)
+        except ApiError as e:  # e.g. the reindex ended and its target is gone
+            log.warning("dual write to %s failed (%s); reconcile repairs it", target, e)
+
+
+def _reason(result: dict[str, Any]) -> str:
+    error = result.get("error")
+    if isinstance(error, dict):
+        return f"{error.get('type')}: {error.get('reason')}"
+    return str(error or result.get("result") or "unknown")
+
+
+def queue_stale_copy_purges(
+    session: Session, settings: Settings, tenant_id: str, stale_ids: list[str]
+) -> None:
+    """Queue the Elasticsearch delete of hits Postgres does not hold live (a search met them).
+
+    A stale copy is older than the document's version V (a copy at V would be live), so the
+    delete is a purge at V - 1 (``external_gte``: it removes copies up to V - 1), never at V:
+    V's own index write, which may still be in the outbox (a re-upload right after a
+    delete), then always wins over the cleanup. A deleted document's tombstone version is
+    never written, so its copies are purged at V itself."""
+    by_doc: dict[Any, list[str]] = {}
+    for cid in stale_ids:
+        doc_id = document_id_of(cid)
+        if doc_id.int:
+            by_doc.setdefault(doc_id, []).append(cid)
+    docs = documents_repo.documents_by_ids(session, list(by_doc))
+    store = PgVectorStore(session, settings)
+    for doc_id, cids in by_doc.items():
+        doc = docs.get(doc_id)
+        if doc is None or doc.tenant_id != tenant_id:
+            continue
+        live = store.chunks_by_ids(cids)
+        orphans = [c for c in cids if c not in live or doc.deleted]
+        repo.add_outbox(
+            session,
+            tenant_id=tenant_id,
+            document_id=doc_id,
+            op=OutboxOp.PURGE,
+            version=doc.version if doc.deleted else doc.version - 1,
+            chunk_ids=orphans,
+        )

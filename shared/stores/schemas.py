@@ -1,0 +1,73 @@
+"""The shapes both chunk stores exchange with the rest of Concord: a version's chunks as the
+pipeline writes them, per-bucket sums and per-chunk fingerprints as reconciliation compares
+them."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+def chunk_id(document_id: uuid.UUID, ordinal: int) -> str:
+    """Chunk ids are deterministic, so a replay overwrites instead of duplicating."""
+    return f"{document_id}:{ordinal}"
+
+
+def document_of_chunk(chunk_id: str) -> str:
+    """The document id a chunk id names (the inverse of :func:`chunk_id`)."""
+    return chunk_id.rpartition(":")[0]
+
+
+def document_id_of(chunk_id: str) -> uuid.UUID:
+    """:func:`document_of_chunk` as a UUID; the nil UUID for an id that names none."""
+    try:
+        return uuid.UUID(document_of_chunk(chunk_id))
+    except ValueError:
+        return uuid.UUID(int=0)
+
+
+# bucket -> (chunks, sum of versions, sum of fingerprints)
+BucketStats = dict[int, tuple[int, int, int]]
+# chunk id -> (version, fingerprint)
+Fingerprints = dict[str, tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class ChunkRow:
+    id: str
+    ordinal: int
+    text: str
+    text_hash: str
+    char_start: int
+    char_end: int
+    section: str
+    token_count: int
+    embedding: np.ndarray
+
+
+@dataclass(frozen=True)
+class VersionChunks:
+    """One document version's chunks, as the pipeline writes them."""
+
+    tenant_id: str
+    document_id: uuid.UUID
+    version: int
+    external_id: str
+    title: str
+    metadata: dict[str, Any]
+    rows: Sequence[ChunkRow]
+
+
+@dataclass
+class EsCopy:
+    """A chunk's copy in the chunk index, as reconciliation reads it."""
+
+    tenant_id: str
+    version: int
+    stored_fingerprint: int  # the number the relay wrote
+    fields_fingerprint: int  # recomputed from the copy's fields
+    es_version: int

@@ -1,0 +1,184 @@
+"""The vector store (pgvector, in the same Postgres as the truth), as the rest of Concord uses
+it:
+
+* writes, in the caller's transaction (so the dense index commits with the truth): versioned
+  upserts, where an older version never replaces a newer one, and removal of the chunks a
+  newer version or a tombstone superseded;
+* dense search within one tenant, exact for small tenants and HNSW with the iterative scan
+  otherwise, with the request's filters inside the scan;
+* hydration: the live chunks among a list of ids, with provenance and their cosine to the
+  query, and embeddings for the few that need them;
+* reads for reconciliation and reindex: tenants, per-bucket sums, fingerprints, pages of
+  chunks in id order.
+
+``PgVectorStore`` is bound to a session, the caller's unit of work; every statement it runs
+is in shared/stores/repository.py. The contract it shares with the chunk index
+(shared/stores/chunk_index.py) is tested once for both in tests/stores/test_contract.py."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from shared.db import any_of
+from shared.models import Chunk, Document
+from shared.search.filters import sql_conditions
+from shared.search.schemas import Filters
+from shared.settings import Settings, get_settings
+from shared.stores import repository as repo
+from shared.stores.schemas import BucketStats, Fingerprints, VersionChunks
+
+# tenant -> (checked at, chunks): the exact-or-HNSW choice needs only a rough size.
+_tenant_sizes: dict[str, tuple[float, int]] = {}
+TENANT_SIZE_TTL_S = 30.0
+
+
+class VectorStore(Protocol):
+    """What Concord needs from a vector store; PgVectorStore is the one there is."""
+
+    def upsert(self, versions: Sequence[VersionChunks]) -> None: ...
+    def delete_superseded(
+        self, live_versions: dict[uuid.UUID, int]
+    ) -> dict[uuid.UUID, list[str]]: ...
+    def nearest(
+        self, tenant_id: str, vector: list[float], size: int, filters: Filters | None = None
+    ) -> list[tuple[str, float]]: ...
+    def hydrate(
+        self,
+        tenant_id: str,
+        ids: Sequence[str],
+        vector: list[float] | None,
+        embeddings_for: Sequence[str] = (),
+    ) -> dict[str, Any]: ...
+    def embeddings(self, tenant_id: str, ids: Sequence[str]) -> dict[str, np.ndarray]: ...
+    def chunks_by_ids(self, ids: Sequence[str]) -> dict[str, Chunk]: ...
+    def document_chunks(
+        self, tenant_id: str, document_id: uuid.UUID, section: str | None = None
+    ) -> Sequence[Chunk]: ...
+    def count_of_tenant(self, tenant_id: str | None) -> int: ...
+    def count_of_document(self, document_id: uuid.UUID) -> int: ...
+    def tenants(self) -> set[str]: ...
+    def bucket_stats(self, tenant_id: str) -> BucketStats: ...
+    def fingerprints_in_buckets(self, tenant_id: str, buckets: Sequence[int]) -> Fingerprints: ...
+    def fingerprints_by_ids(self, tenant_id: str, ids: Sequence[str]) -> Fingerprints: ...
+    def owners(self, ids: Sequence[str]) -> dict[str, str]: ...
+    def count_up_to(self, last_id: str) -> int: ...
+    def page_after(self, last_id: str, size: int) -> list[tuple[Chunk, Document]]: ...
+
+
+class PgVectorStore:
+    def __init__(self, session: Session, settings: Settings | None = None) -> None:
+        self.session = session
+        self.settings = settings or get_settings()
+
+    # -- writes (in the caller's transaction)
+
+    def upsert(self, versions: Sequence[VersionChunks]) -> None:
+        """Write the chunks (with embeddings) of many document versions; an older version
+        never overwrites a newer one. At most one entry per document."""
+        repo.upsert_chunks(self.session, versions)
+
+    def delete_superseded(self, live_versions: dict[uuid.UUID, int]) -> dict[uuid.UUID, list[str]]:
+        """Remove each document's chunks older than its live version: document id -> ids."""
+        return repo.delete_superseded_chunks(self.session, live_versions)
+
+    # -- search and hydration (one tenant)
+
+    def nearest(
+        self, tenant_id: str, vector: list[float], size: int, filters: Filters | None = None
+    ) -> list[tuple[str, float]]:
+        """(chunk id, cosine similarity), best first, among the tenant's chunks that pass
+        ``filters``. A tenant of at most ``dense_exact_max_chunks`` chunks is scanned exactly
+        (faster than the HNSW graph all tenants share); a larger one walks HNSW."""
+        exact = self._tenant_size(tenant_id) <= self.settings.dense_exact_max_chunks
+        rows = repo.nearest_chunks(
+            self.session,
+            tenant_id,
+            vector,
+            size,
+            # One HNSW scan yields at most ef_search rows: never ask for more than it finds.
+            max(self.settings.hnsw_ef_search, size),
+            sql_conditions(filters) if filters is not None else (),
+            exact=exact,
+        )
+        return [(cid, 1.0 - float(distance)) for cid, distance in rows]
+
+    def hydrate(
+        self,
+        tenant_id: str,
+        ids: Sequence[str],
+        vector: list[float] | None,
+        embeddings_for: Sequence[str] = (),
+    ) -> dict[str, Any]:
+        """The live chunks among ``ids`` (document not deleted, chunk at its version), by id,
+        with provenance and ``cosine`` to ``vector``; ``embedding`` bytes only for
+        ``embeddings_for``. An id missing from the answer is not live: never serve it."""
+        return repo.live_chunks(self.session, tenant_id, ids, vector, embeddings_for)
+
+    def embeddings(self, tenant_id: str, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        return repo.chunk_embeddings(self.session, tenant_id, ids)
+
+    def document_chunks(
+        self, tenant_id: str, document_id: uuid.UUID, section: str | None = None
+    ) -> Sequence[Chunk]:
+        """Every chunk of the document's live version, in order (optionally one section)."""
+        return repo.document_chunks(self.session, tenant_id, document_id, section)
+
+    # -- reads by id and counts
+
+    def chunks_by_ids(self, ids: Sequence[str]) -> dict[str, Chunk]:
+        """The chunks that exist, whatever their tenant, without embeddings."""
+        return repo.chunks_by_ids(self.session, ids)
+
+    def count_of_tenant(self, tenant_id: str | None) -> int:
+        """Chunks of one tenant (every tenant's when None)."""
+        conditions = () if tenant_id is None else (Chunk.tenant_id == tenant_id,)
+        return repo.count_chunks(self.session, *conditions)
+
+    def count_of_document(self, document_id: uuid.UUID) -> int:
+        return repo.count_chunks(self.session, Chunk.document_id == document_id)
+
+    def _tenant_size(self, tenant_id: str) -> int:
+        """The tenant's chunk count, counted again at most every 30 s per process."""
+        checked_at, size = _tenant_sizes.get(tenant_id, (0.0, 0))
+        if time.monotonic() - checked_at > TENANT_SIZE_TTL_S:
+            size = self.count_of_tenant(tenant_id)
+            _tenant_sizes[tenant_id] = (time.monotonic(), size)
+        return size
+
+    # -- reconciliation
+
+    def tenants(self) -> set[str]:
+        return repo.tenants(self.session)
+
+    def bucket_stats(self, tenant_id: str) -> BucketStats:
+        return repo.bucket_stats(self.session, tenant_id)
+
+    def fingerprints_in_buckets(self, tenant_id: str, buckets: Sequence[int]) -> Fingerprints:
+        if not buckets:
+            return {}
+        return repo.fingerprints(self.session, tenant_id, any_of(Chunk.bucket, buckets))
+
+    def fingerprints_by_ids(self, tenant_id: str, ids: Sequence[str]) -> Fingerprints:
+        if not ids:
+            return {}
+        return repo.fingerprints(self.session, tenant_id, any_of(Chunk.id, ids))
+
+    def owners(self, ids: Sequence[str]) -> dict[str, str]:
+        """chunk id -> tenant, for the ids Postgres holds."""
+        return repo.chunk_tenants(self.session, ids)
+
+    # -- reindex
+
+    def count_up_to(self, last_id: str) -> int:
+        """Chunks whose id sorts at or before ``last_id`` (what a resumed reindex has done)."""
+        return repo.count_chunks(self.session, Chunk.id <= last_id)
+
+    def page_after(self, last_id: str, size: int) -> list[tuple[Chunk, Document]]:
+        """The next ``size`` chunks in id order after ``last_id``, with their documents."""
+        return repo.chunks_after(self.session, last_id, size)

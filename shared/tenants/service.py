@@ -1,0 +1,121 @@
+"""API keys: stored only as SHA-256 hashes, one tenant each, with scopes."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+
+from shared.db.repository import now
+from shared.errors import BadRequest, Forbidden, NotFound, Unauthorized
+from shared.models import ApiKey
+from shared.tenants import repository as repo
+from shared.tenants.repository import Named
+from shared.tenants.schemas import SCOPES, KeyView
+
+KEY_PREFIX = "ck_"
+_TENANT_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class Principal:
+    key_id: uuid.UUID
+    tenant_id: str
+    scopes: frozenset[str]
+
+    def require(self, scope: str) -> None:
+        # admin implies read and write; nothing implies admin.
+        granted = self.scopes | ({"read", "write"} if "admin" in self.scopes else set())
+        if scope not in granted:
+            raise Forbidden(f"this API key lacks the {scope!r} scope")
+
+
+def validate_tenant_id(tenant_id: str) -> str:
+    if not _TENANT_ID.match(tenant_id):
+        raise BadRequest(
+            "tenant id must be 1-64 chars of a-z, 0-9, '_' or '-', starting with a letter or digit"
+        )
+    return tenant_id
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def create_key(
+    session: Session, tenant_id: str, name: str, scopes: list[str]
+) -> tuple[ApiKey, str]:
+    """Returns the key row and the secret, which is shown once and never stored."""
+    validate_tenant_id(tenant_id)
+    unknown = set(scopes) - set(SCOPES)
+    if unknown or not scopes:
+        raise BadRequest(f"scopes must be a non-empty subset of {list(SCOPES)}")
+    repo.ensure_tenant(session, tenant_id)
+    secret = KEY_PREFIX + secrets.token_urlsafe(32)
+    key = ApiKey(
+        id=uuid.uuid4(),
+        tenant_id=tenant_id,
+        name=name,
+        key_prefix=secret[:10],
+        key_hash=_hash(secret),
+        scopes=sorted(set(scopes)),
+    )
+    repo.add_key(session, key)
+    return key, secret
+
+
+def authenticate(session: Session, secret: str | None) -> Principal:
+    if not secret:
+        raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+    digest = _hash(secret)
+    key = repo.key_by_hash(session, digest)
+    # The lookup is by hash; the constant-time compare guards the final equality anyway.
+    if key is None or key.revoked_at is not None or not hmac.compare_digest(key.key_hash, digest):
+        raise Unauthorized("invalid or revoked API key")
+    return Principal(key.id, key.tenant_id, frozenset(key.scopes))
+
+
+def list_keys(session: Session, tenant_id: str | None = None) -> list[KeyView]:
+    """One tenant's keys (the API) or every key (the operator's CLI); never the secrets."""
+    return [
+        KeyView(
+            id=k.id,
+            tenant_id=k.tenant_id,
+            name=k.name,
+            prefix=k.key_prefix,
+            scopes=k.scopes,
+            created_at=k.created_at,
+            revoked=k.revoked_at is not None,
+        )
+        for k in repo.keys_of(session, tenant_id)
+    ]
+
+
+def revoke_key(session: Session, key_id: uuid.UUID, tenant_id: str | None = None) -> bool:
+    key = repo.key_by_id(session, key_id)
+    if key is None or (tenant_id is not None and key.tenant_id != tenant_id):
+        return False
+    if key.revoked_at is None:
+        key.revoked_at = now(session)
+    return True
+
+
+def named(session: Session, model: type[Named], tenant_id: str, name: str, kind: str) -> Named:
+    """The tenant's search profile or trained reranker called ``name``, or 404 "no <kind>
+    '<name>'": looked up by the caller's tenant, so no tenant reads or selects another's."""
+    row = repo.named_row(session, model, tenant_id, name)
+    if row is None:
+        raise NotFound(f"no {kind} {name!r}")
+    return row
+
+
+def named_for_writing(session: Session, model: type[Named], tenant_id: str, name: str) -> Named:
+    """The tenant's row called ``name`` to set the fields of, added if it is new (with the
+    tenant, if that is new too)."""
+    repo.ensure_tenant(session, tenant_id)
+    return repo.named_row_or_new(session, model, tenant_id, name)

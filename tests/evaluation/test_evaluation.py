@@ -1,0 +1,236 @@
+"""The evaluation harness: metric code against hand-computed values (pure), then `concord eval`
+and `concord tune` end to end on a tiny synthetic BEIR dataset through the real stack."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from evaluation import abstain, beir, metrics
+from evaluation.harness import EvalOptions, eval_tenant, run_eval
+from evaluation.runner import HttpPoster
+from evaluation.tune import TuningRefused, tune
+from tests.helpers import key_headers
+
+TINY = Path(__file__).parent.parent / "data" / "tiny-beir"
+
+
+def log2(x: float) -> float:
+    return math.log2(x)
+
+
+# --- metrics (pure) -----------------------------------------------------------------------
+
+
+def test_ndcg_with_graded_relevance_matches_hand_computation() -> None:
+    judgements = {"a": 2, "b": 1, "c": 0}
+    # Ranked: x (0), a (2), b (1): DCG = 2/log2(3) + 1/log2(4); ideal: 2/log2(2) + 1/log2(3)
+    expected = (2 / log2(3) + 1 / log2(4)) / (2 / log2(2) + 1 / log2(3))
+    assert metrics.ndcg_at_k(["x", "a", "b"], judgements, 10) == pytest.approx(expected)
+    assert metrics.ndcg_at_k(["a", "b"], judgements, 10) == pytest.approx(1.0)
+    # Cut at k=1: only x counts -> 0
+    assert metrics.ndcg_at_k(["x", "a", "b"], judgements, 1) == 0.0
+
+
+def test_recall_mrr_and_failure_rate() -> None:
+    judgements = {"a": 1, "b": 1, "c": 1, "d": 0}
+    ranking = ["d", "z", "a", "b"]
+    assert metrics.recall_at_k(ranking, judgements, 10) == pytest.approx(2 / 3)
+    assert metrics.recall_at_k(ranking, judgements, 3) == pytest.approx(1 / 3)
+    assert metrics.mrr_at_k(ranking, judgements, 10) == pytest.approx(1 / 3)
+    assert metrics.mrr_at_k(ranking, judgements, 2) == 0.0
+    row = metrics.per_query(ranking, judgements)
+    assert row["failure@20"] == pytest.approx(1 - 2 / 3)
+
+
+def test_duplicates_count_once_at_their_first_position() -> None:
+    judgements = {"a": 1, "b": 1}
+    assert metrics.recall_at_k(["a", "a", "b"], judgements, 2) == 1.0
+    assert metrics.ndcg_at_k(["a", "a", "b"], judgements, 10) == pytest.approx(1.0)
+
+
+def test_ties_are_ordered_by_document_id_descending() -> None:
+    scores = {"d1": 0.5, "d3": 0.9, "d2": 0.5, "d0": 0.5}
+    assert metrics.order_by_score(scores) == ["d3", "d2", "d1", "d0"]
+    judgements = {"d0": 1}
+    # d0 loses every tie, so it is ranked 4th, not 2nd
+    assert metrics.mrr_at_k(metrics.order_by_score(scores), judgements, 10) == pytest.approx(1 / 4)
+
+
+def test_queries_without_judgements_are_left_out_and_counted() -> None:
+    qrels = {"q1": {"a": 1}, "q2": {"b": 0}}  # q2 has no relevant document
+    rankings = {"q1": ["a"], "q2": ["b"], "q3": ["c"]}
+    result = metrics.evaluate(rankings, qrels)
+    assert result["queries"] == 1
+    assert result["unjudged"] == 2
+    assert result["ndcg@10"] == 1.0
+    # A judged query without a ranking scores zero instead of vanishing from the average.
+    assert metrics.evaluate({}, {"q1": {"a": 1}})["ndcg@10"] == 0.0
+
+
+def test_percentiles_use_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert metrics.percentiles(values) == {"p50": 50.0, "p95": 95.0, "p99": 99.0, "mean": 50.5}
+    assert metrics.percentiles([])["p95"] == 0.0
+
+
+def test_withholding_makes_exactly_the_chosen_half_unanswerable() -> None:
+    qrels = {"q1": {"a": 1}, "q2": {"b": 1}, "q3": {"a": 1, "c": 1}, "q4": {"d": 1}}
+    queries = [(q, q) for q in qrels]
+    w = abstain.withhold_half(queries, qrels, seed=1)
+    assert len(w.unanswerable | w.answerable) == 4
+    for qid in w.unanswerable:
+        assert all(d in w.withheld_docs for d in qrels[qid])
+    for qid in w.answerable:
+        assert any(d not in w.withheld_docs for d in qrels[qid])
+
+
+def test_threshold_sweep_and_choice() -> None:
+    w = abstain.Withholding(frozenset(), frozenset({"u1", "u2"}), frozenset({"a1", "a2"}))
+    run = abstain.AbstainRun(
+        {
+            "u1": {"status": "answerable", "top_score": 0.30},
+            "u2": {"status": "abstain", "top_score": 0.10},
+            "a1": {"status": "answerable", "top_score": 0.60},
+            "a2": {"status": "answerable", "top_score": 0.50},
+        }
+    )
+    assert run.rates(w) == {"abstain_recall": 0.5, "false_abstain": 0.0}
+    assert run.rates(w, 0.4) == {"abstain_recall": 1.0, "false_abstain": 0.0}
+    assert run.rates(w, 0.55) == {"abstain_recall": 1.0, "false_abstain": 0.5}
+    best = abstain.best_threshold(run.sweep(w))
+    assert best["abstain_recall"] == 1.0 and best["false_abstain"] == 0.0
+    assert 0.30 < best["threshold"] <= 0.50
+
+
+def test_dataset_errors_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(beir.DatasetError, match=r"corpus\.jsonl is missing"):
+        beir.load(tmp_path)
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "text": "x"}\nnot json\n')
+    with pytest.raises(beir.DatasetError, match=r"corpus.jsonl:2: not JSON"):
+        beir.load(tmp_path)
+
+
+# --- end to end through the real stack --------------------------------------------------
+
+
+def poster(client: TestClient) -> HttpPoster:
+    return cast(HttpPoster, client)  # a TestClient is an httpx client in all but its stubs
+
+
+def _progress_log() -> tuple[list[tuple[str, int, int]], Any]:
+    log: list[tuple[str, int, int]] = []
+    return log, lambda stage, done, total: log.append((stage, done, total))
+
+
+@pytest.mark.usefixtures("worker")
+def test_eval_end_to_end_on_a_tiny_dataset(client: TestClient, tmp_path: Path) -> None:
+    log, progress = _progress_log()
+    options = EvalOptions(peer=False, rerank_window=5, depth=30)
+    paths = run_eval(TINY, tmp_path / "first", options, progress, http=poster(client))
+
+    report = json.loads(paths["json"].read_text())
+    rows = {c["name"]: c for c in report["configs"]}
+    for name in ("lexical", "dense", "hybrid_rrf", "hybrid_convex"):
+        assert rows[name]["metrics"]["queries"] == 8, name
+        assert rows[name]["latency_ms"]["p50"] > 0
+        # The queries were written to be answerable; a broken path scores near zero.
+        assert rows[name]["metrics"]["ndcg@10"] > 0.5, (name, rows[name]["metrics"])
+        if name != "lexical":  # BM25 cannot find a document that shares no term with the query
+            assert rows[name]["metrics"]["recall@100"] == 1.0, name
+    # No reranker is configured in the test settings: those rows say so instead of faking it.
+    assert "reranker" in rows["hybrid_rrf+rerank"]["unavailable"]
+    exact = rows["exact_dense (sequential scan)"]["metrics"]["ndcg@10"]
+    assert abs(rows["dense"]["metrics"]["ndcg@10"] - exact) <= 0.005
+    assert report["ingest"]["published"] == 24 and report["ingest"]["indexed"] == 24
+
+    a = report["abstain"]
+    assert a["unanswerable"] + a["answerable"] == 8 and a["unanswerable"] >= 4
+    assert len(a["sweep"]) == 101
+    assert a["served"][0]["policy"] == "defaults"
+
+    for kind in ("quality_png", "latency_png", "abstain_png"):
+        assert paths[kind].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", kind
+    markdown = paths["markdown"].read_text()
+    assert "| hybrid_rrf |" in markdown and "Abstain accuracy" in markdown
+    stages = {stage for stage, _, _ in log}
+    assert {"publish", "index", "hybrid_rrf"} <= stages
+
+    # A re-run publishes nothing: every document is unchanged.
+    quick = EvalOptions(peer=False, rerank=False, abstain=False)
+    again = run_eval(TINY, tmp_path / "second", quick, progress, http=poster(client))
+    second = json.loads(again["json"].read_text())
+    assert second["ingest"]["published"] == 0 and second["ingest"]["unchanged"] == 24
+
+
+@pytest.mark.usefixtures("worker")
+def test_tune_writes_a_profile_that_search_and_eval_use(client: TestClient, tmp_path: Path) -> None:
+    _, progress = _progress_log()
+    with pytest.raises(TuningRefused, match="test split"):
+        tune(TINY, "test", "tuned", progress)
+
+    result = tune(TINY, "train", "tuned", progress)
+    assert result["queries"] == 8
+    assert result["train_ndcg@10"]["tuned"] >= result["train_ndcg@10"]["defaults"]
+    assert 0.0 <= result["threshold"]["false_abstain"] <= 0.05
+
+    tenant = eval_tenant(beir.load(TINY))
+    headers = key_headers(tenant, ["read"])
+    profile = client.get("/v1/profiles/tuned", headers=headers).json()
+    assert profile["settings"]["fusion"] == result["settings"]["fusion"]
+
+    body = {"query": "rivers of ice carving valleys", "profile": "tuned", "explain": True}
+    response = client.post("/v1/search", json=body, headers=headers)
+    assert response.status_code == 200, response.text
+    decision = response.json()["decision"]
+    assert decision["threshold"] == result["settings"]["policy"]["min_score"]
+    # A request's own field replaces the profile's.
+    override = {**body, "policy": {"min_score": 0.99}}
+    assert (
+        client.post("/v1/search", json=override, headers=headers).json()["decision"]["threshold"]
+        == 0.99
+    )
+    missing = client.post("/v1/search", json={**body, "profile": "nope"}, headers=headers)
+    assert missing.status_code == 404
+
+    with_profile = EvalOptions(peer=False, rerank=False, profile="tuned")
+    paths = run_eval(TINY, tmp_path, with_profile, progress, http=poster(client))
+    report = json.loads(paths["json"].read_text())
+    assert report["configs"][-2]["name"] == "profile:tuned"
+    assert report["configs"][-2]["metrics"]["queries"] == 8
+    assert [row["policy"] for row in report["abstain"]["served"]] == ["defaults", "profile:tuned"]
+
+
+def test_eval_command_reports_a_bad_dataset_clearly(tmp_path: Path) -> None:
+    from services.cli.main import app
+
+    result = CliRunner().invoke(app, ["eval", "--dataset", str(tmp_path / "absent")])
+    assert result.exit_code == 2
+    assert "is not a directory" in " ".join(result.output.split())
+
+
+def test_profiles_reject_invalid_settings(client: TestClient) -> None:
+    headers = key_headers("profile-tenant", ["admin"])
+    bad = client.put("/v1/profiles/p1", json={"settings": {"top_k": 0}}, headers=headers)
+    assert bad.status_code == 422 and "top_k" in bad.text
+    misplaced = client.put("/v1/profiles/p1", json={"settings": {"query": "x"}}, headers=headers)
+    assert misplaced.status_code == 422 and "query" in misplaced.text
+    good = client.put("/v1/profiles/p1", json={"settings": {"mode": "lexical"}}, headers=headers)
+    assert good.status_code == 200 and good.json()["settings"] == {"mode": "lexical"}
+    assert client.delete("/v1/profiles/p1", headers=headers).status_code == 204
+    assert client.get("/v1/profiles/p1", headers=headers).status_code == 404
+
+
+def test_threshold_simulation_keeps_documents_in_rank_order() -> None:
+    from evaluation.tune import first_chunk_per_document
+
+    ranking = ["c1", "c2", "c3", "c4"]
+    doc_of = {"c1": "d1", "c2": "d2", "c3": "d1", "c4": "d3"}
+    first = first_chunk_per_document(ranking, doc_of)
+    assert list(first.items()) == [("d1", "c1"), ("d2", "c2"), ("d3", "c4")]

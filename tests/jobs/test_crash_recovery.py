@@ -1,0 +1,116 @@
+"""Recovery in seconds under the shipped default settings (issue 19): a job held by a
+process that died is taken over once its short lease runs out, because a live process renews
+it by heartbeat; a retriable failure hands the job back at once instead of keeping it under
+its lease. These tests run with the default lease and sweep (tests/conftest.py shortens
+neither)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.exc import OperationalError
+
+from shared.db import unit_of_work
+from shared.ingest import pipeline
+from shared.models import IngestJob
+from shared.settings import Settings, get_settings
+from tests.conftest import ROOT, CeleryProcess, wait_for
+from tests.helpers import job_state, long_text, paused, upload_text, wait_converged
+
+# A stand-in for a worker process: it claims a batch the way a task does, keeps it alive
+# with the heartbeat, and then does nothing until it is killed.
+HOLDER = """
+import sys, time, uuid
+from shared.ingest import pipeline
+from shared.jobs.heartbeat import LeaseHeartbeat
+from shared.settings import get_settings
+
+from shared.db import unit_of_work
+
+with unit_of_work() as uow:
+    claims = pipeline.claim(uow, uuid.UUID(sys.argv[1]), get_settings())
+with LeaseHeartbeat([c.job_id for c in claims], unit_of_work, get_settings()):
+    print(len(claims), flush=True)
+    time.sleep(3600)
+"""
+
+
+def _attempts(job_ids: list[str]) -> dict[str, tuple[str, int]]:
+    with unit_of_work() as uow:
+        jobs = uow.session.query(IngestJob).filter(
+            IngestJob.id.in_([uuid.UUID(j) for j in job_ids])
+        )
+        return {str(j.id): (j.state, j.attempts) for j in jobs}
+
+
+def test_defaults_recover_a_killed_holder_in_seconds_and_never_steal_from_a_live_one(
+    client: TestClient, auth: dict[str, str], tenant: str, worker: CeleryProcess
+) -> None:
+    settings = Settings()  # what ships: the environment sets neither lease nor sweep
+    assert settings.job_lease_seconds == get_settings().job_lease_seconds == 20
+    assert settings.sweep_interval_seconds == get_settings().sweep_interval_seconds == 5
+    with paused(worker):
+        jobs = [
+            upload_text(client, auth, f"held-{i}.txt", long_text(f"heron{i}", 8))["job_id"]
+            for i in range(3)
+        ]
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, jobs[0]],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            env=os.environ.copy(),
+        )
+        assert holder.stdout is not None
+        assert int(holder.stdout.readline()) == 3
+    try:
+        # Alive past two leases: the sweep (every 5 s) must leave its jobs alone.
+        time.sleep(2 * settings.job_lease_seconds + settings.sweep_interval_seconds)
+        assert _attempts(jobs) == {j: ("running", 1) for j in jobs}
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=10)
+    killed = time.monotonic()
+
+    def all_indexed() -> bool:
+        return all(state == "indexed" for state, _ in _attempts(jobs).values())
+
+    wait_for(all_indexed, 90, interval=0.2, what="the dead holder's jobs to be taken over")
+    taken_over_s = time.monotonic() - killed
+    print(f"\n[killed holder] 3 jobs indexed {taken_over_s:.1f} s after SIGKILL (defaults)")
+    # The lease left at the kill, one sweep period, then the work itself.
+    assert taken_over_s <= settings.job_lease_seconds + 2 * settings.sweep_interval_seconds + 15
+    assert {a for _, a in _attempts(jobs).values()} == {2}
+    wait_converged(tenant)
+
+
+def test_a_retriable_failure_hands_the_batch_back_for_its_retry_at_once(
+    client: TestClient,
+    auth: dict[str, str],
+    tenant: str,
+    worker: CeleryProcess,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def unreachable(uow: object, claims: object) -> None:
+        raise OperationalError("SELECT 1", {}, Exception("connection refused"))
+
+    with paused(worker):
+        first = upload_text(client, auth, "retry-a.txt", long_text("osprey", 6))["job_id"]
+        mate = upload_text(client, auth, "retry-b.txt", long_text("plover", 6))["job_id"]
+        monkeypatch.setattr(pipeline, "write_batch", unreachable)
+        with pytest.raises(OperationalError):
+            pipeline.process_job(unit_of_work, uuid.UUID(first))
+        # Neither job waits out a lease: the task's own job is queued for its retry, the
+        # batch-mate queued with a message of its own.
+        assert job_state(first)[0] == "queued" and job_state(mate)[0] == "queued"
+        monkeypatch.undo()
+        retried = pipeline.process_job(unit_of_work, uuid.UUID(first))  # the retry, moments later
+        assert retried.state == "indexed", retried
+    wait_converged(tenant)
+    assert job_state(mate)[0] == "indexed"

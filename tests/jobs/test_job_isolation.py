@@ -1,0 +1,227 @@
+"""One tenant's input never harms another's work (issue 18): a batch holds jobs of many
+tenants, and an error that belongs to one job fails that job alone.
+
+Each test puts an offending tenant's jobs and a victim tenant's ordinary jobs into the same
+claimed batch (the worker is paused while both upload), then checks that every victim job
+ends indexed in both stores, and that the offender's jobs end failed or dead-lettered with a
+stage, a class and a message that carries none of the victim's data."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+from sqlalchemy.exc import DataError
+
+from shared.db import unit_of_work
+from shared.db.repository import lock_key
+from shared.ingest import pipeline
+from shared.models import DeadLetter, IngestJob
+from shared.settings import get_settings
+from shared.stores import repository as repo
+from tests.conftest import CeleryProcess, wait_for
+from tests.helpers import key_headers, paused, upload_text, wait_converged
+
+VICTIM_MARKER = "kestrel-victim-secret"
+
+
+def _victim_uploads(client: TestClient, auth: dict[str, str], n: int = 8) -> list[str]:
+    return [
+        upload_text(
+            client,
+            auth,
+            f"victim-{i}.txt",
+            f"Ordinary note {i} about the {VICTIM_MARKER} river survey. It has two sentences.",
+        )["job_id"]
+        for i in range(n)
+    ]
+
+
+def _jobs(job_ids: list[str]) -> dict[str, IngestJob]:
+    with unit_of_work() as uow:
+        jobs = uow.session.scalars(
+            select(IngestJob).where(IngestJob.id.in_([uuid.UUID(j) for j in job_ids]))
+        ).all()
+    return {str(j.id): j for j in jobs}
+
+
+def _wait_finished(job_ids: list[str], timeout: float = 120) -> dict[str, IngestJob]:
+    def finished() -> dict[str, IngestJob] | None:
+        jobs = _jobs(job_ids)
+        done = all(j.state in ("indexed", "failed", "dead_lettered") for j in jobs.values())
+        return jobs if done and len(jobs) == len(job_ids) else None
+
+    return dict(wait_for(finished, timeout, what="every job to finish"))
+
+
+def _assert_victim_unharmed(victim: str, victim_jobs: list[str]) -> None:
+    jobs = _wait_finished(victim_jobs)
+    assert {j.state for j in jobs.values()} == {"indexed"}, {
+        k: (j.state, j.error_message) for k, j in jobs.items()
+    }
+    chunks = wait_converged(victim)
+    assert len(chunks) == len(victim_jobs)
+
+
+def _assert_failed_alone(job: IngestJob) -> None:
+    assert job.state in ("failed", "dead_lettered"), job.state
+    assert job.error_stage and job.error_class and job.error_message
+    assert VICTIM_MARKER not in job.error_message
+    assert "[SQL:" not in job.error_message and "parameters" not in job.error_message
+
+
+POISON_JSON = {
+    # json.loads refuses more than 4,300 digits with a ValueError, not a JSONDecodeError.
+    "digits": '{"text": "a long number follows", "n": ' + "9" * 5000 + "}",
+    # Nested past Python's recursion limit: a RecursionError.
+    "nesting": '{"text": "deeply nested", "x": ' + "[" * 5000 + "]" * 5000 + "}",
+}
+
+
+def _stored_past_the_door(tenant: str, external_id: str, text: str) -> tuple[str, str]:
+    """Accept an upload without the intake check (as content accepted before the check
+    existed, or a bound raised since); returns (status, job id) and publishes the job."""
+    from shared.documents.schemas import Upload
+    from shared.documents.service import accept_upload
+
+    upload = Upload(tenant, external_id, text.encode(), "application/json")
+    with unit_of_work() as uow:
+        result = accept_upload(uow, get_settings(), upload)
+    return result.status, str(result.job_id)
+
+
+def test_poison_json_is_refused_at_the_door_and_fails_alone_past_it(
+    client: TestClient, worker: CeleryProcess
+) -> None:
+    victim, offender = f"v-{uuid.uuid4().hex[:10]}", f"o-{uuid.uuid4().hex[:10]}"
+    victim_auth = key_headers(victim, ["read", "write"])
+    offender_auth = key_headers(offender, ["read", "write"])
+    for name, text in POISON_JSON.items():  # the intake check: 422 with the reason
+        refused = client.post(
+            "/v1/documents",
+            headers=offender_auth,
+            json={"external_id": f"{name}.json", "text": text, "content_type": "application/json"},
+        )
+        assert refused.status_code == 422, refused.text
+        assert "JSON" in refused.json()["error"]["message"]
+    with paused(worker):
+        poison_jobs = {
+            name: _stored_past_the_door(offender, f"{name}.json", text)[1]
+            for name, text in POISON_JSON.items()
+        }
+        # NUL and a lone surrogate, written as JSON escapes, reach the parsed text.
+        odd = upload_text(
+            client,
+            offender_auth,
+            "odd.json",
+            '{"text": "a NUL \\u0000 here and a lone surrogate \\ud800 there."}',
+            content_type="application/json",
+        )["job_id"]
+        victim_jobs = _victim_uploads(client, victim_auth)
+    _assert_victim_unharmed(victim, victim_jobs)
+    jobs = _wait_finished([*poison_jobs.values(), odd])
+    for name, job_id in poison_jobs.items():
+        job = jobs[job_id]
+        _assert_failed_alone(job)
+        assert job.state == "failed" and job.error_stage == "parse", (name, job.error_message)
+    # Text Postgres and the tokenizer cannot take is made storable at the same offsets.
+    assert jobs[odd].state == "indexed", jobs[odd].error_message
+
+    # The same content again is a retry of the failed version, not "unchanged".
+    status, job_id = _stored_past_the_door(offender, "digits.json", POISON_JSON["digits"])
+    assert status == "accepted" and job_id != poison_jobs["digits"]
+    retried = _wait_finished([job_id])[job_id]
+    assert retried.state == "failed" and retried.version == jobs[poison_jobs["digits"]].version
+
+
+def _claims_of(job_ids: list[str]) -> list[Any]:
+    with unit_of_work() as uow:
+        return pipeline.claim_listed(uow, [uuid.UUID(j) for j in job_ids], get_settings())
+
+
+@pytest.mark.parametrize("stage", ["parse", "write"])
+def test_an_unexpected_error_of_one_job_dead_letters_it_alone(
+    client: TestClient, worker: CeleryProcess, monkeypatch: pytest.MonkeyPatch, stage: str
+) -> None:
+    """Errors no one foresaw (a library's exception in the parser, a row the database
+    refuses): the offender is dead-lettered with a message free of SQL and parameters, and
+    its batch-mates of another tenant are indexed by the same batch."""
+    victim, offender = f"v-{uuid.uuid4().hex[:10]}", f"o-{uuid.uuid4().hex[:10]}"
+    victim_auth = key_headers(victim, ["read", "write"])
+    offender_auth = key_headers(offender, ["read", "write"])
+
+    if stage == "parse":
+        real_parse = pipeline.parse  # type: ignore[attr-defined]
+
+        def parse(raw: bytes, content_type: str, fields: tuple[str, ...]) -> Any:
+            if b"offending" in raw:
+                raise KeyError("a parser library's own exception")
+            return real_parse(raw, content_type, fields)
+
+        monkeypatch.setattr(pipeline, "parse", parse)
+    else:
+        real_upsert = repo.upsert_chunks
+
+        def upsert(session: Any, versions: Any) -> None:
+            if any(v.tenant_id == offender for v in versions):
+                # As psycopg reports a value Postgres refuses: the statement and every row's
+                # parameters travel in the exception's text.
+                raise DataError(
+                    "INSERT INTO chunks ...",
+                    {"text": f"{VICTIM_MARKER} row"},
+                    Exception("value out of range"),
+                )
+            real_upsert(session, versions)
+
+        monkeypatch.setattr(repo, "upsert_chunks", upsert)
+
+    with paused(worker):
+        bad = upload_text(client, offender_auth, "bad.txt", "An offending document.")["job_id"]
+        victim_jobs = _victim_uploads(client, victim_auth, n=4)
+        outcomes = pipeline.run(_claims_of([bad, *victim_jobs]), unit_of_work, get_settings())
+        assert outcomes[uuid.UUID(bad)].state == "dead_lettered"
+        assert {outcomes[uuid.UUID(j)].state for j in victim_jobs} == {"indexed"}
+    _assert_victim_unharmed(victim, victim_jobs)
+    job = _jobs([bad])[bad]
+    _assert_failed_alone(job)
+    assert (job.state, job.error_stage) == ("dead_lettered", stage)
+    with unit_of_work() as uow:
+        letter = uow.session.scalar(select(DeadLetter).where(DeadLetter.ref == bad))
+    assert letter is not None and letter.tenant_id == offender
+    assert VICTIM_MARKER not in letter.message and VICTIM_MARKER not in json.dumps(letter.payload)
+
+
+def test_an_upload_waiting_on_a_lock_does_not_stall_other_requests(live_api: str) -> None:
+    """The upload route's transaction runs in a worker thread: while one upload waits for
+    its document's lock (a slow writer of the same external id), the API keeps answering."""
+    import threading
+    import time
+
+    import httpx
+
+    tenant = f"slow-{uuid.uuid4().hex[:10]}"
+    headers = key_headers(tenant, ["read", "write"])
+    answered: dict[str, int] = {}
+
+    def upload() -> None:
+        body = {"external_id": "held.txt", "text": "Held behind a lock for a while."}
+        answered["upload"] = httpx.post(
+            f"{live_api}/v1/documents", headers=headers, json=body, timeout=60
+        ).status_code
+
+    with unit_of_work() as uow:  # a slow writer holds the external id's lock
+        lock_key(uow.session, f"external:{tenant}:held.txt")
+        waiting = threading.Thread(target=upload)
+        waiting.start()
+        time.sleep(1.0)  # the upload is now waiting for the lock
+        started = time.monotonic()
+        health = httpx.get(f"{live_api}/healthz", timeout=30)
+        elapsed = time.monotonic() - started
+        assert health.status_code == 200 and "upload" not in answered
+    waiting.join(timeout=30)
+    assert answered["upload"] == 202
+    assert elapsed < 1.0, f"/healthz took {elapsed:.2f} s while an upload waited for a lock"

@@ -1,0 +1,286 @@
+"""Issue 5: reconciliation finds each class of drift exactly, repairs it, and a second run
+finds nothing; dead letters can be replayed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import delete
+
+from shared.db import unit_of_work
+from shared.ingest import pipeline
+from shared.models import DeadLetter, EsOutbox
+from shared.outbox import service as relay
+from shared.reconcile.service import drain_repairs, reconcile, reconcile_and_verify
+from shared.settings import get_settings
+from shared.stores.elastic import get_es
+from tests.helpers import (
+    dead_lettered_upload,
+    es_chunks,
+    index_orphan,
+    key_headers,
+    paused,
+    pg_chunks,
+    upload_text,
+    wait_converged,
+    wait_job,
+)
+
+
+def drop_outbox(document_id: str) -> None:
+    """As if the relay had lost these writes."""
+    with unit_of_work() as uow:
+        uow.session.execute(delete(EsOutbox).where(EsOutbox.document_id == uuid.UUID(document_id)))
+
+
+def test_each_class_of_drift_is_found_exactly_and_repaired(
+    client: TestClient, auth, tenant, worker
+):
+    docs = [
+        upload_text(client, auth, f"doc-{i}", f"Note {i} about lighthouses and tides.")
+        for i in range(5)
+    ]
+    for d in docs:
+        wait_job(client, auth, d["job_id"])
+    chunks = wait_converged(tenant)
+    assert reconcile(unit_of_work, tenant).total() == 0
+    es, alias = get_es(), get_settings().es_chunks_alias()
+    chunk_of = {d["document_id"]: f"{d['document_id']}:0" for d in docs}
+    assert set(chunk_of.values()) == set(chunks)
+
+    # missing: the copy of doc 0 vanished from Elasticsearch (as if a shard lost it; a delete
+    # at its own version leaves no newer tombstone behind).
+    es.delete(
+        index=alias,
+        id=chunk_of[docs[0]["document_id"]],
+        version=1,
+        version_type="external_gte",
+        refresh=True,
+    )
+    # orphaned: a copy of a chunk Postgres never had.
+    ghost = index_orphan(tenant)
+    # wrong tenant: doc 2's copy claims another tenant (same version).
+    copy = es.get(index=alias, id=chunk_of[docs[2]["document_id"]])
+    es.index(
+        index=alias,
+        id=copy["_id"],
+        version=copy["_version"],
+        version_type="external_gte",
+        document={**copy["_source"], "tenant_id": "someone-else"},
+        refresh=True,
+    )
+    # stale and tombstoned: doc 1 updated and doc 3 deleted, but their writes never reached ES.
+    with paused(worker):
+        v2 = upload_text(client, auth, "doc-1", "Note 1, revised: lighthouses are automated.")
+        pipeline.process_job(unit_of_work, uuid.UUID(v2["job_id"]))
+        drop_outbox(v2["document_id"])
+        assert (
+            client.delete(f"/v1/documents/{docs[3]['document_id']}", headers=auth).status_code
+            == 200
+        )
+        drop_outbox(docs[3]["document_id"])
+
+    found = reconcile(unit_of_work, tenant)
+    counts = found.as_dict()["counts"]
+    assert counts == {"missing": 1, "stale": 1, "orphaned": 2, "wrong_tenant": 1}
+    assert found.drift["missing"] == {chunk_of[docs[0]["document_id"]]}
+    assert found.drift["stale"] == {chunk_of[docs[1]["document_id"]]}
+    assert found.drift["orphaned"] == {ghost, chunk_of[docs[3]["document_id"]]}
+    assert found.drift["wrong_tenant"] == {chunk_of[docs[2]["document_id"]]}
+    assert found.buckets_differing <= 5 and found.ids_read <= 10  # only the drifted buckets
+
+    repaired, after = reconcile_and_verify(unit_of_work, tenant)
+    assert repaired.repairs_queued == 5
+    assert after.total() == 0
+    assert es_chunks(tenant) == pg_chunks(tenant)
+    assert reconcile(unit_of_work, tenant).total() == 0
+    assert (
+        es.search(index=alias, query={"term": {"tenant_id": "someone-else"}})["hits"]["total"][
+            "value"
+        ]
+        == 0
+    )
+
+
+def test_repair_waits_for_repairs_that_another_relay_claimed_first(
+    client: TestClient, auth, tenant, worker
+):
+    """A running relay may claim the queued repairs before the operator's drain does; the
+    check after the repair must wait for that relay instead of reporting its drift as left."""
+    up = upload_text(client, auth, "claimed.txt", "Repairs claimed by another relay.")
+    wait_job(client, auth, up["job_id"])
+    [chunk] = wait_converged(tenant)
+    es = get_es()
+    es.delete(
+        index=get_settings().es_chunks_alias(),
+        id=chunk,
+        version=1,
+        version_type="external_gte",
+        refresh=True,
+    )
+    claimed = threading.Event()
+
+    class SlowElasticsearch:
+        """The other relay: it holds the claimed rows for a second before it sends them."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(es, name)
+
+        def bulk(self, **kwargs: Any) -> Any:
+            claimed.set()
+            time.sleep(1.5)
+            return es.bulk(**kwargs)
+
+    with paused(worker):
+        assert reconcile(unit_of_work, tenant, repair=True).repairs_queued == 1
+        other_relay = threading.Thread(
+            target=relay.drain, args=(unit_of_work,), kwargs={"es": SlowElasticsearch()}
+        )
+        other_relay.start()
+        try:
+            assert claimed.wait(timeout=30)
+            drain_repairs(unit_of_work, {chunk})
+            assert reconcile(unit_of_work, tenant).total() == 0
+        finally:
+            other_relay.join(timeout=60)
+
+
+def test_reconcile_cli_reports_and_exits_nonzero_while_drift_remains(client, auth, tenant, worker):
+    up = upload_text(client, auth, "cli.txt", "Reconcile me from the command line.")
+    wait_job(client, auth, up["job_id"])
+    [chunk] = wait_converged(tenant)
+    get_es().delete(
+        index=get_settings().es_chunks_alias(),
+        id=chunk,
+        version=1,
+        version_type="external_gte",
+        refresh=True,
+    )
+
+    def concord(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "services.cli.main", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    dry = concord("reconcile", "--tenant", tenant, "--json")
+    assert dry.returncode == 1, dry.stderr
+    assert json.loads(dry.stdout)["counts"]["missing"] == 1
+    fixed = concord("reconcile", "--tenant", tenant, "--repair", "--json")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert json.loads(fixed.stdout)["after_repair"]["total_drift"] == 0
+    stats = concord("stats", "--json")
+    assert stats.returncode == 0 and json.loads(stats.stdout)["last_reconcile"]["total_drift"] == 0
+
+
+def test_dlq_replay_reruns_a_dead_lettered_job(client, auth, tenant, worker):
+    job_id, letter_id = dead_lettered_upload(client, auth, worker)
+    result = subprocess.run(
+        [sys.executable, "-m", "services.cli.main", "dlq", "replay", str(letter_id)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    job = wait_job(client, auth, job_id)
+    assert job["attempts"] == 1
+    wait_converged(tenant)
+    with unit_of_work() as uow:
+        assert uow.session.get(DeadLetter, letter_id) is None
+
+
+def test_reindex_switches_atomically_while_searches_keep_answering(client, auth, tenant, worker):
+    for i in range(8):
+        upload_text(client, auth, f"atlas-{i}", f"Atlas page {i}: maps of mountain passes.")
+    wait_converged(tenant)
+    es, alias = get_es(), get_settings().es_chunks_alias()
+    [old_index] = es.indices.get_alias(name=alias)
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def keep_searching() -> None:
+        while not stop.is_set():
+            response = client.post(
+                "/v1/search", headers=auth, json={"query": "mountain passes", "mode": "lexical"}
+            )
+            if response.status_code != 200 or not response.json()["results"]:
+                failures.append(f"{response.status_code}: {response.text[:200]}")
+
+    searcher = threading.Thread(target=keep_searching)
+    searcher.start()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "services.cli.main", "reindex"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    finally:
+        stop.set()
+        searcher.join()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "drift after the switch: 0" in result.stdout
+    assert failures == []
+    [new_index] = es.indices.get_alias(name=alias)
+    assert new_index != old_index and not es.indices.exists(index=old_index)
+    assert es_chunks(tenant) == pg_chunks(tenant)
+    # Writes after the switch land in the new index.
+    up = upload_text(client, auth, "atlas-new", "Atlas page nine: river crossings.")
+    wait_job(client, auth, up["job_id"])
+    assert len(wait_converged(tenant)) == 9
+
+
+def test_an_interrupted_reindex_resumes_where_it_stopped(client, auth, tenant, worker):
+    from shared.reconcile.reindex import reindex
+    from shared.stores.es_index import reindex_target
+
+    for i in range(6):
+        upload_text(client, auth, f"log-{i}", f"Ship log entry {i}: calm seas.")
+    wait_converged(tenant)
+
+    class Interrupted(Exception):
+        pass
+
+    def crash_after_first_page(done: int, total: int) -> None:
+        raise Interrupted
+
+    with pytest.raises(Interrupted):
+        reindex(unit_of_work, crash_after_first_page, page_size=3)
+    settings = get_settings()
+    target = reindex_target(get_es(), settings)
+    assert target is not None
+    meta = get_es().indices.get_mapping(index=target)[target]["mappings"]["_meta"]
+    assert meta["reindex_last_id"]
+    # Resumed in larger pages: the index holds every tenant's chunks (tens of thousands by the
+    # time the suite gets here), which pages of 3 would copy one mapping update at a time.
+    result = reindex(unit_of_work, page_size=1000)
+    assert result.resumed and result.new_index == target
+    assert reindex_target(get_es(), settings) is None
+    assert es_chunks(tenant) == pg_chunks(tenant)
+
+
+def test_admin_endpoints_need_the_admin_scope(client, auth, tenant):
+    admin = key_headers(tenant, ["admin"])
+    assert client.get("/v1/admin/stats", headers=auth).status_code == 403
+    assert client.get("/v1/admin/stats").status_code == 401
+    stats = client.get("/v1/admin/stats", headers=admin)
+    assert stats.status_code == 200 and "outbox_backlog" in stats.json()
+    report = client.post("/v1/admin/reconcile", headers=admin, json={})
+    assert report.status_code == 200 and report.json()["total_drift"] == 0
+    assert client.get("/v1/admin/jobs", headers=admin, params={"stuck": True}).status_code == 200
+    assert client.get("/v1/admin/dead-letters/999999", headers=admin).status_code == 404
+    # admin implies read and write on its own tenant
+    assert client.post("/v1/search", headers=admin, json={"query": "x"}).status_code == 200

@@ -1,0 +1,214 @@
+"""Unit tests of the search path (shared/search/): fusion, blending, packing prefixes, query
+encoders, MMR and the hydration window; no services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared.search.fusion import ArmHit, rrf
+
+
+def test_rrf_rewards_agreement_and_respects_weights():
+    dense = [ArmHit("a", 1, 0.9), ArmHit("b", 2, 0.8)]
+    lexical = [ArmHit("b", 1, 12.0), ArmHit("c", 2, 9.0)]
+    fused = rrf({"dense": dense, "lexical": lexical}, k=60)
+    assert fused[0][0] == "b"
+    assert fused[0][1] == pytest.approx(1 / 62 + 1 / 61)
+    weighted = rrf(
+        {"dense": dense, "lexical": lexical}, k=60, weights={"dense": 0.0, "lexical": 1.0}
+    )
+    assert [cid for cid, _ in weighted][:2] == ["b", "c"]
+
+
+def test_blend_scores_mix_min_max_normalized_rerank_and_fused_scores() -> None:
+    from shared.search.service import blend_scores
+
+    rerank, fused = [3.0, 1.0, 2.0], [0.1, 0.3, 0.2]
+    assert blend_scores(rerank, fused, 1.0) == rerank  # the reranker alone, raw
+    assert blend_scores(rerank, fused, 0.0) == pytest.approx([0.0, 1.0, 0.5])
+    assert blend_scores(rerank, fused, 0.25) == pytest.approx([0.25, 0.75, 0.5])
+    assert blend_scores([], [], 0.3) == []
+
+
+def test_whole_sentence_prefix_is_the_longest_that_fits() -> None:
+    from shared.search.policy import _whole_sentences_within
+
+    text = "One two three. Four five. Six seven eight nine. Ten."
+
+    class Words:
+        def __call__(self, text: str) -> int:
+            return len(text.split())
+
+        def prefix_counts(self, text: str, ends: list[int]) -> list[int]:
+            return [len(text[:end].split()) for end in ends]
+
+    assert _whole_sentences_within(text, 0, Words()) == ("", 0)
+    assert _whole_sentences_within(text, 2, Words()) == ("", 0)
+    assert _whole_sentences_within(text, 3, Words()) == ("One two three.", 3)
+    assert _whole_sentences_within(text, 8, Words()) == ("One two three. Four five.", 5)
+    nine = "One two three. Four five. Six seven eight nine."
+    assert _whole_sentences_within(text, 9, Words()) == (nine, 9)
+    assert _whole_sentences_within(text, 100, Words()) == (text, 10)
+
+
+def test_tokenizer_prefix_counts_equal_counting_each_prefix() -> None:
+    from shared.ingest.chunking import sentence_spans
+    from shared.search.service import _TokenizerCounter
+
+    text = (
+        "Vitamin D deficiency (VDD) affects 1,234 patients. Was it caused by e.g. diet? "
+        "Résumé: IL-6 rose 2.5-fold in CD4+ cells; see Fig. 3. Done."
+    )
+    counter = _TokenizerCounter()
+    ends = [end for _, end in sentence_spans(text, 0, len(text))]
+    assert len(ends) >= 3
+    assert counter.prefix_counts(text, ends) == [counter(text[:end]) for end in ends]
+
+
+def test_onnx_query_encoder_matches_the_sentence_transformers_model(tmp_path) -> None:
+    import numpy as np
+
+    from shared.ingest.embedding import get_embedder
+    from shared.search.query_encoder import OnnxQueryEncoder
+
+    model = get_embedder().model()
+    encoder = OnnxQueryEncoder(model, tmp_path)  # exports into tmp_path on first use
+    assert (tmp_path / "model.onnx").exists()
+    queries = ["vitamin D and bone density", "IL-6 in CD4+ T cells", "a" * 3000]
+    torch_vectors = model.encode(queries, normalize_embeddings=True, convert_to_numpy=True)
+    for query, expected in zip(queries, torch_vectors, strict=True):
+        vector = encoder.encode(query)  # the long one is truncated like the model truncates
+        assert vector.shape == expected.shape
+        assert float(np.linalg.norm(vector)) == pytest.approx(1.0, abs=1e-5)
+        assert float(vector @ expected) > 0.99999
+    # A second encoder reuses the export instead of writing it again.
+    mtime = (tmp_path / "model.onnx").stat().st_mtime_ns
+    OnnxQueryEncoder(model, tmp_path)
+    assert (tmp_path / "model.onnx").stat().st_mtime_ns == mtime
+
+
+def test_likely_results_keep_the_per_document_cap_by_chunk_id() -> None:
+    from shared.search.service import _within_cap
+    from shared.stores.schemas import document_of_chunk
+
+    def _first_within_cap(ids: list[str], cap: int | None, count: int) -> list[str]:
+        return _within_cap(ids, cap, document_of_chunk)[:count]
+
+    ids = ["a:0", "a:1", "b:0", "a:2", "c:0", "b:1"]
+    assert _first_within_cap(ids, None, 4) == ["a:0", "a:1", "b:0", "a:2"]
+    assert _first_within_cap(ids, 1, 10) == ["a:0", "b:0", "c:0"]
+    assert _first_within_cap(ids, 2, 4) == ["a:0", "a:1", "b:0", "c:0"]
+
+
+def test_query_encoder_falls_back_to_torch_when_onnx_cannot_be_set_up(tmp_path) -> None:
+    import numpy as np
+
+    from shared.ingest.embedding import Embedder
+    from shared.settings import Settings
+
+    blocked = tmp_path / "state"
+    blocked.write_text("a file where the export directory should go")
+    embedder = Embedder(Settings(state_dir=blocked))
+    assert embedder.query_encoder() is None  # the export could not be written
+    vector = embedder.embed_query("vitamin D and bone density")
+    torch_only = Embedder(Settings(state_dir=blocked, query_encoder="torch"))
+    assert float(vector @ torch_only.embed_query("vitamin D and bone density")) > 0.99999
+    assert np.isclose(np.linalg.norm(vector), 1.0, atol=1e-5)
+
+
+def _candidates(n: int, documents: int, seed: int = 7) -> list[Any]:
+    import numpy as np
+
+    from shared.search.policy import Candidate
+
+    rng = np.random.default_rng(seed)
+    vectors = rng.normal(size=(n, 16)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    return [
+        Candidate(
+            chunk_id=f"d{i % documents}:{i}",
+            document_id=f"d{i % documents}",
+            external_id=None,
+            title="",
+            version=1,
+            section="",
+            char_start=0,
+            char_end=1,
+            indexed_at=None,
+            text="",
+            token_count=1,
+            embedding=vectors[i],
+            scores={"dense_cosine": float(rng.uniform())},
+        )
+        for i in range(n)
+    ]
+
+
+def test_mmr_picks_what_the_textbook_algorithm_picks_without_its_cubic_cost():
+    from shared.search.service import _cap_per_document, _mmr
+
+    def textbook(candidates: list[Any], lambda_: float) -> list[Any]:
+        chosen: list[Any] = []
+        remaining = list(candidates)
+
+        def value(c: Any) -> float:
+            redundancy = max((float(c.embedding @ s.embedding) for s in chosen), default=0.0)
+            return float(lambda_ * c.scores["dense_cosine"] - (1 - lambda_) * redundancy)
+
+        while remaining:
+            best = max(remaining, key=value)
+            chosen.append(best)
+            remaining.remove(best)
+        return chosen
+
+    for cap in (None, 2):
+        candidates = _candidates(80, documents=10)
+        expected = _cap_per_document(textbook(candidates, 0.7), cap)[:10]
+        got = _cap_per_document(_mmr(candidates, 0.7, 10, cap), cap)[:10]
+        assert [c.chunk_id for c in got] == [c.chunk_id for c in expected]
+    # 2,000 candidates (the deepest a request can ask for): picks top_k, not every candidate.
+    many = _candidates(2000, documents=3)
+    assert len(_mmr(many, 0.5, 10, 1)) == 2000
+
+
+def test_hydration_for_a_per_document_cap_stops_at_the_candidate_window(monkeypatch):
+    from shared.db import unit_of_work
+    from shared.search import service
+    from shared.search.schemas import SearchRequest
+    from shared.settings import Settings
+
+    hydrated: list[int] = []
+
+    def fake_hydrate(query, fused, vector, likely):
+        hydrated.append(len(fused))
+        return _candidates(len(fused), documents=1), 0
+
+    monkeypatch.setattr(service, "_hydrate", fake_hydrate)
+    fused = [(f"d0:{i}", 1.0 / (i + 1)) for i in range(2000)]
+    request = SearchRequest.model_validate(
+        {"query": "q", "top_k": 10, "per_document_cap": 1, "mmr": {"lambda": 0.5}}
+    )
+    settings = Settings(search_candidate_window=100)
+    query = service._Query("t", request, settings, transactions=unit_of_work)
+    candidates, _ = service._hydrate_enough(query, fused, [0.0])
+    assert len(candidates) <= 100 + max(hydrated)  # one slice past the window at most
+    assert sum(hydrated) < 2000
+
+
+def test_a_date_bound_shaped_like_a_date_but_not_one_filters_by_its_text() -> None:
+    """The schema states a date's shape, not the calendar: '2024-02-30' is a valid request.
+    It filters as its text compares (as in Postgres), instead of failing the search."""
+    from shared.search.filters import es_filters, range_terms
+    from shared.search.schemas import Filters
+
+    filters = Filters.model_validate(
+        {"metadata": {"day": {"gte": "2024-02-30", "lt": "2189-15-43"}}}
+    )
+    [clause] = es_filters(filters)
+    bounds = clause["range"]["metadata_ranges"]
+    [march] = range_terms({"day": "2024-03-01"})
+    [february] = range_terms({"day": "2024-02-28"})
+    assert bounds["gte"] <= march < bounds["lt"]
+    assert february < bounds["gte"]
