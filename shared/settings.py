@@ -78,8 +78,11 @@ class Settings(BaseSettings):
     # processes, so that concurrent processes do not oversubscribe the CPU.
     embedding_threads: int = 0
     # "onnx": queries are encoded through ONNX Runtime on one thread (exported once from the
-    # same weights, see shared/search/query_encoder.py); "torch": through sentence-transformers.
+    # same weights, see shared/ingest/onnx_encoder.py); "torch": through sentence-transformers.
     query_encoder: Literal["onnx", "torch"] = "onnx"
+    # Passages: "torch" (sentence-transformers), "onnx" (the same fp32 graph through ONNX
+    # Runtime) or "onnx-int8" (its matrix multiplications quantized to int8; see README).
+    passage_encoder: Literal["torch", "onnx", "onnx-int8"] = "torch"
     query_prompt: str = ""
     passage_prompt: str = ""
 

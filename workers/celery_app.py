@@ -150,3 +150,4 @@ def _init_worker_process(**_: Any) -> None:
     processes = celery_app.conf.worker_concurrency or os.cpu_count() or 1
     torch.set_num_threads(torch_threads_per_process(get_settings(), processes))
     get_embedder().model()
+    get_embedder().passage_encoder()  # ONNX (exported and quantized once) when configured

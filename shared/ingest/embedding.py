@@ -1,4 +1,6 @@
-"""Sentence-transformers embedder, loaded once per process on first use (never at import)."""
+"""The embedder: a sentence-transformers model, loaded once per process on first use (never at
+import), run for passages through torch or ONNX Runtime (``CONCORD_PASSAGE_ENCODER``) and for
+queries through ONNX Runtime on one thread (``CONCORD_QUERY_ENCODER``)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from shared.settings import Settings, get_settings
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
-    from shared.search.query_encoder import OnnxQueryEncoder
+    from shared.ingest.onnx_encoder import OnnxEncoder, Precision
 
 log = logging.getLogger(__name__)
 
@@ -25,16 +27,19 @@ class Embedder:
         self.settings = settings
         self.model_path = settings.embedding_model_path()
         self._model: SentenceTransformer | None = None
-        self._query_encoder: OnnxQueryEncoder | None = None
+        self._query_encoder: OnnxEncoder | None = None
         self._query_encoder_tried = False
+        self._passage_encoder: OnnxEncoder | None = None
+        self._passage_encoder_tried = False
         self._lock = threading.Lock()
 
     @property
     def model_id(self) -> str:
-        """Cache key for embeddings: the configured model (name or path) plus prompt."""
-        return (
-            f"{self.settings.embedding_model or 'all-MiniLM-L6-v2'}|{self.settings.passage_prompt}"
-        )
+        """Cache key for embeddings: the configured model (name or path) plus prompt, and the
+        int8 encoder's mark (its vectors are close to fp32's, not equal: never mixed)."""
+        model = self.settings.embedding_model or "all-MiniLM-L6-v2"
+        int8 = "|int8" if self.settings.passage_encoder == "onnx-int8" else ""
+        return f"{model}|{self.settings.passage_prompt}{int8}"
 
     def model(self) -> SentenceTransformer:
         with self._lock:
@@ -67,7 +72,7 @@ class Embedder:
         vectors: np.ndarray = self._encode([self.settings.query_prompt + text])
         return np.asarray(vectors[0])
 
-    def query_encoder(self) -> OnnxQueryEncoder | None:
+    def query_encoder(self) -> OnnxEncoder | None:
         """The ONNX query encoder (CONCORD_QUERY_ENCODER=onnx, the default), or None where
         queries go through torch: configured so, or the model cannot be exported as is."""
         if self.settings.query_encoder != "onnx" or self._query_encoder_tried:
@@ -75,16 +80,39 @@ class Embedder:
         model = self.model()
         with self._lock:
             if not self._query_encoder_tried:
-                from shared.search.query_encoder import OnnxQueryEncoder, export_dir_for
-
-                try:
-                    self._query_encoder = OnnxQueryEncoder(
-                        model, export_dir_for(self.model_path, self.settings.state_path())
-                    )
-                except Exception as e:  # an unsupported layout, a read-only state directory...
-                    log.warning("queries are encoded with torch: %s: %s", type(e).__name__, e)
+                self._query_encoder = self._onnx(model, "queries", 1, "fp32")
                 self._query_encoder_tried = True
-            return self._query_encoder
+        return self._query_encoder
+
+    def passage_encoder(self) -> OnnxEncoder | None:
+        """The ONNX passage encoder (CONCORD_PASSAGE_ENCODER=onnx or onnx-int8), with as many
+        threads as torch would use here, or None where passages go through torch."""
+        if self.settings.passage_encoder == "torch" or self._passage_encoder_tried:
+            return self._passage_encoder
+        precision: Precision = "int8" if self.settings.passage_encoder == "onnx-int8" else "fp32"
+        model = self.model()
+        with self._lock:
+            if not self._passage_encoder_tried:
+                threads = self.settings.embedding_threads or _torch_threads()
+                self._passage_encoder = self._onnx(model, "passages", threads, precision)
+                self._passage_encoder_tried = True
+        return self._passage_encoder
+
+    def _onnx(
+        self, model: SentenceTransformer, what: str, threads: int, precision: Precision
+    ) -> OnnxEncoder | None:
+        from shared.ingest.onnx_encoder import OnnxEncoder, export_dir_for
+
+        try:
+            return OnnxEncoder(
+                model,
+                export_dir_for(self.model_path, self.settings.state_path()),
+                threads,
+                precision,
+            )
+        except Exception as e:  # an unsupported layout, a read-only state directory...
+            log.warning("%s are encoded with torch: %s: %s", what, type(e).__name__, e)
+            return None
 
     def _encode(self, texts: list[str], lengths: list[int] | None = None) -> np.ndarray:
         out = np.zeros((len(texts), self.settings.embedding_dim), dtype=np.float32)
@@ -98,18 +126,29 @@ class Embedder:
                     texts, truncation=True, max_length=model.max_seq_length, verbose=False
                 )["input_ids"]
             ]
+        onnx = self.passage_encoder()
         for batch in length_batches(
             lengths, self.settings.embedding_batch_size, self.settings.embedding_batch_cost_tokens
         ):
-            vectors = model.encode(
-                [texts[i] for i in batch],
-                batch_size=len(batch),
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-                show_progress_bar=False,
-            )
+            chosen = [texts[i] for i in batch]
+            if onnx is not None:
+                vectors = onnx.encode_batch(chosen)
+            else:
+                vectors = model.encode(
+                    chosen,
+                    batch_size=len(batch),
+                    normalize_embeddings=True,
+                    convert_to_numpy=True,
+                    show_progress_bar=False,
+                )
             out[batch] = np.asarray(vectors, dtype=np.float32).reshape(len(batch), -1)
         return out
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())
 
 
 def torch_threads_per_process(settings: Settings, processes: int) -> int:

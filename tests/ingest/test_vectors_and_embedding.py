@@ -69,3 +69,27 @@ def test_passages_come_back_in_the_order_given_whatever_the_batching() -> None:
     assert vectors.shape == (len(texts), embedder.settings.embedding_dim)
     assert np.min(np.sum(vectors * one_by_one, axis=1)) > 0.99999
     assert embedder.embed_passages([]).shape == (0, embedder.settings.embedding_dim)
+
+
+def test_onnx_passage_encoders_match_torch_and_int8_is_cached_apart(tmp_path) -> None:
+    """Passages through ONNX Runtime, in padded batches of mixed lengths: fp32 gives torch's
+    vectors; int8 gives vectors close to them, under a cache key of their own."""
+    import numpy as np
+
+    from shared.ingest.embedding import Embedder, get_embedder
+
+    texts = ["short one", "a much longer passage about harbours " * 30, "mid length text " * 5]
+    texts = texts * 4 + ["x"]
+    reference = get_embedder().model().encode(texts, normalize_embeddings=True, batch_size=1)
+    settings = get_embedder().settings
+    fp32 = Embedder(settings.model_copy(update={"passage_encoder": "onnx", "state_dir": tmp_path}))
+    int8 = Embedder(
+        settings.model_copy(update={"passage_encoder": "onnx-int8", "state_dir": tmp_path})
+    )
+    assert fp32.passage_encoder() is not None and int8.passage_encoder() is not None
+    exact = fp32.embed_passages(texts)
+    close = int8.embed_passages(texts)
+    assert np.min(np.sum(exact * reference, axis=1)) > 0.99999
+    assert 0.98 < np.min(np.sum(close * reference, axis=1)) < 0.99999  # close, not equal
+    assert np.allclose(np.linalg.norm(close, axis=1), 1.0, atol=1e-5)
+    assert fp32.model_id == get_embedder().model_id != int8.model_id

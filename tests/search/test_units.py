@@ -71,10 +71,10 @@ def test_onnx_query_encoder_matches_the_sentence_transformers_model(tmp_path) ->
     import numpy as np
 
     from shared.ingest.embedding import get_embedder
-    from shared.search.query_encoder import OnnxQueryEncoder
+    from shared.ingest.onnx_encoder import OnnxEncoder
 
     model = get_embedder().model()
-    encoder = OnnxQueryEncoder(model, tmp_path)  # exports into tmp_path on first use
+    encoder = OnnxEncoder(model, tmp_path)  # exports into tmp_path on first use
     assert (tmp_path / "model.onnx").exists()
     queries = ["vitamin D and bone density", "IL-6 in CD4+ T cells", "a" * 3000]
     torch_vectors = model.encode(queries, normalize_embeddings=True, convert_to_numpy=True)
@@ -85,7 +85,7 @@ def test_onnx_query_encoder_matches_the_sentence_transformers_model(tmp_path) ->
         assert float(vector @ expected) > 0.99999
     # A second encoder reuses the export instead of writing it again.
     mtime = (tmp_path / "model.onnx").stat().st_mtime_ns
-    OnnxQueryEncoder(model, tmp_path)
+    OnnxEncoder(model, tmp_path)
     assert (tmp_path / "model.onnx").stat().st_mtime_ns == mtime
 
 

@@ -1,15 +1,22 @@
-"""The query encoder of the search path: the same sentence-transformers model, run through ONNX
-Runtime on one thread.
+"""The embedding model run through ONNX Runtime: the same sentence-transformers weights,
+exported once, for queries and (``CONCORD_PASSAGE_ENCODER``) for passages.
 
-A query is one short text, so the encoder's cost is almost all per-call overhead, which torch's
-eager mode pays op by op. The same weights exported once to ONNX encode a SciFact query in
-3.8 ms on one thread instead of 6.8 ms with torch on two (vectors within 2e-7), and leave the
-other core to Elasticsearch, which works on the lexical arm at the same time.
+Queries: a query is one short text, so the encoder's cost is almost all per-call overhead,
+which torch's eager mode pays op by op. The same weights exported to ONNX encode a SciFact
+query in 3.8 ms on one thread instead of 6.8 ms with torch on two (vectors within 2e-7), and
+leave the other core to Elasticsearch, which works on the lexical arm at the same time.
 
-Only the query side uses it: passages keep torch, which batches and length-sorts them and
-is faster there. The export is written once per model under the state directory and reused
-by every process; a model this module cannot reproduce exactly (pooling other than mean or
-CLS, extra modules) keeps torch for queries too.
+Passages: batches of similar length (shared/ingest/embedding.length_batches), each padded to
+its longest text and mean-pooled over its real tokens, as sentence-transformers pools them.
+``onnx`` runs the exported graph as it is (fp32, the same vectors as torch to ~1e-6);
+``onnx-int8`` runs a copy whose linear layers' weights are quantized to int8 (dynamic
+quantization: activations are quantized per batch at run time), which is faster on CPU and
+close to the fp32 vectors but not equal to them: its vectors are cached under a model id of
+their own, and the stores keep fp32 vectors either way.
+
+The exports are written once per model under the state directory and reused by every
+process; a model this module cannot reproduce exactly (pooling other than mean or CLS, extra
+modules) keeps torch.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -30,14 +37,23 @@ log = logging.getLogger(__name__)
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 SUPPORTED_POOLING = ("mean", "cls")
+Precision = Literal["fp32", "int8"]
 
 
 class UnsupportedModel(Exception):
     """The model's modules are not [Transformer, Pooling(mean|cls), Normalize?]."""
 
 
-class OnnxQueryEncoder:
-    def __init__(self, model: SentenceTransformer, export_dir: Path) -> None:
+class OnnxEncoder:
+    """Encodes texts with the model's ONNX export on ``threads`` threads."""
+
+    def __init__(
+        self,
+        model: SentenceTransformer,
+        export_dir: Path,
+        threads: int = 1,
+        precision: Precision = "fp32",
+    ) -> None:
         import onnxruntime
 
         modules = [type(m).__name__ for m in model]
@@ -52,8 +68,13 @@ class OnnxQueryEncoder:
         path = export_dir / "model.onnx"
         if not path.exists():
             _export(model, path)
+        if precision == "int8":
+            quantized = export_dir / "model-int8.onnx"
+            if not quantized.exists():
+                _quantize(path, quantized)
+            path = quantized
         options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = 1
+        options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.session = onnxruntime.InferenceSession(
@@ -62,19 +83,28 @@ class OnnxQueryEncoder:
         self._lock = threading.Lock()
 
     def encode(self, text: str) -> np.ndarray:
+        """One text (a query): no padding, so the mean is over every token."""
+        return np.asarray(self.encode_batch([text])[0], dtype=np.float32)
+
+    def encode_batch(self, texts: list[str]) -> np.ndarray:
+        """(len(texts), dim) float32 vectors of one batch, padded to its longest text."""
         tokens = self.tokenizer(
-            [text], truncation=True, max_length=self.max_length, return_tensors="np"
+            texts, truncation=True, max_length=self.max_length, padding=True, return_tensors="np"
         )
         feeds = {name: tokens[name].astype(np.int64) for name in INPUT_NAMES if name in tokens}
         if "token_type_ids" not in feeds:
             feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
-        with self._lock:  # one session, one thread: calls queue rather than oversubscribe
-            hidden = self.session.run(None, feeds)[0][0]
-        # One text, so no padding: the mean is over every token.
-        vector = hidden[0] if self.pooling == "cls" else hidden.mean(axis=0)
+        with self._lock:  # one session: calls queue rather than oversubscribe the threads
+            hidden = self.session.run(None, feeds)[0]
+        if self.pooling == "cls":
+            vectors = hidden[:, 0]
+        else:
+            mask = feeds["attention_mask"][:, :, None].astype(np.float32)
+            vectors = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
         if self.normalize:
-            vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
-        return np.asarray(vector, dtype=np.float32)
+            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+            vectors = vectors / np.maximum(norms, 1e-12)
+        return np.asarray(vectors, dtype=np.float32)
 
 
 def export_dir_for(model_path: str, state_path: Path) -> Path:
@@ -107,7 +137,7 @@ def _export(model: SentenceTransformer, path: Path) -> None:
         for name in INPUT_NAMES
     )
     temporary = path.with_suffix(f".{os.getpid()}.tmp")
-    log.info("exporting the query encoder to ONNX: %s", path)
+    log.info("exporting the embedding model to ONNX: %s", path)
     with torch.no_grad():
         torch.onnx.export(
             Body(model[0].auto_model).eval(),
@@ -122,3 +152,16 @@ def _export(model: SentenceTransformer, path: Path) -> None:
             dynamo=False,
         )
     os.replace(temporary, path)
+
+
+def _quantize(path: Path, quantized: Path) -> None:
+    """int8 weights for the matrix multiplications (dynamic quantization), written beside
+    the fp32 export the same way (a temporary name, then renamed)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    temporary = quantized.with_suffix(f".{os.getpid()}.tmp")
+    log.info("quantizing the ONNX export to int8: %s", quantized)
+    quantize_dynamic(
+        str(path), str(temporary), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"]
+    )
+    os.replace(temporary, quantized)
