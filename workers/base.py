@@ -8,7 +8,6 @@ inside a task.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -22,8 +21,29 @@ from workers.celery_app import celery_app
 __all__ = ["concord_task", "retry_if_retriable"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-# give_up(task, error, *the task's arguments): returns the task's result, or raises
+# give_up(task, error, *the task's arguments, **its keyword arguments): returns the task's
+# result, or raises its failure.
 GiveUp = Callable[..., Any]
+
+
+class ConcordTask(Task):  # type: ignore[misc]
+    """Runs the task's function (its ``run``, with the function's own signature, which
+    Celery checks a message's arguments against) under the task's retry policy."""
+
+    retry_on: Callable[[BaseException], bool] | None = None
+    give_up: GiveUp | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except Retry:
+            raise
+        except Exception as error:
+            if self.retry_on is not None and self.retry_on(error):
+                _retry_while_allowed(self, error)
+            if self.give_up is None:
+                raise
+            return self.give_up(self, error, *args, **kwargs)
 
 
 def concord_task(
@@ -54,23 +74,17 @@ def concord_task(
             if long_running
             else {"acks_late": True, "reject_on_worker_lost": True}
         )
-
-        @functools.wraps(fn)
-        def run(task: Task, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return fn(task, *args, **kwargs)
-            except Retry:
-                raise
-            except Exception as error:
-                if retry_on is not None and retry_on(error):
-                    _retry_while_allowed(task, error)
-                if give_up is None:
-                    raise
-                return give_up(task, error, *args, **kwargs)
-
         task: Task = celery_app.task(
-            name=name, bind=True, queue=queue, max_retries=max_retries, **options
-        )(run)
+            name=name,
+            bind=True,
+            queue=queue,
+            max_retries=max_retries,
+            base=ConcordTask,
+            # Class attributes of the task: as static methods, never bound to it.
+            retry_on=staticmethod(retry_on) if retry_on else None,
+            give_up=staticmethod(give_up) if give_up else None,
+            **options,
+        )(fn)
         return task
 
     return decorate

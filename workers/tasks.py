@@ -72,16 +72,16 @@ def _accept_together(events: list[Any]) -> EventsOutcome:
         return upload_events.accept_upload_events(uow, events, get_settings())
 
 
-def _accept_one_at_a_time(task: Task, error: Exception, message: Any) -> EventsOutcome:
+def _accept_one_at_a_time(task: Task, error: Exception, events: Any) -> EventsOutcome:
     """Accepting a message's events in one transaction failed for good: they are accepted one
     at a time instead, so that one bad event cannot take its neighbours down, and each one
     that still fails is dead-lettered with its reason (also once a retriable failure has used
     up the task's retries). A retry of the whole message is safe: events already accepted
     come back ``unchanged``."""
-    events = _events(message)
-    log.warning("accepting %s events together failed (%s); one at a time", len(events), error)
+    listed = _events(events)
+    log.warning("accepting %s events together failed (%s); one at a time", len(listed), error)
     outcome = EventsOutcome()
-    for event in events:
+    for event in listed:
         try:
             outcome.add(_accept_together([event]))
         except Exception as e:
@@ -94,8 +94,9 @@ def _accept_one_at_a_time(task: Task, error: Exception, message: Any) -> EventsO
     return outcome
 
 
-def _counts(task: Task, error: Exception, message: Any) -> dict[str, int]:
-    return _accept_one_at_a_time(task, error, message).counts()
+# The give_up hooks take the task's own parameter names: a message may pass them by name.
+def _counts(task: Task, error: Exception, events: Any) -> dict[str, int]:
+    return _accept_one_at_a_time(task, error, events).counts()
 
 
 @concord_task(ACCEPT_EVENTS_TASK, INGEST_QUEUE, retry_on=is_retriable, give_up=_counts)

@@ -174,8 +174,7 @@ def stats(as_json: bool = typer.Option(False, "--json")) -> None:
     from shared.admin.service import system_stats
     from shared.db import unit_of_work
 
-    with unit_of_work() as uow:
-        stats_ = system_stats(uow.session)
+    stats_ = system_stats(unit_of_work)
     if as_json:
         typer.echo(stats_.model_dump_json(indent=2))
         return

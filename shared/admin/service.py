@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from elasticsearch import ApiError, TransportError
 from sqlalchemy.orm import Session
 
 from shared.admin.schemas import LastReconcile, ReconcileRunView, Stats
-from shared.db import UnitOfWork
+from shared.db import Transactions, UnitOfWork
 from shared.db.repository import count_rows
 from shared.errors import BadRequest, NotFound
 from shared.jobs import repository as jobs_repo
@@ -103,10 +104,12 @@ def discard_dead_letter(session: Session, letter_id: int, tenant_id: str | None 
     jobs_repo.delete_dead_letter(session, letter_id)
 
 
-def system_stats(session: Session, tenant_id: str | None = None) -> Stats:
+def system_stats(transactions: Transactions, tenant_id: str | None = None) -> Stats:
     """Counts for one tenant (the API) or all (the operator's CLI); queue depths are shared.
-    Redis or Elasticsearch being down is reported in their fields; the rest still answers."""
-    last = reconcile_repo.last_run(session, tenant_id)
+    Postgres is counted first, in a transaction that ends before Redis and Elasticsearch are
+    asked; either being down is reported in its field and the rest still answers."""
+    with transactions() as uow:
+        counted = _postgres_counts(uow.session, tenant_id)
     try:
         depths: dict[str, int] | str = queue_depths()
     except Exception as e:  # Redis down: say so, answer the rest
@@ -115,15 +118,20 @@ def system_stats(session: Session, tenant_id: str | None = None) -> Stats:
         es_chunks: int | str = ElasticsearchChunkIndex().count_of_tenant(tenant_id)
     except (ApiError, TransportError) as e:  # stats must answer when ES is down
         es_chunks = f"unavailable ({type(e).__name__})"
-    return Stats(
-        documents=count_rows(session, Document, tenant_id, Document.deleted.is_(False)),
-        deleted_documents=count_rows(session, Document, tenant_id, Document.deleted.is_(True)),
-        document_versions=count_rows(session, DocumentVersion, tenant_id),
-        chunks_postgres=PgVectorStore(session).count_of_tenant(tenant_id),
-        outbox_backlog=outbox_repo.outbox_backlog(session, tenant_id),
-        dead_letters=jobs_repo.dead_letter_count(session, tenant_id),
-        jobs=jobs_repo.job_state_counts(session, tenant_id),
-        last_reconcile=None
+    return Stats(**counted, queue_depth=depths, chunks_elasticsearch=es_chunks)
+
+
+def _postgres_counts(session: Session, tenant_id: str | None) -> dict[str, Any]:
+    last = reconcile_repo.last_run(session, tenant_id)
+    return {
+        "documents": count_rows(session, Document, tenant_id, Document.deleted.is_(False)),
+        "deleted_documents": count_rows(session, Document, tenant_id, Document.deleted.is_(True)),
+        "document_versions": count_rows(session, DocumentVersion, tenant_id),
+        "chunks_postgres": PgVectorStore(session).count_of_tenant(tenant_id),
+        "outbox_backlog": outbox_repo.outbox_backlog(session, tenant_id),
+        "dead_letters": jobs_repo.dead_letter_count(session, tenant_id),
+        "jobs": jobs_repo.job_state_counts(session, tenant_id),
+        "last_reconcile": None
         if last is None
         else LastReconcile(
             at=last.started_at,
@@ -131,6 +139,4 @@ def system_stats(session: Session, tenant_id: str | None = None) -> Stats:
             duration_s=round(last.duration_s, 3),
             total_drift=last.report.get("total_drift"),
         ),
-        queue_depth=depths,
-        chunks_elasticsearch=es_chunks,
-    )
+    }

@@ -289,8 +289,11 @@ class _Steps:
         return self.each_alone(claims, stage, lambda c: step([c]))
 
     def write_in_own_transaction(self, claims: list[Claim]) -> None:
+        """The batch's write; its jobs count as finished only once it has committed (a
+        commit that fails releases them like any other unfinished job)."""
         with self.transactions() as uow:
-            self.outcomes.update(write_batch(uow, claims))
+            written = write_batch(uow, claims)
+        self.outcomes.update(written)
 
     def _job_failed(self, claim: Claim, stage: str, error: Exception) -> JobOutcome:
         """Record that ``claim``'s job failed at ``stage``. Content the parser refuses is the

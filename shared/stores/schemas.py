@@ -23,9 +23,10 @@ def document_of_chunk(chunk_id: str) -> str:
 
 
 def document_id_of(chunk_id: str) -> uuid.UUID:
-    """:func:`document_of_chunk` as a UUID; the nil UUID for an id that names none."""
+    """The document a chunk id (or any id that starts with a document's) names, as a UUID;
+    the nil UUID for an id that names none."""
     try:
-        return uuid.UUID(document_of_chunk(chunk_id))
+        return uuid.UUID(chunk_id.split(":", 1)[0])
     except ValueError:
         return uuid.UUID(int=0)
 

@@ -40,14 +40,14 @@ class ReconcileRequest(BaseModel):
     repair: StrictBool = False
 
 
-@router.post("/reconcile")
+@router.post("/reconcile", response_model_exclude_unset=True)
 async def reconcile_route(body: ReconcileRequest, principal: Admin) -> ReconcileResult:
     """Compare this tenant's chunks in Postgres and Elasticsearch; with ``repair``, fix the
     drift and verify."""
     tenant = principal.tenant_id
     if not body.repair:
         report = await run_in_threadpool(reconcile, unit_of_work, tenant, False)
-        return ReconcileResult(mode="dry-run", **report.as_dict())
+        return ReconcileResult(mode="dry-run", **report.as_dict())  # no after_repair
     found, after = await run_in_threadpool(reconcile_and_verify, unit_of_work, tenant)
     return ReconcileResult(
         mode="repair", **found.as_dict(), after_repair=ReconcileReportView(**after.as_dict())
@@ -114,8 +114,7 @@ def discard_route(letter_id: LetterId, principal: Admin) -> Discarded:
 @router.get("/stats")
 def stats_route(principal: Admin) -> Stats:
     """This tenant's counts in both stores, plus the shared queue depths."""
-    with unit_of_work() as uow:
-        return ops.system_stats(uow.session, principal.tenant_id)
+    return ops.system_stats(unit_of_work, principal.tenant_id)
 
 
 @router.post("/keys", status_code=201)

@@ -218,7 +218,9 @@ def list_documents(
     )
 
 
-@router.get("/{document_id}")
+# Unset fields are left out: the index state carries ``error`` only when Elasticsearch is
+# unreachable, and its counts only when it answered.
+@router.get("/{document_id}", response_model_exclude_unset=True)
 def read_document(
     document_id: uuid.UUID,
     principal: Reader,
