@@ -44,6 +44,7 @@ from shared.reconcile.buckets import bucket_of, fingerprint  # noqa: E402
 from shared.search.filters import range_terms  # noqa: E402
 from shared.settings import get_settings  # noqa: E402
 from shared.stores.elastic import get_es  # noqa: E402
+from shared.stores.english_analysis import analyze  # noqa: E402
 from shared.tenants import repository as tenants_repo  # noqa: E402
 from shared.tenants.service import create_key  # noqa: E402
 
@@ -183,6 +184,8 @@ def populate(tenant: str, size: int, texts: list[str], vectors: np.ndarray) -> N
                         "_source": {
                             **copied,
                             "text": text,
+                            # The BM25 arm matches these (shared/stores/chunk_document.py).
+                            "stemmed": {"title": "", "section": "", "text": analyze(text)},
                             "metadata_ranges": range_terms({"bucket": n % 10}),
                             "bucket": bucket_of(cid),
                             "fingerprint": fingerprint(**copied),

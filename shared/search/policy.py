@@ -220,8 +220,14 @@ def _whole_sentences_within(text: str, budget: int, count_tokens: TokenCounter) 
     budget is nearly spent, most chunks cannot fit even their first sentence: that is checked
     on the sentence alone. Otherwise the text is tokenized once for all its sentence ends (a
     tokenizer call per prefix made packing a tenth of the whole search)."""
+    if budget <= 0:  # the budget is spent: most of a long result list ends here, unread
+        return "", 0
     ends = [end for _, end in sentence_spans(text, 0, len(text))]
-    if budget <= 0 or not ends or count_tokens(text[: ends[0]]) > budget:
+    # Every word with a letter or digit in it is at least one token: a first sentence of
+    # more such words than the budget cannot fit, and needs no tokenizer to say so.
+    if not ends or _words(text[: ends[0]]) > budget:
+        return "", 0
+    if count_tokens(text[: ends[0]]) > budget:
         return "", 0
     best, best_tokens = "", 0
     for end, tokens in zip(ends, count_tokens.prefix_counts(text, ends), strict=True):
@@ -229,3 +235,7 @@ def _whole_sentences_within(text: str, budget: int, count_tokens: TokenCounter) 
             break
         best, best_tokens = text[:end], tokens
     return best, best_tokens
+
+
+def _words(text: str) -> int:
+    return sum(1 for word in text.split() if any(ch.isalnum() for ch in word))

@@ -212,3 +212,20 @@ def test_a_date_bound_shaped_like_a_date_but_not_one_filters_by_its_text() -> No
     [february] = range_terms({"day": "2024-02-28"})
     assert bounds["gte"] <= march < bounds["lt"]
     assert february < bounds["gte"]
+
+
+def test_the_word_count_never_exceeds_the_token_count() -> None:
+    """The policy skips tokenizing a sentence with more words than the budget holds: sound
+    only if no text has more counted words than tokens."""
+    import random
+
+    from shared.search.policy import _words
+    from shared.search.service import _TokenizerCounter
+
+    counter = _TokenizerCounter()
+    rng = random.Random(3)
+    pieces = ["IL-6", "T-cells", "\u03b1-synuclein", "\u2014", "...", "x", "1,000", "don't"]
+    pieces += ["\u200b", "\U0001f600", "word", "tokenization"]
+    for _ in range(300):
+        text = " ".join(rng.choice(pieces) for _ in range(30))
+        assert _words(text) <= counter(text)
