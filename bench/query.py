@@ -43,8 +43,10 @@ from shared.models import Chunk, Document, DocumentVersion  # noqa: E402
 from shared.reconcile.buckets import bucket_of, fingerprint  # noqa: E402
 from shared.search.filters import range_terms  # noqa: E402
 from shared.settings import get_settings  # noqa: E402
+from shared.stores.chunk_index import ElasticsearchChunkIndex  # noqa: E402
 from shared.stores.elastic import get_es  # noqa: E402
 from shared.stores.english_analysis import analyze  # noqa: E402
+from shared.stores.es_index import tenant_alias  # noqa: E402
 from shared.tenants import repository as tenants_repo  # noqa: E402
 from shared.tenants.service import create_key  # noqa: E402
 
@@ -89,7 +91,9 @@ def drop_tenant(tenant: str) -> None:
     with unit_of_work() as uow:
         uow.session.execute(delete(Document).where(Document.tenant_id == tenant))
     # The integ-test distribution has no _delete_by_query (reindex module): scan and delete.
-    es, alias = get_es(), get_settings().es_chunks_alias()
+    es, alias = get_es(), tenant_alias(get_settings(), tenant)
+    if not es.indices.exists_alias(name=alias):
+        return
     hits = helpers.scan(
         es, index=alias, query={"query": {"term": {"tenant_id": tenant}}}, _source=False
     )
@@ -106,7 +110,8 @@ def populate(tenant: str, size: int, texts: list[str], vectors: np.ndarray) -> N
     rng = np.random.default_rng(size)
     tokenizer = get_embedder().model().tokenizer
     es = get_es()
-    alias = get_settings().es_chunks_alias()
+    alias = tenant_alias(get_settings(), tenant)  # the tenant's own index
+    assert ElasticsearchChunkIndex().prepare([tenant]) == {}
     started = time.monotonic()
     with unit_of_work() as uow:
         tenants_repo.ensure_tenant(uow.session, tenant)

@@ -32,6 +32,7 @@ from shared.ingest.embedding import get_embedder  # noqa: E402
 from shared.reconcile.service import reconcile, reconcile_and_verify  # noqa: E402
 from shared.settings import get_settings  # noqa: E402
 from shared.stores.elastic import get_es  # noqa: E402
+from shared.stores.es_index import tenant_alias  # noqa: E402
 
 
 def chunk_ids(tenant: str) -> list[str]:
@@ -61,7 +62,7 @@ def main() -> None:
     _, after = reconcile_and_verify(unit_of_work, tenant)  # start from agreement
     assert after.total() == 0, after.as_dict()
 
-    es, alias = get_es(), get_settings().es_chunks_alias()
+    es, alias = get_es(), tenant_alias(get_settings(), tenant)  # the tenant's own index
     ids = chunk_ids(tenant)
     rng = random.Random(1)
     results = []

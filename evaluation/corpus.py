@@ -112,7 +112,7 @@ def wait_elasticsearch(tenant_id: str, timeout_s: float, interval_s: float = 0.5
         with unit_of_work() as uow:
             backlog = outbox_backlog(uow.session, tenant_id)
             chunks = count_rows(uow.session, Chunk, tenant_id)
-        index.refresh()
+        index.refresh(tenant_id)
         in_es = index.count_of_tenant(tenant_id)
         if not backlog and in_es == chunks:
             return

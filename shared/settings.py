@@ -53,6 +53,11 @@ class Settings(BaseSettings):
     # distribution (docker compose) may set CONCORD_ES_TEXT_ANALYZER=english.
     es_text_analyzer: str = "standard"
     es_request_timeout_s: float = 10.0
+    # Replicas of each tenant's index (0 on one node; 1 or more on a cluster).
+    es_replicas: int = 0
+    # The local stack's cluster.max_shards_per_node: an index per tenant is a shard per
+    # tenant (Elasticsearch's default, 1,000, would refuse the 1,000th tenant).
+    es_max_shards_per_node: int = 5000
 
     # API
     api_host: str = "127.0.0.1"

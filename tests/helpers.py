@@ -184,6 +184,16 @@ def exhaust_attempts(job_id: str, last_error: str | None = None) -> None:
         )
 
 
+def tenant_index(tenant: str) -> str:
+    """The tenant's own Elasticsearch index (its alias), created if it has none yet: where a
+    test writes a copy straight into Elasticsearch, as the relay would."""
+    from shared.stores.chunk_index import ElasticsearchChunkIndex
+    from shared.stores.es_index import tenant_alias
+
+    assert ElasticsearchChunkIndex().prepare([tenant]) == {}
+    return tenant_alias(get_settings(), tenant)
+
+
 def index_orphan(tenant: str, text: str = "ghost", title: str = "") -> str:
     """An Elasticsearch copy of a chunk Postgres never had (as the relay would shape it)."""
     import uuid
@@ -193,7 +203,7 @@ def index_orphan(tenant: str, text: str = "ghost", title: str = "") -> str:
 
     ghost = f"{uuid.uuid4()}:0"
     get_es().index(
-        index=get_settings().es_chunks_alias(),
+        index=tenant_index(tenant),
         id=ghost,
         version=1,
         version_type="external",

@@ -81,7 +81,8 @@ def reindex() -> None:
         )
     console.print(
         f"{'resumed and ' if result.resumed else ''}copied {result.copied} chunks into "
-        f"{result.new_index} in {result.seconds:.1f}s; removed {result.old_indices}"
+        f"generation {result.new_index} in {result.seconds:.1f}s; removed "
+        f"{len(result.old_indices)} indices"
     )
     drift = check(unit_of_work, repair=False)
     console.print(f"drift after the switch: {drift.total()}")

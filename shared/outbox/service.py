@@ -28,7 +28,12 @@ from shared.outbox import repository as repo
 from shared.retry import retry_delay
 from shared.settings import Settings, get_settings
 from shared.stores.chunk_document import es_document
-from shared.stores.chunk_index import ChunkIndex, ElasticsearchChunkIndex
+from shared.stores.chunk_index import (
+    ChunkIndex,
+    ElasticsearchChunkIndex,
+    IndexUnavailable,
+    TenantLines,
+)
 from shared.stores.schemas import document_id_of
 from shared.stores.vector_store import PgVectorStore
 
@@ -86,15 +91,17 @@ def _relay_batch(session: Session, settings: Settings, index: ChunkIndex) -> Rel
     rows = repo.claim_outbox(session, settings.relay_batch_size)
     if not rows:
         return report
-    # Only the newest operation per chunk matters; older rows ride along with it.
-    newest: dict[str, EsOutbox] = {}
-    riders: dict[str, list[int]] = {}
+    # Only the newest operation per chunk (in a tenant's index) matters; older rows ride
+    # along with it.
+    newest: dict[tuple[str, str], EsOutbox] = {}
+    riders: dict[tuple[str, str], list[int]] = {}
     for row in rows:
-        riders.setdefault(row.chunk_id, []).append(row.id)
-        if row.chunk_id not in newest or _order(row) > _order(newest[row.chunk_id]):
-            newest[row.chunk_id] = row
+        key = (row.tenant_id, row.chunk_id)
+        riders.setdefault(key, []).append(row.id)
+        if key not in newest or _order(row) > _order(newest[key]):
+            newest[key] = row
     # Deletes too: each is checked against Postgres now, when it is applied.
-    chunks = PgVectorStore(session, settings).chunks_by_ids(list(newest))
+    chunks = PgVectorStore(session, settings).chunks_by_ids([cid for _, cid in newest])
     docs = documents_repo.documents_by_ids(session, [c.document_id for c in chunks.values()])
     requests = _actions(list(newest.values()), chunks, docs)
     report.sent = len(requests)
@@ -131,11 +138,15 @@ def _relay_batch(session: Session, settings: Settings, index: ChunkIndex) -> Rel
     for row, _ in requests:
         result = results[row.id]
         status = int(result.get("status", 500))
-        ids = riders[row.chunk_id]
+        ids = riders[(row.tenant_id, row.chunk_id)]
         if status < 300 or (status == 404 and row.op in DELETES):
             report.applied += 1
             done += ids
-        elif status == 409 and row.op == OutboxOp.REPAIR and not index.exists(row.chunk_id):
+        elif (
+            status == 409
+            and row.op == OutboxOp.REPAIR
+            and not index.exists(row.tenant_id, row.chunk_id)
+        ):
             # A tombstone newer than Postgres' version (an out-of-band delete) blocks the
             # repair until Elasticsearch forgets it (index.gc_deletes): try again later.
             report.retried += 1
@@ -149,7 +160,11 @@ def _relay_batch(session: Session, settings: Settings, index: ChunkIndex) -> Rel
         elif status == 409:
             report.already_current += 1
             done += ids
-        elif status in RETRIABLE_STATUS and row.attempts + 1 < settings.relay_max_attempts:
+        elif (
+            status in RETRIABLE_STATUS or (status == 404 and row.op in WRITES)
+        ) and row.attempts + 1 < settings.relay_max_attempts:
+            # (A write answered 404: its tenant's index vanished under it; it is prepared
+            # again with the next attempt.)
             report.retried += 1
             repo.postpone_outbox(
                 session,
@@ -177,8 +192,8 @@ def _relay_batch(session: Session, settings: Settings, index: ChunkIndex) -> Rel
             )
             done += ids
     # Rows of chunks with nothing to send (e.g. superseded) are finished too.
-    sent_chunk_ids = {r.chunk_id for r, _ in requests}
-    done += [i for cid, ids in riders.items() if cid not in sent_chunk_ids for i in ids]
+    sent = {(r.tenant_id, r.chunk_id) for r, _ in requests}
+    done += [i for key, ids in riders.items() if key not in sent for i in ids]
     repo.delete_outbox(session, done)
     return report
 
@@ -208,10 +223,16 @@ def _actions(
         if row.op in WRITES and chunk is not None:
             # Always send the chunk as it is now; its version guards against regressions.
             requests.append((row, _index_lines(chunk, docs, _version_type(row.op))))
-        elif row.op in DELETES and chunk is not None and chunk.version >= row.version:
+        elif (
+            row.op in DELETES
+            and chunk is not None
+            and chunk.tenant_id == row.tenant_id
+            and chunk.version >= row.version
+        ):
             # Postgres holds a live copy at or above the delete's version: the delete was
             # decided on a view that a write overtook (a reconcile or a search that raced
             # it). The live copy is sent instead, so a delete never removes live data.
+            # (A delete from another tenant's index, where a copy strayed, stays a delete.)
             requests.append((row, _index_lines(chunk, docs, "external_gte")))
         elif row.op in DELETES:
             action = {
@@ -239,14 +260,23 @@ def _send(
     """Send the rows' lines in bulk requests of at most ``relay_bulk_bytes`` each and return
     every row's item result by row id.
 
-    A request refused as a whole (413 too large, 400 unparsable, 5xx...) is split in halves
-    and sent again, down to one row: the row that alone makes a request fail gets that
-    failure as its own item result (attempts, backoff, then a dead letter), and the other
-    rows of its batch are applied, never held with it."""
+    Each row goes to its tenant's index, created first if the tenant has none: a tenant
+    whose index cannot be created (the cluster's shard limit, say) gets that failure as the
+    item result of each of its rows. A request refused as a whole (413 too large, 400
+    unparsable, 5xx...) is split in halves and sent again, down to one row: the row that
+    alone makes a request fail gets that failure as its own item result (attempts, backoff,
+    then a dead letter), and the other rows of its batch are applied, never held with it."""
     results: dict[int, dict[str, Any]] = {}
+    unavailable = index.prepare(row.tenant_id for row, _ in requests)
+    for row, _ in requests:
+        if row.tenant_id in unavailable:
+            failure = unavailable[row.tenant_id]
+            reason = {"type": "tenant_index_unavailable", "reason": failure.reason[:500]}
+            results[row.id] = {"status": failure.status, "error": reason}
+    requests = [r for r in requests if r[0].tenant_id not in unavailable]
 
     def send(group: list[tuple[EsOutbox, list[dict[str, Any]]]]) -> None:
-        lines = [line for _, row_lines in group for line in row_lines]
+        lines = [(row.tenant_id, row_lines) for row, row_lines in group]
         try:
             response = index.bulk(lines)
         except ApiError as e:
@@ -286,14 +316,14 @@ def _groups_by_size(
     return groups
 
 
-def _dual_write(index: ChunkIndex, lines: list[dict[str, Any]]) -> None:
-    """While a reindex builds a new index, every change goes there too. Item failures there
-    are not retried here: the reconcile that follows a reindex repairs them."""
+def _dual_write(index: ChunkIndex, lines: list[TenantLines]) -> None:
+    """While a reindex builds the next generation of indices, every change goes there too.
+    Failures there are not retried here: the reconcile that follows a reindex repairs them."""
     target = index.reindex_target() if lines else None
     if target is not None:
         try:
             index.bulk_to(target, lines)
-        except ApiError as e:  # e.g. the reindex ended and its target is gone
+        except (ApiError, IndexUnavailable) as e:  # e.g. the reindex ended meanwhile
             log.warning("dual write to %s failed (%s); reconcile repairs it", target, e)
 
 

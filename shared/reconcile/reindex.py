@@ -1,12 +1,17 @@
 """Rebuild the Elasticsearch index from Postgres behind the alias, then switch atomically.
 
-1. A new concrete index is created and marked with the ``<alias>-reindexing`` alias; from then
-   on the relay writes every change to it as well as to the live index (dual write).
-2. Chunks are copied from Postgres in id order, a page at a time, with external versions (a
-   newer dual-written copy wins). After each page the last id copied is stored in the new
-   index's ``_meta``, so an interrupted reindex resumes where it stopped.
-3. The live alias moves to the new index in one ``update_aliases`` call; the old index is
-   deleted. Searches use the live alias throughout and never see a half-built index.
+1. A new generation is marked (its anchor index gets the ``<alias>-reindexing`` alias); from
+   then on the relay writes every change to it as well as to the live indices (dual write).
+2. Chunks are copied from Postgres in id order, a page at a time, into their tenants' indices
+   of the new generation, with external versions (a newer dual-written copy wins). After each
+   page the last id copied is stored in the anchor's ``_meta``, so an interrupted reindex
+   resumes where it stopped.
+3. The read alias and every tenant's alias move to the new generation in one
+   ``update_aliases`` call; the old indices are deleted. Searches use the live aliases
+   throughout and never see a half-built index.
+
+The same run moves a deployment from the shared layout (one index for every tenant) to an
+index per tenant (shared/stores/es_index.py), online and resumable.
 
 Both stores are reached through their adapters (``VectorStore`` pages, ``ChunkIndex`` copies),
 each page read in a transaction of its own from the boundary's ``transactions``.
@@ -29,7 +34,7 @@ PAGE = 1000
 @dataclass
 class ReindexResult:
     old_indices: list[str]
-    new_index: str
+    new_index: str  # the generation switched to
     copied: int
     resumed: bool
     seconds: float
@@ -44,7 +49,7 @@ def reindex(
     settings = get_settings()
     index = index or ElasticsearchChunkIndex(settings=settings)
     started = time.monotonic()
-    target, last_id, resumed = index.start_reindex()
+    target, last_id, resumed = index.start_reindex()  # target: the generation built
     with transactions() as uow:
         store = PgVectorStore(uow.session, settings)
         total = store.count_of_tenant(None)

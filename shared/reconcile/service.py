@@ -115,7 +115,7 @@ def reconcile(
     index = ElasticsearchChunkIndex(es)
     started = time.monotonic()
     report = ReconcileReport()
-    index.refresh()  # compare against every write acknowledged so far
+    index.refresh(tenant)  # compare against every write acknowledged so far
     if tenant:
         tenants = [tenant]
     else:
@@ -148,7 +148,7 @@ def reconcile_and_verify(
     first = reconcile(transactions, tenant, repair=True, deep=deep, progress=progress)
     if first.repaired_ids or first.repairs_pending:
         drain_repairs(transactions, first.repaired_ids | first.repairs_pending)
-        ElasticsearchChunkIndex().refresh()
+        ElasticsearchChunkIndex().refresh(tenant)
     return first, reconcile(transactions, tenant, repair=False)
 
 
@@ -191,6 +191,8 @@ def _bucket_ranges(buckets: list[int], sizes: dict[int, int]) -> Iterator[list[i
 class _RangeDrift:
     drift: dict[str, set[str]] = field(default_factory=lambda: {c: set() for c in CLASSES})
     orphan_copies: dict[str, EsCopy] = field(default_factory=dict)
+    # copies of a chunk in another tenant's index than its own: deleted from there
+    strays: dict[str, EsCopy] = field(default_factory=dict)
     unrepairable: set[str] = field(default_factory=set)
     versions: dict[str, int] = field(default_factory=dict)  # each drifted chunk's newest version
 
@@ -230,6 +232,37 @@ def _reconcile_tenant(
             es_rows = index.copies_in_buckets(tenant, [], unbucketed=True)
             pg_rows = PgVectorStore(uow.session).fingerprints_by_ids(tenant, sorted(es_rows))
             _compare_range(uow.session, index, tenant, pg_rows, es_rows, report, repair)
+    foreign = index.foreign_copies(tenant)
+    if foreign:
+        with transactions() as uow:
+            _purge_foreign(uow.session, tenant, foreign, report, repair)
+
+
+def _purge_foreign(
+    session: Session,
+    tenant: str,
+    foreign: dict[str, EsCopy],
+    report: ReconcileReport,
+    repair: bool,
+) -> None:
+    """Copies in the tenant's own index that claim another tenant. One of the tenant's own
+    chunks (its copy's tenant field edited) is found by the bucket sums and rewritten there;
+    any other is another tenant's copy, or no one's, in the wrong index: deleted from it."""
+    report.ids_read += len(foreign)
+    owners = PgVectorStore(session).owners(sorted(foreign))
+    strays = {cid: copy for cid, copy in foreign.items() if owners.get(cid) != tenant}
+    report.drift["wrong_tenant"] |= set(strays)
+    if not repair:
+        return
+    queued = outbox_repo.chunks_with_queued_writes(session, sorted(strays))
+    entries = [
+        outbox_repo.OutboxEntry(tenant, document_id_of(cid), OutboxOp.PURGE, copy.es_version, [cid])
+        for cid, copy in sorted(strays.items())
+        if cid not in queued
+    ]
+    outbox_repo.add_outbox_entries(session, entries)
+    report.repaired_ids |= {cid for e in entries for cid in e.chunk_ids}
+    report.repairs_pending |= queued
 
 
 def _compare_range(
@@ -249,13 +282,21 @@ def _compare_range(
     elsewhere = index.copies_by_ids(missing, page=ID_PAGE)
     for cid in missing:
         copy = elsewhere.get(cid)
-        found.drift["wrong_tenant" if copy and copy.tenant_id != tenant else "missing"].add(cid)
+        in_another_index = copy is not None and copy.index_tenant not in (None, tenant)
+        if copy is not None and (copy.tenant_id != tenant or in_another_index):
+            found.drift["wrong_tenant"].add(cid)
+            if in_another_index:
+                found.strays[cid] = copy
+        else:
+            found.drift["missing"].add(cid)
     extra = [cid for cid in es_rows if cid not in pg_rows]
     owners = PgVectorStore(session).owners(extra)
     for cid in extra:
         owner = owners.get(cid)
         if owner and owner != tenant:
             found.drift["wrong_tenant"].add(cid)
+            if es_rows[cid].index_tenant == tenant:  # another tenant's chunk, in this index
+                found.strays[cid] = es_rows[cid]
         else:
             found.drift["orphaned"].add(cid)
             found.orphan_copies[cid] = es_rows[cid]
@@ -309,9 +350,22 @@ def _queue_repairs(session: Session, found: _RangeDrift, report: ReconcileReport
         doc_id, doc_version = versions.get(cid, (document_id_of(cid), 0))
         entries.append(
             outbox_repo.OutboxEntry(
-                copy.tenant_id, doc_id, OutboxOp.PURGE, max(copy.es_version, doc_version), [cid]
+                copy.index_tenant or copy.tenant_id,  # the index it is in
+                doc_id,
+                OutboxOp.PURGE,
+                max(copy.es_version, doc_version),
+                [cid],
             )
         )
+    # A copy in another tenant's index than its chunk's: deleted from that index (the
+    # chunk's own copy is rewritten above, or by its tenant's reconcile).
+    for cid, stray in sorted(found.strays.items()):
+        if cid not in queued and stray.index_tenant is not None:
+            entries.append(
+                outbox_repo.OutboxEntry(
+                    stray.index_tenant, document_id_of(cid), OutboxOp.PURGE, stray.es_version, [cid]
+                )
+            )
     outbox_repo.add_outbox_entries(session, entries)
     report.repaired_ids |= {cid for e in entries for cid in e.chunk_ids}
     report.repairs_pending |= queued - held

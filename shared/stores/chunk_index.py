@@ -1,29 +1,37 @@
-"""The chunk index (Elasticsearch behind its alias), as the rest of Concord uses it:
+"""The chunk index (Elasticsearch: an index per tenant behind aliases, shared/stores/es_index.py),
+as the rest of Concord uses it:
 
-* writes: versioned bulk requests with a result per item (the relay), the same lines to a
-  reindex in progress, and whether a copy exists;
-* lexical search (BM25) within one tenant: the match query and the tenant filter are built
-  here, from the query text and the request's filters, so no caller can search another
-  tenant's copies or put user text into anything but a ``multi_match``;
+* writes: versioned bulk requests with a result per item (the relay), each line sent to its
+  tenant's index (created at the tenant's first write), the same lines to a reindex in
+  progress, and whether a copy exists;
+* lexical search (BM25) within one tenant, in that tenant's own index, so its scores come from
+  its own documents only: the match query and the tenant filter are built here, from the query
+  text and the request's filters, so no caller can search another tenant's copies or put user
+  text into anything but a ``multi_match``;
 * reads for reconciliation: which tenants it holds, per-bucket sums of each tenant's copies,
   and the copies with their fingerprints recomputed from their fields;
-* reindex: a target index behind its own alias, the progress stored in its ``_meta``, and the
-  atomic switch of the alias;
+* reindex: the next generation of indices built beside the live one, its progress stored in
+  its anchor's ``_meta``, and the atomic switch of every alias;
 * counts and the cluster's health.
 
 Every request for chunks goes to Elasticsearch through this class; the contract it keeps is
 tested in tests/stores/test_contract.py against the real store, with the same tests as the
 vector store. It lets the client's errors through (ApiError, TransportError), which callers
-that degrade catch. The index's creation and mapping are shared/stores/es_index.py; a copy's
-shape is shared/stores/chunk_document.py."""
+that degrade catch; a tenant with no index yet reads as empty. A copy's shape is
+shared/stores/chunk_document.py.
+
+On the shared layout of older deployments (one index for every tenant) the same calls work on
+that index, with the tenant filter, until ``concord reindex`` moves it to an index per tenant.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from elasticsearch import Elasticsearch, helpers
+from elasticsearch import ApiError, BadRequestError, Elasticsearch, NotFoundError, helpers
 
 from shared.models import Chunk, Document
 from shared.reconcile.buckets import BUCKETS, fingerprint_of_source
@@ -34,12 +42,22 @@ from shared.stores import english_analysis
 from shared.stores.chunk_document import es_document
 from shared.stores.elastic import get_es
 from shared.stores.es_index import (
-    concrete_index_name,
+    Layout,
+    anchor_index,
+    chunks_prefix,
+    ensure_index,
     index_body,
+    live_layout,
+    new_generation,
+    parse_index_name,
     reindex_target,
     reindexing_alias,
+    tenant_alias,
+    tenant_index,
 )
 from shared.stores.schemas import BucketStats, EsCopy, Fingerprints
+
+log = logging.getLogger(__name__)
 
 # Fields read back from a copy: what its fingerprint covers, and the stored fingerprint.
 COPIED_FIELDS = [
@@ -54,20 +72,43 @@ COPIED_FIELDS = [
     "metadata",
     "fingerprint",
 ]
-REINDEX_PROGRESS = "reindex_last_id"  # in the target index's _meta
+REINDEX_PROGRESS = "reindex_last_id"  # in the target generation's anchor's _meta
+# How long a process trusts what it read of the live layout: a reindex's switch is seen
+# within this (the relay's writes to a tenant's alias are right either side of it).
+LAYOUT_TTL_S = 2.0
+
+# (tenant id, the bulk lines of one outbox row): what the relay sends.
+TenantLines = tuple[str, list[dict[str, Any]]]
+
+# Per process: the indices known to exist (tenant aliases and concrete indices), and the
+# layout last read, with when it was read.
+_existing: set[str] = set()
+_layout: dict[str, tuple[float, Layout]] = {}
+
+
+class IndexUnavailable(Exception):
+    """A tenant's index could not be created (e.g. the cluster's shard limit): the rows of
+    that tenant get this as their item result, the others are sent."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
 
 
 class ChunkIndex(Protocol):
     """What Concord needs from a chunk index; ElasticsearchChunkIndex is the one there is."""
 
-    def bulk(self, lines: list[dict[str, Any]]) -> Any: ...
+    def bulk(self, requests: Sequence[TenantLines]) -> Any: ...
     def write(self, chunks: Iterable[tuple[Chunk, Document]], version_type: str) -> list[int]: ...
+    def prepare(self, tenant_ids: Iterable[str]) -> dict[str, IndexUnavailable]: ...
     def reindex_target(self) -> str | None: ...
-    def bulk_to(self, target: str, lines: list[dict[str, Any]]) -> Any: ...
-    def exists(self, chunk_id: str) -> bool: ...
-    def count(self, query: dict[str, Any] | None = None) -> int: ...
+    def bulk_to(self, generation: str, requests: Sequence[TenantLines]) -> Any: ...
+    def exists(self, tenant_id: str, chunk_id: str) -> bool: ...
     def count_of_tenant(self, tenant_id: str | None) -> int: ...
-    def count_of_document(self, document_id: str, version: int | None = None) -> int: ...
+    def count_of_document(
+        self, tenant_id: str, document_id: str, version: int | None = None
+    ) -> int: ...
     def cluster_status(self, timeout_s: float) -> str: ...
     def lexical_search(
         self,
@@ -78,7 +119,7 @@ class ChunkIndex(Protocol):
         field_boosts: Mapping[Any, float] | None = None,
         tie_breaker: float | None = None,
     ) -> list[tuple[str, float]]: ...
-    def refresh(self) -> None: ...
+    def refresh(self, tenant_id: str | None = None) -> None: ...
     def tenants(self) -> set[str]: ...
     def bucket_stats(self, tenant: str) -> tuple[BucketStats, int]: ...
     def copies_in_buckets(
@@ -86,62 +127,165 @@ class ChunkIndex(Protocol):
     ) -> dict[str, EsCopy]: ...
     def copies_by_ids(self, ids: Iterable[str], page: int = 10_000) -> dict[str, EsCopy]: ...
     def fingerprints_in_buckets(self, tenant: str, buckets: list[int]) -> Fingerprints: ...
+    def foreign_copies(self, tenant: str) -> dict[str, EsCopy]: ...
+    def per_tenant(self) -> bool: ...
     def start_reindex(self) -> tuple[str, str, bool]: ...
-    def copy_to(self, target: str, chunks: Iterable[tuple[Chunk, Document]]) -> None: ...
-    def mark_reindex_progress(self, target: str, last_id: str) -> None: ...
-    def finish_reindex(self, target: str) -> list[str]: ...
+    def copy_to(self, generation: str, chunks: Iterable[tuple[Chunk, Document]]) -> None: ...
+    def mark_reindex_progress(self, generation: str, last_id: str) -> None: ...
+    def finish_reindex(self, generation: str) -> list[str]: ...
 
 
 class ElasticsearchChunkIndex:
     def __init__(self, es: Elasticsearch | None = None, settings: Settings | None = None) -> None:
         self.es = es or get_es()
         self.settings = settings or get_settings()
-        self.alias = self.settings.es_chunks_alias()
+        self.alias = self.settings.es_chunks_alias()  # the read alias over every live index
+
+    # -- where a tenant's copies are
+
+    def layout(self) -> Layout:
+        read_at, layout = _layout.get(self.alias, (0.0, Layout(None, None)))
+        if time.monotonic() - read_at > LAYOUT_TTL_S:
+            layout = live_layout(self.es, self.settings)
+            _layout[self.alias] = (time.monotonic(), layout)
+        return layout
+
+    def per_tenant(self) -> bool:
+        """Whether each tenant has an index of its own (False on the shared layout)."""
+        return self.layout().per_tenant
+
+    def _target(self, tenant_id: str) -> str:
+        """Where the tenant's copies are read and written: its alias, or on the shared
+        layout the one index every tenant shares."""
+        layout = self.layout()
+        return tenant_alias(self.settings, tenant_id) if layout.per_tenant else self.alias
+
+    def prepare(self, tenant_ids: Iterable[str]) -> dict[str, IndexUnavailable]:
+        """Make sure each tenant has its live index (created with its alias at the tenant's
+        first write); returns the tenants whose index could not be created, with why."""
+        if not self.per_tenant():
+            return {}
+        failed: dict[str, IndexUnavailable] = {}
+        for tenant_id in sorted(set(tenant_ids)):
+            try:
+                self._ensure_tenant_index(tenant_id)
+            except IndexUnavailable as e:
+                failed[tenant_id] = e
+        return failed
+
+    def _ensure_tenant_index(self, tenant_id: str) -> None:
+        alias = tenant_alias(self.settings, tenant_id)
+        if alias in _existing:
+            return
+        if not self.es.indices.exists_alias(name=alias):
+            generation = self.layout().generation or ensure_index(self.settings, self.es)
+            self._create(
+                tenant_index(self.settings, generation, tenant_id),
+                {alias: {"is_write_index": True}, self.alias: {}},
+            )
+        _existing.add(alias)
+
+    def _ensure_index(self, name: str) -> None:
+        """A concrete index of a generation being built (no aliases until the switch)."""
+        if name not in _existing:
+            self._create(name, {})
+            _existing.add(name)
+
+    def _create(self, name: str, aliases: dict[str, Any]) -> None:
+        body = index_body(self.settings)
+        try:
+            self.es.indices.create(
+                index=name, settings=body["settings"], mappings=body["mappings"], aliases=aliases
+            )
+            log.info("created chunk index %s", name)
+        except BadRequestError as e:
+            if e.error == "resource_already_exists_exception":
+                return  # another process created it first
+            raise IndexUnavailable(e.meta.status, f"{e.error}: {e.message}") from e
+        except ApiError as e:
+            raise IndexUnavailable(e.meta.status, f"{e.error}: {e.message}") from e
 
     # -- writes
 
-    def bulk(self, lines: list[dict[str, Any]]) -> Any:
-        """One bulk request (action and document lines) to the alias; Elasticsearch's answer,
-        with a result per item. Raises what the client raises for a refused request."""
-        return self.es.bulk(operations=lines, index=self.alias, refresh=False)
+    def bulk(self, requests: Sequence[TenantLines]) -> Any:
+        """One bulk request of the rows' lines (action and document), each action sent to its
+        tenant's live index; Elasticsearch's answer, with a result per item. ``prepare`` the
+        tenants first. Raises what the client raises for a refused request."""
+        lines = self._addressed(requests, self._target)
+        # require_alias: a write never makes Elasticsearch create an index of its own
+        # (a tenant alias that went missing answers 404 for its rows instead).
+        return self.es.bulk(operations=lines, refresh=False, require_alias=True)
+
+    def _addressed(self, requests: Sequence[TenantLines], where: Any) -> list[dict[str, Any]]:
+        lines: list[dict[str, Any]] = []
+        for tenant_id, row_lines in requests:
+            index = where(tenant_id)
+            for line in row_lines:
+                op = next(iter(line)) if len(line) == 1 else None
+                if op in ("index", "delete", "create", "update"):
+                    line = {op: {**line[op], "_index": index}}
+                lines.append(line)
+        return lines
 
     def write(self, chunks: Iterable[tuple[Chunk, Document]], version_type: str) -> list[int]:
         """Each chunk's copy, at its Postgres version as an external version: the status of
         each item, in order (409 when the index holds that version or a newer one)."""
-        lines: list[dict[str, Any]] = []
+        requests: list[TenantLines] = []
         for chunk, doc in chunks:
             action = {"_id": chunk.id, "version": chunk.version, "version_type": version_type}
-            lines += [{"index": action}, es_document(chunk, doc)]
-        if not lines:
+            requests.append((chunk.tenant_id, [{"index": action}, es_document(chunk, doc)]))
+        if not requests:
             return []
-        items = self.bulk(lines)["items"]
+        failed = self.prepare(t for t, _ in requests)
+        if failed:
+            raise next(iter(failed.values()))
+        items = self.bulk(requests)["items"]
         return [int(next(iter(item.values()))["status"]) for item in items]
 
     def reindex_target(self) -> str | None:
-        """The index a reindex in progress is building, if any."""
+        """The generation a reindex in progress is building, if any."""
         return reindex_target(self.es, self.settings)
 
-    def bulk_to(self, target: str, lines: list[dict[str, Any]]) -> Any:
-        return self.es.bulk(operations=lines, index=target, refresh=False)
+    def bulk_to(self, generation: str, requests: Sequence[TenantLines]) -> Any:
+        """The same lines to the tenants' indices of ``generation`` (a reindex's dual write)."""
+        for tenant_id in {t for t, _ in requests}:
+            self._ensure_index(tenant_index(self.settings, generation, tenant_id))
+        lines = self._addressed(
+            requests, lambda tenant: tenant_index(self.settings, generation, tenant)
+        )
+        return self.es.bulk(operations=lines, refresh=False)
 
-    def exists(self, chunk_id: str) -> bool:
-        return bool(self.es.exists(index=self.alias, id=chunk_id))
+    def exists(self, tenant_id: str, chunk_id: str) -> bool:
+        try:
+            return bool(self.es.exists(index=self._target(tenant_id), id=chunk_id))
+        except NotFoundError:
+            return False
 
     # -- reads
 
-    def count(self, query: dict[str, Any] | None = None) -> int:
-        return int(self.es.count(index=self.alias, query=query)["count"])
+    def _count(self, index: str, query: dict[str, Any] | None) -> int:
+        try:
+            return int(self.es.count(index=index, query=query)["count"])
+        except NotFoundError:  # a tenant with no index yet
+            return 0
 
     def count_of_tenant(self, tenant_id: str | None) -> int:
         """Copies of one tenant (every tenant's when None)."""
-        return self.count({"term": {"tenant_id": tenant_id}} if tenant_id is not None else None)
+        if tenant_id is None:
+            return self._count(self.alias, None)
+        return self._count(self._target(tenant_id), {"term": {"tenant_id": tenant_id}})
 
-    def count_of_document(self, document_id: str, version: int | None = None) -> int:
+    def count_of_document(
+        self, tenant_id: str, document_id: str, version: int | None = None
+    ) -> int:
         """Copies of one document's chunks (only those at ``version`` if given)."""
-        clauses: list[dict[str, Any]] = [{"term": {"document_id": document_id}}]
+        clauses: list[dict[str, Any]] = [
+            {"term": {"tenant_id": tenant_id}},
+            {"term": {"document_id": document_id}},
+        ]
         if version is not None:
             clauses.append({"term": {"version": version}})
-        return self.count({"bool": {"filter": clauses}})
+        return self._count(self._target(tenant_id), {"bool": {"filter": clauses}})
 
     def cluster_status(self, timeout_s: float) -> str:
         """green, yellow or red, as the cluster reports it within ``timeout_s``."""
@@ -156,11 +300,11 @@ class ElasticsearchChunkIndex:
         field_boosts: Mapping[Any, float] | None = None,
         tie_breaker: float | None = None,
     ) -> list[tuple[str, float]]:
-        """(chunk id, BM25 score), best first, of ``tenant_id``'s copies that pass ``filters``:
-        a ``multi_match`` (best fields) of ``text`` over the boosted fields, with the tenant
-        filter added here. With the Python English analysis (the default) the query is
-        analyzed as the copies were and matched against their ``stemmed`` fields; a query of
-        stop words only matches nothing."""
+        """(chunk id, BM25 score), best first, of ``tenant_id``'s copies that pass ``filters``,
+        scored within the tenant's own index: a ``multi_match`` (best fields) of ``text`` over
+        the boosted fields, with the tenant filter added here too. With the Python English
+        analysis (the default) the query is analyzed as the copies were and matched against
+        their ``stemmed`` fields; a query of stop words only matches nothing."""
         boosts = field_boosts or self.settings.lexical_field_boosts
         prefix = ""
         if self.settings.lexical_analysis == "python-english":
@@ -176,25 +320,31 @@ class ElasticsearchChunkIndex:
                 ),
             }
         }
-        response = self.es.search(
-            index=self.alias,
-            size=size,
-            query={
-                "bool": {
-                    "must": [match],
-                    "filter": [
-                        {"term": {"tenant_id": tenant_id}},
-                        *(es_filters(filters) if filters is not None else []),
-                    ],
-                }
-            },
-            source=False,
-        )
+        try:
+            response = self.es.search(
+                index=self._target(tenant_id),
+                size=size,
+                query={
+                    "bool": {
+                        "must": [match],
+                        "filter": [
+                            {"term": {"tenant_id": tenant_id}},
+                            *(es_filters(filters) if filters is not None else []),
+                        ],
+                    }
+                },
+                source=False,
+            )
+        except NotFoundError:  # no copy of this tenant was ever written
+            return []
         return [(hit["_id"], float(hit["_score"])) for hit in response["hits"]["hits"]]
 
-    def refresh(self) -> None:
-        """Make every write acknowledged so far visible to the reads below."""
-        self.es.indices.refresh(index=self.alias)
+    def refresh(self, tenant_id: str | None = None) -> None:
+        """Make every write acknowledged so far (of one tenant, or all) visible to reads."""
+        try:
+            self.es.indices.refresh(index=self._target(tenant_id) if tenant_id else self.alias)
+        except NotFoundError:
+            return
 
     def tenants(self) -> set[str]:
         response = self.es.search(
@@ -207,21 +357,24 @@ class ElasticsearchChunkIndex:
     def bucket_stats(self, tenant: str) -> tuple[BucketStats, int]:
         """The tenant's per-bucket sums, and how many of its copies carry no bucket (written
         before buckets existed)."""
-        response = self.es.search(
-            index=self.alias,
-            size=0,
-            query={"term": {"tenant_id": tenant}},
-            aggs={
-                "buckets": {
-                    "terms": {"field": "bucket", "size": BUCKETS},
-                    "aggs": {
-                        "v": {"sum": {"field": "version"}},
-                        "h": {"sum": {"field": "fingerprint"}},
+        try:
+            response = self.es.search(
+                index=self._target(tenant),
+                size=0,
+                query={"term": {"tenant_id": tenant}},
+                aggs={
+                    "buckets": {
+                        "terms": {"field": "bucket", "size": BUCKETS},
+                        "aggs": {
+                            "v": {"sum": {"field": "version"}},
+                            "h": {"sum": {"field": "fingerprint"}},
+                        },
                     },
+                    "unbucketed": {"missing": {"field": "bucket"}},
                 },
-                "unbucketed": {"missing": {"field": "bucket"}},
-            },
-        )
+            )
+        except NotFoundError:
+            return {}, 0
         aggs = response["aggregations"]
         stats = {
             int(b["key"]): (int(b["doc_count"]), int(b["v"]["value"]), int(b["h"]["value"]))
@@ -247,7 +400,22 @@ class ElasticsearchChunkIndex:
                 "minimum_should_match": 1,
             }
         }
-        return self._scan(query)
+        try:
+            return self._scan(self._target(tenant), query)
+        except NotFoundError:
+            return {}
+
+    def foreign_copies(self, tenant: str) -> dict[str, EsCopy]:
+        """Copies in the tenant's index that claim another tenant (none can on the shared
+        layout, where a copy's index is every tenant's): reconciliation finds those of the
+        tenant's own chunks through its sums, and deletes the others from this index."""
+        if not self.per_tenant():
+            return {}
+        query = {"bool": {"must_not": [{"term": {"tenant_id": tenant}}]}}
+        try:
+            return self._scan(self._target(tenant), query)
+        except NotFoundError:
+            return {}
 
     def fingerprints_in_buckets(self, tenant: str, buckets: list[int]) -> Fingerprints:
         """chunk id -> (version, stored fingerprint) of the tenant's copies in ``buckets``."""
@@ -255,80 +423,131 @@ class ElasticsearchChunkIndex:
         return {cid: (c.version, c.stored_fingerprint) for cid, c in copies.items()}
 
     def copies_by_ids(self, ids: Iterable[str], page: int = 10_000) -> dict[str, EsCopy]:
-        """The copies of these chunk ids, whatever their tenant, looked up ``page`` at a time."""
+        """The copies of these chunk ids, in whichever live index, looked up ``page`` at a
+        time. (A copy in two indices, one of them another tenant's, shows the latter.)"""
         ordered = sorted(ids)
         copies: dict[str, EsCopy] = {}
         for start in range(0, len(ordered), page):
-            copies.update(self._scan({"ids": {"values": ordered[start : start + page]}}))
+            query = {"ids": {"values": ordered[start : start + page]}}
+            found = self._scan(self.alias, query)
+            for cid, copy in found.items():
+                held = copies.get(cid)
+                if held is None or copy.index_tenant != copy.tenant_id:
+                    copies[cid] = copy
         return copies
 
-    def _scan(self, query: dict[str, Any]) -> dict[str, EsCopy]:
+    def _scan(self, index: str, query: dict[str, Any]) -> dict[str, EsCopy]:
         hits = helpers.scan(
             self.es,
-            index=self.alias,
+            index=index,
             query={"query": query, "version": True},
             _source=COPIED_FIELDS,
             size=2000,
         )
-        return {
-            h["_id"]: EsCopy(
+        copies: dict[str, EsCopy] = {}
+        for h in hits:
+            parsed = parse_index_name(self.settings, h["_index"])
+            copy = EsCopy(
                 tenant_id=h["_source"].get("tenant_id", ""),
                 version=int(h["_source"].get("version", 0)),
                 stored_fingerprint=int(h["_source"].get("fingerprint", -1)),
                 fields_fingerprint=fingerprint_of_source(h["_id"], h["_source"]),
                 es_version=int(h.get("_version", 0)),
+                index_tenant=parsed.tenant_id if parsed else None,
             )
-            for h in hits
-        }
+            held = copies.get(h["_id"])
+            if held is None or copy.index_tenant != copy.tenant_id:
+                copies[h["_id"]] = copy
+        return copies
 
     # -- reindex
 
     def start_reindex(self) -> tuple[str, str, bool]:
-        """The target of the reindex in progress, or a new empty index marked as the target
-        (from then on the relay dual-writes to it): (target, the last chunk id copied into
-        it, whether it was already in progress)."""
-        target = self.reindex_target()
-        if target is not None:
-            mapping = self.es.indices.get_mapping(index=target)[target]["mappings"]
-            return target, str(mapping.get("_meta", {}).get(REINDEX_PROGRESS, "")), True
-        target = f"{concrete_index_name(self.settings)}-r{int(time.time())}"
-        self.es.indices.create(index=target, **index_body(self.settings))
-        self.es.indices.put_alias(index=target, name=reindexing_alias(self.settings))
-        return target, "", False
+        """The generation a reindex in progress is building, or a new one marked as being
+        built (from then on the relay dual-writes to it): (generation, the last chunk id
+        copied into it, whether it was already in progress)."""
+        generation = self.reindex_target()
+        if generation is not None:
+            anchor = anchor_index(self.settings, generation)
+            mapping = self.es.indices.get_mapping(index=anchor)[anchor]["mappings"]
+            return generation, str(mapping.get("_meta", {}).get(REINDEX_PROGRESS, "")), True
+        generation = new_generation()
+        self._create(anchor_index(self.settings, generation), {reindexing_alias(self.settings): {}})
+        return generation, "", False
 
-    def copy_to(self, target: str, chunks: Iterable[tuple[Chunk, Document]]) -> None:
-        """Copies of ``chunks`` into ``target`` at their versions: one a dual write already
-        put there at a newer version stays."""
-        actions = (
-            {
-                "_index": target,
-                "_id": chunk.id,
-                "version": chunk.version,
-                "version_type": "external",
-                "_source": es_document(chunk, doc),
-            }
-            for chunk, doc in chunks
-        )
+    def copy_to(self, generation: str, chunks: Iterable[tuple[Chunk, Document]]) -> None:
+        """Copies of ``chunks`` into their tenants' indices of ``generation``, at their
+        versions: one a dual write already put there at a newer version stays."""
+        actions = []
+        for chunk, doc in chunks:
+            index = tenant_index(self.settings, generation, chunk.tenant_id)
+            self._ensure_index(index)
+            actions.append(
+                {
+                    "_index": index,
+                    "_id": chunk.id,
+                    "version": chunk.version,
+                    "version_type": "external",
+                    "_source": es_document(chunk, doc),
+                }
+            )
         helpers.bulk(self.es, actions, raise_on_error=False, chunk_size=1000)
 
-    def mark_reindex_progress(self, target: str, last_id: str) -> None:
+    def mark_reindex_progress(self, generation: str, last_id: str) -> None:
         """Every chunk up to ``last_id`` is copied: an interrupted reindex resumes after it."""
-        mapping = self.es.indices.get_mapping(index=target)[target]["mappings"]
+        anchor = anchor_index(self.settings, generation)
+        mapping = self.es.indices.get_mapping(index=anchor)[anchor]["mappings"]
         meta = {**mapping.get("_meta", {}), REINDEX_PROGRESS: last_id}
-        self.es.indices.put_mapping(index=target, meta=meta)
+        self.es.indices.put_mapping(index=anchor, meta=meta)
 
-    def finish_reindex(self, target: str) -> list[str]:
-        """Move the alias to ``target`` in one atomic call, end the dual writes, delete the
-        indices it pointed at before; returns their names."""
-        self.es.indices.refresh(index=target)
-        old = list(self.es.indices.get_alias(name=self.alias))
-        self.es.indices.update_aliases(
-            actions=[
-                *({"remove": {"index": index, "alias": self.alias}} for index in old),
-                {"add": {"index": target, "alias": self.alias, "is_write_index": True}},
-                {"remove": {"index": target, "alias": reindexing_alias(self.settings)}},
-            ]
+    def finish_reindex(self, generation: str) -> list[str]:
+        """Switch to ``generation`` in one atomic ``update_aliases`` call (the read alias and
+        every tenant's alias move to its indices; the dual writes end), then delete the
+        indices of the generation before; returns their names. A tenant whose live index
+        has no counterpart in ``generation`` (it holds no chunk now) gets an empty one, so
+        no tenant's alias ever disappears."""
+        prefix = chunks_prefix(self.settings)
+        live = list(self.es.indices.get_alias(name=self.alias))
+        built = list(self.es.indices.get(index=f"{prefix}{generation}-*"))
+        built_tenants = {
+            parsed.tenant_id
+            for name in built
+            if (parsed := parse_index_name(self.settings, name)) and parsed.tenant_id
+        }
+        for name in live:
+            parsed = parse_index_name(self.settings, name)
+            if parsed and parsed.tenant_id and parsed.tenant_id not in built_tenants:
+                new = tenant_index(self.settings, generation, parsed.tenant_id)
+                self._ensure_index(new)
+                built.append(new)
+        self.es.indices.refresh(index=f"{prefix}{generation}-*")
+        actions: list[dict[str, Any]] = []
+        held = set(live)
+        # Every chunk index's aliases in one request (naming hundreds of indices in the URL
+        # would pass its length limit), the live ones kept.
+        for index, aliases in self.es.indices.get_alias(index=f"{prefix}*").items():
+            if index in held:
+                for name in aliases["aliases"]:
+                    actions.append({"remove": {"index": index, "alias": name}})
+        for index in built:
+            parsed = parse_index_name(self.settings, index)
+            if parsed is None:
+                continue
+            actions.append({"add": {"index": index, "alias": self.alias}})
+            if parsed.tenant_id:
+                alias = tenant_alias(self.settings, parsed.tenant_id)
+                actions.append({"add": {"index": index, "alias": alias, "is_write_index": True}})
+        actions.append(
+            {
+                "remove": {
+                    "index": anchor_index(self.settings, generation),
+                    "alias": reindexing_alias(self.settings),
+                }
+            }
         )
-        for index in old:
+        self.es.indices.update_aliases(actions=actions)
+        _layout.pop(self.alias, None)
+        for index in live:
             self.es.indices.delete(index=index)
-        return old
+            _existing.discard(index)
+        return live

@@ -1,11 +1,37 @@
-"""The versioned Elasticsearch index behind an alias, created by an idempotent setup step.
+"""The Elasticsearch layout: an index per tenant, behind aliases, created by idempotent setup.
 
-Bump ``SCHEMA_VERSION`` whenever the mapping changes: a new concrete index is created and the
-alias moves to it (rebuilt from Postgres, the source of truth).
+BM25 scores a document with statistics of the shard it lives in (document frequencies, the
+average field length), whatever filter the query has. In one index shared by every tenant,
+one tenant's uploads would move another's scores and rankings (and let it learn what the
+other holds). So each tenant's copies live in an index of its own, with one primary shard:
+its lexical scores are a function of its own documents only.
+
+Names (``<p>`` is ``CONCORD_ES_INDEX_PREFIX``):
+
+* ``<p>-chunks-<generation>-t-<tenant>``: a tenant's concrete index, created at its first
+  write. A generation (``g<milliseconds>``) is one build of the layout: a reindex builds
+  the next generation beside the live one and switches to it.
+* ``<p>-chunks-t-<tenant>``: the tenant's alias (its write index): searches and writes use it.
+* ``<p>-chunks``: the read alias over every live index (per-tenant counts, reconciliation's
+  lookups by id, the list of tenants).
+* ``<p>-chunks-<generation>-anchor``: an empty index that keeps the read alias in existence
+  and names the live generation; ``<p>-chunks-reindexing`` marks the anchor of a generation
+  being built (the relay writes every change there too).
+* an index template for ``<p>-chunks-*``: any chunk index gets Concord's mapping, even one
+  Elasticsearch would create on its own.
+
+A deployment from before this layout has one concrete index (``<p>-chunks-v1``, or a reindexed
+``...-r<time>``) behind the read alias: the *shared* layout. Everything still works on it
+(searches filter by tenant, as they did); ``concord reindex`` moves it, online, to an index per
+tenant (shared/reconcile/reindex.py).
+
+Bump ``SCHEMA_VERSION`` whenever the mapping changes in a way existing indices cannot take.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from elasticsearch import Elasticsearch, NotFoundError
@@ -28,94 +54,174 @@ RESET_SETTINGS: dict[str, Any] = {
 }
 
 
+def index_settings(settings: Settings) -> dict[str, Any]:
+    # One primary shard: a tenant's BM25 statistics are then those of all its documents.
+    return {"number_of_shards": 1, "number_of_replicas": settings.es_replicas}
+
+
 def index_body(settings: Settings) -> dict[str, Any]:
+    return {"settings": index_settings(settings), "mappings": _mappings_for(settings)}
+
+
+def _mappings_for(settings: Settings) -> dict[str, Any]:
     text = {"type": "text", "analyzer": settings.es_text_analyzer}
     # Terms already analyzed in Python (shared/stores/english_analysis.py): split on spaces only.
     stemmed = {"type": "text", "analyzer": "whitespace"}
     return {
-        "settings": {
-            "number_of_shards": 1,
-            "number_of_replicas": 0,
-        },
-        "mappings": {
-            "dynamic": "strict",
-            "_meta": {"concord_schema_version": SCHEMA_VERSION},
-            # metadata_num and metadata_date held range-searchable copies of metadata, one
-            # field per key, until shared/search/filters.range_terms replaced them (a mapping
-            # keeps its fields; nothing writes them now).
-            "dynamic_templates": [
-                {"numbers": {"path_match": "metadata_num.*", "mapping": {"type": "double"}}},
-                {
-                    "dates": {
-                        "path_match": "metadata_date.*",
-                        "mapping": {"type": "date", "format": "strict_date_optional_time"},
-                    }
-                },
-            ],
-            "properties": {
-                "chunk_id": {"type": "keyword"},
-                "tenant_id": {"type": "keyword"},
-                "document_id": {"type": "keyword"},
-                "external_id": {"type": "keyword"},
-                "version": {"type": "integer"},
-                "ordinal": {"type": "integer"},
-                "text_hash": {"type": "keyword"},
-                "title": text,
-                "section": text,
-                "text": text,
-                "stemmed": {"properties": {"title": stemmed, "section": stemmed, "text": stemmed}},
-                "metadata": {"type": "flattened"},
-                "metadata_ranges": {"type": "keyword"},
-                "metadata_num": {"type": "object", "dynamic": True},
-                "bucket": {"type": "integer"},
-                "hash_num": {"type": "long"},  # unused since 0008; a mapping keeps its fields
-                "fingerprint": {"type": "long"},
-                "metadata_date": {"type": "object", "dynamic": True},
+        "dynamic": "strict",
+        "_meta": {"concord_schema_version": SCHEMA_VERSION},
+        # metadata_num and metadata_date held range-searchable copies of metadata, one
+        # field per key, until shared/search/filters.range_terms replaced them (a mapping
+        # keeps its fields; nothing writes them now).
+        "dynamic_templates": [
+            {"numbers": {"path_match": "metadata_num.*", "mapping": {"type": "double"}}},
+            {
+                "dates": {
+                    "path_match": "metadata_date.*",
+                    "mapping": {"type": "date", "format": "strict_date_optional_time"},
+                }
             },
+        ],
+        "properties": {
+            "chunk_id": {"type": "keyword"},
+            "tenant_id": {"type": "keyword"},
+            "document_id": {"type": "keyword"},
+            "external_id": {"type": "keyword"},
+            "version": {"type": "integer"},
+            "ordinal": {"type": "integer"},
+            "text_hash": {"type": "keyword"},
+            "title": text,
+            "section": text,
+            "text": text,
+            "stemmed": {"properties": {"title": stemmed, "section": stemmed, "text": stemmed}},
+            "metadata": {"type": "flattened"},
+            "metadata_ranges": {"type": "keyword"},
+            "metadata_num": {"type": "object", "dynamic": True},
+            "bucket": {"type": "integer"},
+            "hash_num": {"type": "long"},  # unused since 0008; a mapping keeps its fields
+            "fingerprint": {"type": "long"},
+            "metadata_date": {"type": "object", "dynamic": True},
         },
     }
 
 
-def concrete_index_name(settings: Settings, version: int = SCHEMA_VERSION) -> str:
-    return f"{settings.es_chunks_alias()}-v{version}"
+# ------------------------------------------------------------------ names
 
 
-def ensure_index(settings: Settings, es: Elasticsearch | None = None) -> str:
-    """Create the concrete index and its alias if there is none; otherwise add any new fields
-    to the index the alias points at (which may be a reindexed ``...-r<time>`` index) and
-    reset the settings now left to their defaults."""
-    es = es or get_es()
-    alias = settings.es_chunks_alias()
-    try:
-        current = list(es.indices.get_alias(name=alias))
-    except NotFoundError:
-        current = []
-    mappings = index_body(settings)["mappings"]
-    if current:
-        for index in current:
-            es.indices.put_settings(index=index, settings={"index": RESET_SETTINGS})
-            es.indices.put_mapping(
-                index=index,
-                properties=mappings["properties"],
-                dynamic_templates=mappings["dynamic_templates"],
-            )
-        return current[0]
-    index = concrete_index_name(settings)
-    if not es.indices.exists(index=index):
-        es.indices.create(index=index, **index_body(settings))
-    es.indices.update_aliases(
-        actions=[{"add": {"index": index, "alias": alias, "is_write_index": True}}]
-    )
-    return index
+def chunks_prefix(settings: Settings) -> str:
+    return f"{settings.es_chunks_alias()}-"
+
+
+def tenant_alias(settings: Settings, tenant_id: str) -> str:
+    return f"{chunks_prefix(settings)}t-{tenant_id}"
+
+
+def tenant_index(settings: Settings, generation: str, tenant_id: str) -> str:
+    return f"{chunks_prefix(settings)}{generation}-t-{tenant_id}"
+
+
+def anchor_index(settings: Settings, generation: str) -> str:
+    return f"{chunks_prefix(settings)}{generation}-anchor"
 
 
 def reindexing_alias(settings: Settings) -> str:
     return f"{settings.es_chunks_alias()}-reindexing"
 
 
-def reindex_target(es: Elasticsearch, settings: Settings) -> str | None:
-    """The index a reindex in progress is building (the relay dual-writes to it)."""
+def new_generation() -> str:
+    return f"g{int(time.time() * 1000)}"
+
+
+@dataclass(frozen=True)
+class IndexName:
+    """What a chunk index's name says: its generation, and its tenant (None for an anchor);
+    a name of neither shape (the shared layout's single index) parses to None."""
+
+    generation: str
+    tenant_id: str | None
+
+
+def parse_index_name(settings: Settings, name: str) -> IndexName | None:
+    rest = name.removeprefix(chunks_prefix(settings))
+    if rest == name or not rest.startswith("g"):
+        return None
+    generation, _, kind = rest.partition("-")
+    if kind == "anchor":
+        return IndexName(generation, None)
+    if kind.startswith("t-") and len(kind) > 2:
+        return IndexName(generation, kind[2:])
+    return None
+
+
+# ------------------------------------------------------------------ the layout
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The live layout: the generation of per-tenant indices, or the shared layout's single
+    index (``shared_index``) from before them."""
+
+    generation: str | None
+    shared_index: str | None
+
+    @property
+    def per_tenant(self) -> bool:
+        return self.shared_index is None
+
+
+def live_layout(es: Elasticsearch, settings: Settings) -> Layout:
     try:
-        return next(iter(es.indices.get_alias(name=reindexing_alias(settings))), None)
+        live = list(es.indices.get_alias(name=settings.es_chunks_alias()))
+    except NotFoundError:
+        return Layout(None, None)
+    generation = None
+    for index in live:
+        parsed = parse_index_name(settings, index)
+        if parsed is None:
+            return Layout(None, index)
+        generation = parsed.generation
+    return Layout(generation, None)
+
+
+def ensure_index(settings: Settings, es: Elasticsearch | None = None) -> str:
+    """Idempotent setup: the index template, and the live generation's anchor behind the read
+    alias (a fresh install starts a generation); on an existing layout, any new fields on
+    every live index, and the settings now left to their defaults reset. Returns the live
+    generation (or, on the shared layout, its index)."""
+    es = es or get_es()
+    body = index_body(settings)
+    es.indices.put_index_template(
+        name=settings.es_chunks_alias(),
+        index_patterns=[f"{chunks_prefix(settings)}*"],
+        template={"settings": body["settings"], "mappings": body["mappings"]},
+        priority=100,
+    )
+    layout = live_layout(es, settings)
+    if layout.generation is None and layout.shared_index is None:
+        generation = new_generation()
+        es.indices.create(
+            index=anchor_index(settings, generation),
+            settings=body["settings"],
+            mappings=body["mappings"],
+            aliases={settings.es_chunks_alias(): {}},
+        )
+        return generation
+    # One request each for every live index, however many tenants there are.
+    alias = settings.es_chunks_alias()
+    es.indices.put_settings(index=alias, settings={"index": RESET_SETTINGS})
+    es.indices.put_mapping(
+        index=alias,
+        properties=body["mappings"]["properties"],
+        dynamic_templates=body["mappings"]["dynamic_templates"],
+    )
+    return layout.shared_index or str(layout.generation)
+
+
+def reindex_target(es: Elasticsearch, settings: Settings) -> str | None:
+    """The generation a reindex in progress is building (the relay dual-writes to it)."""
+    try:
+        marked = next(iter(es.indices.get_alias(name=reindexing_alias(settings))), None)
     except NotFoundError:
         return None
+    parsed = parse_index_name(settings, marked) if marked else None
+    return parsed.generation if parsed else None

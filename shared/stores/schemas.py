@@ -72,3 +72,6 @@ class EsCopy:
     stored_fingerprint: int  # the number the relay wrote
     fields_fingerprint: int  # recomputed from the copy's fields
     es_version: int
+    # The tenant whose index holds the copy (None in the shared layout, where one index
+    # holds every tenant's): a copy in another tenant's index is deleted from there.
+    index_tenant: str | None = None

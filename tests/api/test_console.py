@@ -17,10 +17,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from services.cli.stack import ElasticsearchService
-from shared.settings import get_settings
 from shared.stores.elastic import get_es
 from tests.conftest import CeleryProcess, wait_for
-from tests.helpers import dead_lettered_upload, new_key, wait_converged, wait_job
+from tests.helpers import dead_lettered_upload, new_key, tenant_index, wait_converged, wait_job
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(os.environ.get("CONCORD_TEST_ARTIFACTS", "test-artifacts")) / "console"
@@ -109,7 +108,7 @@ def test_console_upload_search_trace_reconcile_and_replay(
     shot(page, "search")
 
     # Inject drift (the Elasticsearch copy is lost) and find it with a dry run from the page.
-    alias = get_settings().es_chunks_alias()
+    alias = tenant_index(tenant)
     hit = get_es().search(index=alias, query={"term": {"tenant_id": tenant}}, size=1)
     get_es().delete(index=alias, id=hit["hits"]["hits"][0]["_id"], refresh=True)
     page.goto(f"{live_api}/console/#consistency")

@@ -30,6 +30,7 @@ from tests.helpers import (
     paused,
     pg_chunks,
     search,
+    tenant_index,
     upload_text,
     wait_converged,
     wait_job,
@@ -95,12 +96,12 @@ def test_update_removes_the_old_version_from_both_stores(client: TestClient, aut
     assert doc["elasticsearch"]["in_sync"] is True
 
 
-def _index_stale(chunk_id: str, source: dict[str, Any], version: int) -> int:
+def _index_stale(tenant: str, chunk_id: str, source: dict[str, Any], version: int) -> int:
     """Replay a write as a late relay would: the old text at its old external version."""
     es = get_es()
     try:
         es.index(
-            index=get_settings().es_chunks_alias(),
+            index=tenant_index(tenant),
             id=chunk_id,
             document=source,
             version=version,
@@ -117,7 +118,7 @@ def test_delete_and_stale_replays_never_resurrect(client: TestClient, auth, tena
     wait_job(client, auth, up["job_id"])
     [chunk_id] = wait_converged(tenant)
     es = get_es()
-    alias = get_settings().es_chunks_alias()
+    alias = tenant_index(tenant)
     stale_source = es.get(index=alias, id=chunk_id)["_source"]
 
     deleted = client.delete(f"/v1/documents/{up['document_id']}", headers=auth)
@@ -126,7 +127,7 @@ def test_delete_and_stale_replays_never_resurrect(client: TestClient, auth, tena
     assert client.delete(f"/v1/documents/{up['document_id']}", headers=auth).status_code == 404
 
     # Within gc_deletes, Elasticsearch's tombstone (version 2) rejects the stale write.
-    assert _index_stale(chunk_id, stale_source, 1) == 409
+    assert _index_stale(tenant, chunk_id, stale_source, 1) == 409
     # Re-delivering the original job does nothing either.
     publish_ingest_job(uuid.UUID(up["job_id"]))
     time.sleep(2)
@@ -140,7 +141,7 @@ def test_delete_and_stale_replays_never_resurrect(client: TestClient, auth, tena
 
         def accepted() -> bool:
             es.indices.refresh(index=alias)
-            return _index_stale(chunk_id, stale_source, 1) == 201
+            return _index_stale(tenant, chunk_id, stale_source, 1) == 201
 
         wait_for(accepted, 30, interval=1, what="ES to forget the tombstone")
     finally:

@@ -25,7 +25,7 @@ from shared.outbox import service as relay
 from shared.reconcile.service import reconcile, reconcile_and_verify
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
-from tests.helpers import es_chunks, index_orphan, paused, pg_chunks
+from tests.helpers import es_chunks, index_orphan, paused, pg_chunks, tenant_index
 
 EXTERNAL_IDS = [f"doc-{i}" for i in range(4)]
 TEXTS = [
@@ -42,7 +42,7 @@ class StoresMachine(RuleBasedStateMachine):
     def new_tenant(self) -> None:
         self.tenant = f"p-{uuid.uuid4().hex[:12]}"
         self.es = get_es()
-        self.alias = get_settings().es_chunks_alias()
+        self.alias = tenant_index(self.tenant)
 
     def _es_ids(self) -> list[str]:
         return sorted(es_chunks(self.tenant))

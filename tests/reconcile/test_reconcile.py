@@ -29,6 +29,7 @@ from tests.helpers import (
     key_headers,
     paused,
     pg_chunks,
+    tenant_index,
     upload_text,
     wait_converged,
     wait_job,
@@ -52,7 +53,7 @@ def test_each_class_of_drift_is_found_exactly_and_repaired(
         wait_job(client, auth, d["job_id"])
     chunks = wait_converged(tenant)
     assert reconcile(unit_of_work, tenant).total() == 0
-    es, alias = get_es(), get_settings().es_chunks_alias()
+    es, alias = get_es(), tenant_index(tenant)
     chunk_of = {d["document_id"]: f"{d['document_id']}:0" for d in docs}
     assert set(chunk_of.values()) == set(chunks)
 
@@ -103,9 +104,9 @@ def test_each_class_of_drift_is_found_exactly_and_repaired(
     assert es_chunks(tenant) == pg_chunks(tenant)
     assert reconcile(unit_of_work, tenant).total() == 0
     assert (
-        es.search(index=alias, query={"term": {"tenant_id": "someone-else"}})["hits"]["total"][
-            "value"
-        ]
+        es.search(
+            index=get_settings().es_chunks_alias(), query={"term": {"tenant_id": "someone-else"}}
+        )["hits"]["total"]["value"]
         == 0
     )
 
@@ -120,7 +121,7 @@ def test_repair_waits_for_repairs_that_another_relay_claimed_first(
     [chunk] = wait_converged(tenant)
     es = get_es()
     es.delete(
-        index=get_settings().es_chunks_alias(),
+        index=tenant_index(tenant),
         id=chunk,
         version=1,
         version_type="external_gte",
@@ -158,7 +159,7 @@ def test_reconcile_cli_reports_and_exits_nonzero_while_drift_remains(client, aut
     wait_job(client, auth, up["job_id"])
     [chunk] = wait_converged(tenant)
     get_es().delete(
-        index=get_settings().es_chunks_alias(),
+        index=tenant_index(tenant),
         id=chunk,
         version=1,
         version_type="external_gte",
@@ -205,7 +206,7 @@ def test_reindex_switches_atomically_while_searches_keep_answering(client, auth,
     for i in range(8):
         upload_text(client, auth, f"atlas-{i}", f"Atlas page {i}: maps of mountain passes.")
     wait_converged(tenant)
-    es, alias = get_es(), get_settings().es_chunks_alias()
+    es, alias = get_es(), tenant_index(tenant)
     [old_index] = es.indices.get_alias(name=alias)
     failures: list[str] = []
     stop = threading.Event()
@@ -245,7 +246,7 @@ def test_reindex_switches_atomically_while_searches_keep_answering(client, auth,
 
 def test_an_interrupted_reindex_resumes_where_it_stopped(client, auth, tenant, worker):
     from shared.reconcile.reindex import reindex
-    from shared.stores.es_index import reindex_target
+    from shared.stores.es_index import anchor_index, reindex_target
 
     for i in range(6):
         upload_text(client, auth, f"log-{i}", f"Ship log entry {i}: calm seas.")
@@ -262,7 +263,8 @@ def test_an_interrupted_reindex_resumes_where_it_stopped(client, auth, tenant, w
     settings = get_settings()
     target = reindex_target(get_es(), settings)
     assert target is not None
-    meta = get_es().indices.get_mapping(index=target)[target]["mappings"]["_meta"]
+    anchor = anchor_index(settings, target)  # the generation's progress is on its anchor
+    meta = get_es().indices.get_mapping(index=anchor)[anchor]["mappings"]["_meta"]
     assert meta["reindex_last_id"]
     # Resumed in larger pages: the index holds every tenant's chunks (tens of thousands by the
     # time the suite gets here), which pages of 3 would copy one mapping update at a time.

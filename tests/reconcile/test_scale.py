@@ -13,9 +13,16 @@ from shared.db import unit_of_work
 from shared.reconcile import service
 from shared.reconcile.buckets import bucket_of, fingerprint_of_source
 from shared.reconcile.service import reconcile, reconcile_and_verify
-from shared.settings import get_settings
 from shared.stores.elastic import get_es
-from tests.helpers import es_chunks, paused, pg_chunks, upload_text, wait_converged, wait_job
+from tests.helpers import (
+    es_chunks,
+    paused,
+    pg_chunks,
+    tenant_index,
+    upload_text,
+    wait_converged,
+    wait_job,
+)
 
 
 def _ingest(client: TestClient, auth: dict[str, str], tenant: str, n: int) -> dict[str, int]:
@@ -28,13 +35,13 @@ def _ingest(client: TestClient, auth: dict[str, str], tenant: str, n: int) -> di
     return wait_converged(tenant)
 
 
-def _copy(chunk_id: str) -> dict[str, Any]:
-    return dict(get_es().get(index=get_settings().es_chunks_alias(), id=chunk_id))
+def _copy(tenant: str, chunk_id: str) -> dict[str, Any]:
+    return dict(get_es().get(index=tenant_index(tenant), id=chunk_id))
 
 
-def _write(chunk_id: str, source: dict[str, Any], version: int) -> None:
+def _write(tenant: str, chunk_id: str, source: dict[str, Any], version: int) -> None:
     get_es().index(
-        index=get_settings().es_chunks_alias(),
+        index=tenant_index(tenant),
         id=chunk_id,
         version=version,
         version_type="external_gte",
@@ -43,9 +50,9 @@ def _write(chunk_id: str, source: dict[str, Any], version: int) -> None:
     )
 
 
-def _remove(chunk_id: str) -> None:
+def _remove(tenant: str, chunk_id: str) -> None:
     get_es().delete(
-        index=get_settings().es_chunks_alias(),
+        index=tenant_index(tenant),
         id=chunk_id,
         version=1,
         version_type="external_gte",
@@ -57,7 +64,7 @@ def test_a_missing_chunk_and_an_orphan_of_the_same_text_in_one_bucket_do_not_can
     client: TestClient, auth, tenant, worker
 ):
     [chunk] = _ingest(client, auth, tenant, 1)
-    copy = _copy(chunk)
+    copy = _copy(tenant, chunk)
     # An orphan in the same bucket, same version and text: count, version sum and text-hash sum
     # of the bucket are what they were. Its stored fingerprint is honest (its own id's).
     while True:
@@ -66,8 +73,8 @@ def test_a_missing_chunk_and_an_orphan_of_the_same_text_in_one_bucket_do_not_can
             break
     source = {**copy["_source"], "chunk_id": ghost, "document_id": ghost[:36]}
     source["fingerprint"] = fingerprint_of_source(ghost, source)
-    _remove(chunk)
-    _write(ghost, source, version=1)
+    _remove(tenant, chunk)
+    _write(tenant, ghost, source, version=1)
 
     found = reconcile(unit_of_work, tenant)
     assert found.drift["missing"] == {chunk}
@@ -84,14 +91,16 @@ def test_a_copy_with_a_wrong_copied_field_is_stale_and_repaired(
     retitled, remeta = sorted(chunks)
     # A copy rewritten with another title, fingerprint recomputed to match: the bucket sums
     # differ from Postgres'.
-    copy = _copy(retitled)
+    copy = _copy(tenant, retitled)
     source = {**copy["_source"], "title": "a title nobody uploaded"}
     source["fingerprint"] = fingerprint_of_source(retitled, source)
-    _write(retitled, source, version=copy["_version"])
+    _write(tenant, retitled, source, version=copy["_version"])
     # A copy whose metadata was edited in place, its stored fingerprint left as it was: the
     # sums still agree, so only a deep reconcile (which recomputes every copy's) can see it.
-    copy = _copy(remeta)
-    _write(remeta, {**copy["_source"], "metadata": {"edited": "yes"}}, version=copy["_version"])
+    copy = _copy(tenant, remeta)
+    _write(
+        tenant, remeta, {**copy["_source"], "metadata": {"edited": "yes"}}, version=copy["_version"]
+    )
 
     found = reconcile(unit_of_work, tenant)
     assert found.drift["stale"] == {retitled}
@@ -102,8 +111,8 @@ def test_a_copy_with_a_wrong_copied_field_is_stale_and_repaired(
     _, after = reconcile_and_verify(unit_of_work, tenant, deep=True)
     assert after.total() == 0
     assert reconcile(unit_of_work, tenant, deep=True).total() == 0
-    assert _copy(retitled)["_source"]["title"] == ""
-    assert _copy(remeta)["_source"]["metadata"] == {}
+    assert _copy(tenant, retitled)["_source"]["title"] == ""
+    assert _copy(tenant, remeta)["_source"]["metadata"] == {}
 
 
 def test_losing_all_of_elasticsearch_is_repaired_range_by_range(
@@ -111,7 +120,7 @@ def test_losing_all_of_elasticsearch_is_repaired_range_by_range(
 ):
     chunks = _ingest(client, auth, tenant, 12)
     for chunk in chunks:
-        _remove(chunk)
+        _remove(tenant, chunk)
     assert es_chunks(tenant) == {}
     # Ranges of at most 3 chunks: the 12 differing buckets need at least 4 transactions.
     monkeypatch.setattr(service, "RANGE_CHUNKS", 3)
@@ -136,7 +145,7 @@ def test_a_repair_already_waiting_in_the_outbox_is_not_queued_twice(
     client: TestClient, auth, tenant, worker
 ):
     [chunk] = _ingest(client, auth, tenant, 1)
-    _remove(chunk)
+    _remove(tenant, chunk)
     with paused(worker):
         first = reconcile(unit_of_work, tenant, repair=True)
         second = reconcile(unit_of_work, tenant, repair=True)
@@ -159,7 +168,7 @@ def test_a_dead_lettered_write_is_not_repaired_again_until_an_operator_acts(
     from shared.models import DeadLetter
 
     [chunk] = _ingest(client, auth, tenant, 1)
-    _remove(chunk)
+    _remove(tenant, chunk)
     with unit_of_work() as uow:
         jobs_repo.add_dead_letter(
             uow.session,
@@ -191,7 +200,7 @@ def test_a_chunk_is_copied_with_its_own_versions_title_while_a_newer_version_wai
     first = upload_text(client, auth, "retitled.txt", "Kelp forests.", title="Old title")
     wait_job(client, auth, first["job_id"])
     [chunk] = wait_converged(tenant)
-    _remove(chunk)
+    _remove(tenant, chunk)
     with paused(worker):
         upload_text(
             client,
@@ -203,7 +212,7 @@ def test_a_chunk_is_copied_with_its_own_versions_title_while_a_newer_version_wai
         )
         _, after = reconcile_and_verify(unit_of_work, tenant)
         assert after.total() == 0, after.as_dict()
-        copy = _copy(chunk)["_source"]
+        copy = _copy(tenant, chunk)["_source"]
         assert (copy["title"], copy["metadata"], copy["version"]) == ("Old title", {}, 1)
     wait_converged(tenant)
-    assert _copy(chunk)["_source"]["title"] == "New title"
+    assert _copy(tenant, chunk)["_source"]["title"] == "New title"

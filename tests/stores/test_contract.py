@@ -363,7 +363,7 @@ class ElasticsearchHarness:
 
     def delete(self, record: Record, version: int) -> None:
         action = {"_id": record.id, "version": version, "version_type": "external"}
-        [item] = self.index.bulk([{"delete": action}])["items"]
+        [item] = self.index.bulk([(record.tenant_id, [{"delete": action}])])["items"]
         assert item["delete"]["status"] == 200
         self.index.refresh()
 
@@ -397,9 +397,11 @@ class TestElasticsearchChunkIndex(ChunkStoreContract):
         store.write([record])
         statuses = store.index.write([store._copy(record.at_version(1))], "external")
         assert statuses == [409]  # an older version: refused, for this item alone
-        assert store.index.exists(record.id) and not store.index.exists("absent:0")
-        assert store.index.count_of_document(str(record.document_id)) == 1
-        assert store.index.count_of_document(str(record.document_id), version=1) == 0
+        tenant, document = record.tenant_id, str(record.document_id)
+        assert store.index.exists(tenant, record.id)
+        assert not store.index.exists(tenant, "absent:0") and not store.index.exists(_tenant(), "x")
+        assert store.index.count_of_document(tenant, document) == 1
+        assert store.index.count_of_document(tenant, document, version=1) == 0
         assert store.index.reindex_target() is None
         assert store.index.cluster_status(timeout_s=2) in ("green", "yellow")
 

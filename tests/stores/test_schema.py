@@ -26,10 +26,11 @@ def test_the_index_refreshes_on_elasticsearch_defaults_so_idle_shards_skip_refre
     """An explicit refresh_interval (even Elasticsearch's own 1 s) turns off the skipping of
     refreshes on shards nobody searches; ensure_index removes one an older version set."""
     from shared.stores.elastic import get_es
-    from shared.stores.es_index import ensure_index
+    from shared.stores.es_index import anchor_index, ensure_index
 
     es, settings = get_es(), get_settings()
-    index = ensure_index(settings, es)
+    generation = ensure_index(settings, es)
+    index = anchor_index(settings, generation)  # one of the live indices
 
     def explicit_refresh_interval() -> object:
         found = es.indices.get_settings(index=index, name="index.refresh_interval")
@@ -38,5 +39,5 @@ def test_the_index_refreshes_on_elasticsearch_defaults_so_idle_shards_skip_refre
     assert explicit_refresh_interval() is None
     es.indices.put_settings(index=index, settings={"index": {"refresh_interval": "1s"}})
     assert explicit_refresh_interval() == "1s"
-    assert ensure_index(settings, es) == index
+    assert ensure_index(settings, es) == generation
     assert explicit_refresh_interval() is None

@@ -40,7 +40,7 @@ from shared.settings import get_settings
 from shared.stores.elastic import get_es
 from tests.conftest import CeleryProcess, wait_for
 from tests.faults import BulkFaultProxy, BulkFaults
-from tests.helpers import key_headers, paused, upload_text, wait_converged
+from tests.helpers import key_headers, paused, tenant_index, upload_text, wait_converged
 
 pytestmark = pytest.mark.reliability
 
@@ -453,8 +453,7 @@ def test_replayed_and_stale_writes_end_at_the_newest_version(
     wait_converged(tenant, timeout=120)
 
     es = get_es()
-    alias = get_settings().es_chunks_alias()
-    index = next(iter(es.indices.get_alias(name=alias)))
+    index = tenant_index(tenant)
     es.indices.put_settings(index=index, settings={"index.gc_deletes": "1s"})
     try:
         time.sleep(2)  # Elasticsearch forgets the delete tombstones
@@ -485,7 +484,7 @@ def test_replayed_and_stale_writes_end_at_the_newest_version(
         d for d in deleted if client.get(f"/v1/documents/{d}", headers=auth).status_code != 404
     ]
     hits = es.search(
-        index=alias,
+        index=index,
         query={"terms": {"document_id": deleted}},
         size=0,
         track_total_hits=True,

@@ -245,18 +245,18 @@ def read_document(
             VersionView(version=v.version, tombstone=v.tombstone, created_at=v.created_at)
             for v in versions
         ],
-        elasticsearch=_index_state(settings, doc.id, doc.version, chunk_count),
+        elasticsearch=_index_state(settings, doc.tenant_id, doc.id, doc.version, chunk_count),
     )
 
 
 def _index_state(
-    settings: Settings, document_id: uuid.UUID, version: int, chunk_count: int
+    settings: Settings, tenant_id: str, document_id: uuid.UUID, version: int, chunk_count: int
 ) -> IndexState:
     """Whether Elasticsearch holds exactly the live version's chunks."""
     try:
         index = ElasticsearchChunkIndex(settings=settings)
-        total = index.count_of_document(str(document_id))
-        current = index.count_of_document(str(document_id), version)
+        total = index.count_of_document(tenant_id, str(document_id))
+        current = index.count_of_document(tenant_id, str(document_id), version)
     except (ApiError, TransportError) as e:  # the document view still answers when ES is down
         return IndexState(reachable=False, error=type(e).__name__)
     return IndexState(

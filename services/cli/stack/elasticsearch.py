@@ -158,6 +158,7 @@ class ElasticsearchService:
                     "xpack.security.enabled: false",
                     "action.destructive_requires_name: false",
                     "cluster.routing.allocation.disk.threshold_enabled: false",
+                    f"cluster.max_shards_per_node: {self.s.es_max_shards_per_node}",
                     "",
                 ]
             )
