@@ -85,9 +85,12 @@ class Settings(BaseSettings):
     # "onnx": queries are encoded through ONNX Runtime on one thread (exported once from the
     # same weights, see shared/ingest/onnx_encoder.py); "torch": through sentence-transformers.
     query_encoder: Literal["onnx", "torch"] = "onnx"
-    # Passages: "torch" (sentence-transformers), "onnx" (the same fp32 graph through ONNX
-    # Runtime) or "onnx-int8" (its matrix multiplications quantized to int8; see README).
-    passage_encoder: Literal["torch", "onnx", "onnx-int8"] = "torch"
+    # Passages: "torch" (sentence-transformers, fp32), "torch-bf16" (the same, its arithmetic
+    # in bfloat16 on a CPU that has it natively: AMX or AVX-512 BF16), "onnx" (the fp32 graph
+    # through ONNX Runtime), "onnx-int8" (its matrix multiplications quantized to int8), or
+    # "auto": torch-bf16 where the CPU has native bfloat16, else torch. Vectors are stored as
+    # fp32 whichever computes them. Measured side by side in bench/ingest.py; see README.
+    passage_encoder: Literal["auto", "torch", "torch-bf16", "onnx", "onnx-int8"] = "auto"
     query_prompt: str = ""
     passage_prompt: str = ""
 

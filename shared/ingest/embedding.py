@@ -7,7 +7,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from contextlib import AbstractContextManager, nullcontext
 from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -34,12 +36,21 @@ class Embedder:
         self._lock = threading.Lock()
 
     @property
+    def passage_encoding(self) -> str:
+        """The passage encoder in use: the setting, with ``auto`` decided for this CPU."""
+        chosen = self.settings.passage_encoder
+        if chosen == "auto":
+            return "torch-bf16" if cpu_has_native_bf16() else "torch"
+        return chosen
+
+    @property
     def model_id(self) -> str:
         """Cache key for embeddings: the configured model (name or path) plus prompt, and the
-        int8 encoder's mark (its vectors are close to fp32's, not equal: never mixed)."""
+        mark of an encoder whose vectors are close to fp32 torch's but not equal (bf16, int8):
+        never mixed in the cache."""
         model = self.settings.embedding_model or "all-MiniLM-L6-v2"
-        int8 = "|int8" if self.settings.passage_encoder == "onnx-int8" else ""
-        return f"{model}|{self.settings.passage_prompt}{int8}"
+        mark = {"torch-bf16": "|bf16", "onnx-int8": "|int8"}.get(self.passage_encoding, "")
+        return f"{model}|{self.settings.passage_prompt}{mark}"
 
     def model(self) -> SentenceTransformer:
         with self._lock:
@@ -87,9 +98,9 @@ class Embedder:
     def passage_encoder(self) -> OnnxEncoder | None:
         """The ONNX passage encoder (CONCORD_PASSAGE_ENCODER=onnx or onnx-int8), with as many
         threads as torch would use here, or None where passages go through torch."""
-        if self.settings.passage_encoder == "torch" or self._passage_encoder_tried:
+        if not self.passage_encoding.startswith("onnx") or self._passage_encoder_tried:
             return self._passage_encoder
-        precision: Precision = "int8" if self.settings.passage_encoder == "onnx-int8" else "fp32"
+        precision: Precision = "int8" if self.passage_encoding == "onnx-int8" else "fp32"
         model = self.model()
         with self._lock:
             if not self._passage_encoder_tried:
@@ -134,15 +145,36 @@ class Embedder:
             if onnx is not None:
                 vectors = onnx.encode_batch(chosen)
             else:
-                vectors = model.encode(
-                    chosen,
-                    batch_size=len(batch),
-                    normalize_embeddings=True,
-                    convert_to_numpy=True,
-                    show_progress_bar=False,
-                )
+                with self._precision():
+                    vectors = model.encode(
+                        chosen,
+                        batch_size=len(batch),
+                        normalize_embeddings=True,
+                        convert_to_numpy=True,
+                        show_progress_bar=False,
+                    )
             out[batch] = np.asarray(vectors, dtype=np.float32).reshape(len(batch), -1)
         return out
+
+    def _precision(self) -> AbstractContextManager[object]:
+        """bfloat16 autocast for torch-bf16 (the model's matrix products on the CPU's bf16
+        units, its vectors back in fp32), else nothing."""
+        if self.passage_encoding != "torch-bf16":
+            return nullcontext()
+        import torch
+
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+@lru_cache(maxsize=1)
+def cpu_has_native_bf16() -> bool:
+    """AMX or AVX-512 BF16, where bfloat16 matrix products run natively (elsewhere torch
+    emulates them, slower than fp32)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("amx_bf16", "avx512_bf16"))
 
 
 def _torch_threads() -> int:

@@ -155,13 +155,19 @@ def _export(model: SentenceTransformer, path: Path) -> None:
 
 
 def _quantize(path: Path, quantized: Path) -> None:
-    """int8 weights for the matrix multiplications (dynamic quantization), written beside
-    the fp32 export the same way (a temporary name, then renamed)."""
+    """int8 weights for the matrix multiplications (dynamic quantization), one scale per
+    output channel (one per matrix left some passages' vectors at a cosine of 0.90 to
+    fp32's; per channel, 0.99 at worst on 200 SciFact abstracts), written beside the fp32
+    export the same way (a temporary name, then renamed)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     temporary = quantized.with_suffix(f".{os.getpid()}.tmp")
     log.info("quantizing the ONNX export to int8: %s", quantized)
     quantize_dynamic(
-        str(path), str(temporary), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"]
+        str(path),
+        str(temporary),
+        weight_type=QuantType.QInt8,
+        op_types_to_quantize=["MatMul"],
+        per_channel=True,
     )
     os.replace(temporary, quantized)

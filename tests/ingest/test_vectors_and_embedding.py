@@ -59,9 +59,10 @@ def test_length_batches_cover_every_text_once_within_the_size_limit_and_pad_less
 def test_passages_come_back_in_the_order_given_whatever_the_batching() -> None:
     import numpy as np
 
-    from shared.ingest.embedding import get_embedder
+    from shared.ingest.embedding import Embedder, get_embedder
 
-    embedder = get_embedder()
+    # fp32 torch, so that the order is compared with vectors equal to the model's own
+    embedder = Embedder(get_embedder().settings.model_copy(update={"passage_encoder": "torch"}))
     texts = ["short one", "a much longer passage about harbours " * 20, "mid length text " * 5]
     texts = texts * 3 + ["x"]
     vectors = embedder.embed_passages(texts)
@@ -71,25 +72,36 @@ def test_passages_come_back_in_the_order_given_whatever_the_batching() -> None:
     assert embedder.embed_passages([]).shape == (0, embedder.settings.embedding_dim)
 
 
-def test_onnx_passage_encoders_match_torch_and_int8_is_cached_apart(tmp_path) -> None:
-    """Passages through ONNX Runtime, in padded batches of mixed lengths: fp32 gives torch's
-    vectors; int8 gives vectors close to them, under a cache key of their own."""
+def test_passage_encoders_match_fp32_torch_and_the_inexact_ones_are_cached_apart(
+    tmp_path,
+) -> None:
+    """Passages through each encoder, in padded batches of mixed lengths: ONNX fp32 gives
+    torch's vectors; bf16 and int8 give vectors close to them, under cache keys of their
+    own; ``auto`` is bf16 where the CPU has it natively."""
     import numpy as np
 
-    from shared.ingest.embedding import Embedder, get_embedder
+    from shared.ingest.embedding import Embedder, cpu_has_native_bf16, get_embedder
 
     texts = ["short one", "a much longer passage about harbours " * 30, "mid length text " * 5]
     texts = texts * 4 + ["x"]
     reference = get_embedder().model().encode(texts, normalize_embeddings=True, batch_size=1)
-    settings = get_embedder().settings
-    fp32 = Embedder(settings.model_copy(update={"passage_encoder": "onnx", "state_dir": tmp_path}))
-    int8 = Embedder(
-        settings.model_copy(update={"passage_encoder": "onnx-int8", "state_dir": tmp_path})
+    settings = get_embedder().settings.model_copy(update={"state_dir": tmp_path})
+
+    def embedder(encoder: str) -> Embedder:
+        return Embedder(settings.model_copy(update={"passage_encoder": encoder}))
+
+    torch_fp32, onnx_fp32, int8, bf16 = (
+        embedder(e) for e in ("torch", "onnx", "onnx-int8", "torch-bf16")
     )
-    assert fp32.passage_encoder() is not None and int8.passage_encoder() is not None
-    exact = fp32.embed_passages(texts)
-    close = int8.embed_passages(texts)
-    assert np.min(np.sum(exact * reference, axis=1)) > 0.99999
-    assert 0.98 < np.min(np.sum(close * reference, axis=1)) < 0.99999  # close, not equal
-    assert np.allclose(np.linalg.norm(close, axis=1), 1.0, atol=1e-5)
-    assert fp32.model_id == get_embedder().model_id != int8.model_id
+    assert onnx_fp32.passage_encoder() is not None and int8.passage_encoder() is not None
+    assert torch_fp32.passage_encoder() is None and bf16.passage_encoder() is None
+    for exact in (torch_fp32, onnx_fp32):
+        assert np.min(np.sum(exact.embed_passages(texts) * reference, axis=1)) > 0.99999
+    for close, floor in ((int8, 0.98), (bf16, 0.999)):
+        vectors = close.embed_passages(texts)
+        assert floor < np.min(np.sum(vectors * reference, axis=1)) < 0.999999  # close, not equal
+        assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    ids = {e.model_id for e in (torch_fp32, onnx_fp32, int8, bf16)}
+    assert torch_fp32.model_id == onnx_fp32.model_id and len(ids) == 3
+    auto = embedder("auto")
+    assert auto.passage_encoding == ("torch-bf16" if cpu_has_native_bf16() else "torch")
