@@ -76,13 +76,18 @@ def due_outbox_rows_for(session: Session, chunk_ids: Sequence[str]) -> int:
     )
 
 
-def chunks_with_queued_writes(session: Session, ids: Sequence[str]) -> set[str]:
+def chunks_with_queued_writes(
+    session: Session, ids: Sequence[str], tenant_id: str | None = None
+) -> set[str]:
     """The chunks among ``ids`` that already have an outbox row waiting (a repair queued by an
     earlier reconcile, or an ingest write not yet relayed): queuing another would only repeat
-    it."""
+    it. With ``tenant_id``, only rows for that tenant's index count."""
     if not ids:
         return set()
-    return set(session.scalars(select(EsOutbox.chunk_id).where(any_of(EsOutbox.chunk_id, ids))))
+    query = select(EsOutbox.chunk_id).where(any_of(EsOutbox.chunk_id, ids))
+    if tenant_id is not None:
+        query = query.where(EsOutbox.tenant_id == tenant_id)
+    return set(session.scalars(query))
 
 
 def delete_outbox(session: Session, ids: Sequence[int]) -> None:

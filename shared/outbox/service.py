@@ -4,8 +4,9 @@ queue the purge of stale copies a search met.
 Every item's result is read (a bulk 200 can hide item failures). Writes carry the Postgres
 version as an external version, so duplicate, late or out-of-order deliveries cannot bring back
 stale or deleted content: Elasticsearch answers 409 when it already holds an equal or newer
-version, and that counts as done. 429 and 5xx are retried with backoff and jitter; anything
-else is dead-lettered with its reason.
+version, and that counts as done. 429 and 5xx are retried with backoff and jitter (and a few
+answers a moment of the index layout explains: see ``_retriable``); anything else is
+dead-lettered with its reason.
 """
 
 from __future__ import annotations
@@ -160,11 +161,9 @@ def _relay_batch(session: Session, settings: Settings, index: ChunkIndex) -> Rel
         elif status == 409:
             report.already_current += 1
             done += ids
-        elif (
-            status in RETRIABLE_STATUS or (status == 404 and row.op in WRITES)
-        ) and row.attempts + 1 < settings.relay_max_attempts:
-            # (A write answered 404: its tenant's index vanished under it; it is prepared
-            # again with the next attempt.)
+        elif _retriable(row, status, result) and row.attempts + 1 < settings.relay_max_attempts:
+            if status == 404:
+                index.forget(row.tenant_id)  # prepared again with the next attempt
             report.retried += 1
             repo.postpone_outbox(
                 session,
@@ -196,6 +195,17 @@ def _relay_batch(session: Session, settings: Settings, index: ChunkIndex) -> Rel
     done += [i for key, ids in riders.items() if key not in sent for i in ids]
     repo.delete_outbox(session, done)
     return report
+
+
+def _retriable(row: EsOutbox, status: int, result: dict[str, Any]) -> bool:
+    """429 and 5xx; a write answered 404 (its tenant's index vanished under it); a write sent
+    to the shared layout's alias just after a reindex moved every tenant to an index of its
+    own (that alias takes no writes any more; the next attempt goes to the tenant's)."""
+    if status in RETRIABLE_STATUS:
+        return True
+    if row.op in WRITES and status == 404:
+        return True
+    return status == 400 and "no write index" in _reason(result)
 
 
 def _order(row: EsOutbox) -> tuple[int, int, int]:

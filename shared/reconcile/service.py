@@ -251,10 +251,11 @@ def _purge_foreign(
     report.ids_read += len(foreign)
     owners = PgVectorStore(session).owners(sorted(foreign))
     strays = {cid: copy for cid, copy in foreign.items() if owners.get(cid) != tenant}
-    report.drift["wrong_tenant"] |= set(strays)
+    for cid in strays:  # another tenant's chunk, or nobody's
+        report.drift["wrong_tenant" if owners.get(cid) else "orphaned"].add(cid)
     if not repair:
         return
-    queued = outbox_repo.chunks_with_queued_writes(session, sorted(strays))
+    queued = outbox_repo.chunks_with_queued_writes(session, sorted(strays), tenant)
     entries = [
         outbox_repo.OutboxEntry(tenant, document_id_of(cid), OutboxOp.PURGE, copy.es_version, [cid])
         for cid, copy in sorted(strays.items())
@@ -360,7 +361,10 @@ def _queue_repairs(session: Session, found: _RangeDrift, report: ReconcileReport
     # A copy in another tenant's index than its chunk's: deleted from that index (the
     # chunk's own copy is rewritten above, or by its tenant's reconcile).
     for cid, stray in sorted(found.strays.items()):
-        if cid not in queued and stray.index_tenant is not None:
+        if stray.index_tenant is None:
+            continue
+        # A row for the chunk's own index does not hold this one, in another index, back.
+        if not outbox_repo.chunks_with_queued_writes(session, [cid], stray.index_tenant):
             entries.append(
                 outbox_repo.OutboxEntry(
                     stray.index_tenant, document_id_of(cid), OutboxOp.PURGE, stray.es_version, [cid]

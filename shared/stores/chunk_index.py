@@ -102,6 +102,7 @@ class ChunkIndex(Protocol):
     def bulk(self, requests: Sequence[TenantLines]) -> Any: ...
     def write(self, chunks: Iterable[tuple[Chunk, Document]], version_type: str) -> list[int]: ...
     def prepare(self, tenant_ids: Iterable[str]) -> dict[str, IndexUnavailable]: ...
+    def forget(self, tenant_id: str) -> None: ...
     def reindex_target(self) -> str | None: ...
     def bulk_to(self, generation: str, requests: Sequence[TenantLines]) -> Any: ...
     def exists(self, tenant_id: str, chunk_id: str) -> bool: ...
@@ -143,12 +144,17 @@ class ElasticsearchChunkIndex:
 
     # -- where a tenant's copies are
 
-    def layout(self) -> Layout:
+    def layout(self, fresh: bool = False) -> Layout:
+        """The live layout, as read at most ``LAYOUT_TTL_S`` ago (``fresh``: read now)."""
         read_at, layout = _layout.get(self.alias, (0.0, Layout(None, None)))
-        if time.monotonic() - read_at > LAYOUT_TTL_S:
+        if fresh or time.monotonic() - read_at > LAYOUT_TTL_S:
             layout = live_layout(self.es, self.settings)
             _layout[self.alias] = (time.monotonic(), layout)
         return layout
+
+    def forget(self, tenant_id: str) -> None:
+        """Check the tenant's index again before its next write (it answered 404)."""
+        _existing.discard(tenant_alias(self.settings, tenant_id))
 
     def per_tenant(self) -> bool:
         """Whether each tenant has an index of its own (False on the shared layout)."""
@@ -211,6 +217,10 @@ class ElasticsearchChunkIndex:
         """One bulk request of the rows' lines (action and document), each action sent to its
         tenant's live index; Elasticsearch's answer, with a result per item. ``prepare`` the
         tenants first. Raises what the client raises for a refused request."""
+        if not self.layout().per_tenant:
+            # The shared layout ends with a reindex's switch: writes check it, not a copy of
+            # it cached by this process (the old alias takes no writes after the switch).
+            self.layout(fresh=True)
         lines = self._addressed(requests, self._target)
         # require_alias: a write never makes Elasticsearch create an index of its own
         # (a tenant alias that went missing answers 404 for its rows instead).
@@ -347,12 +357,23 @@ class ElasticsearchChunkIndex:
             return
 
     def tenants(self) -> set[str]:
+        """The tenants whose copies it holds, and those that have an index (even one whose
+        copies all claim other tenants)."""
         response = self.es.search(
             index=self.alias,
             size=0,
             aggs={"tenants": {"terms": {"field": "tenant_id", "size": 65536}}},
         )
-        return {b["key"] for b in response["aggregations"]["tenants"]["buckets"]}
+        found = {b["key"] for b in response["aggregations"]["tenants"]["buckets"]}
+        if self.per_tenant():
+            prefix = f"{chunks_prefix(self.settings)}t-"
+            try:
+                aliases = self.es.indices.get_alias(name=f"{prefix}*")
+            except NotFoundError:
+                return found
+            for held in aliases.values():
+                found |= {a.removeprefix(prefix) for a in held["aliases"] if a.startswith(prefix)}
+        return found
 
     def bucket_stats(self, tenant: str) -> tuple[BucketStats, int]:
         """The tenant's per-bucket sums, and how many of its copies carry no bucket (written
@@ -428,12 +449,22 @@ class ElasticsearchChunkIndex:
         ordered = sorted(ids)
         copies: dict[str, EsCopy] = {}
         for start in range(0, len(ordered), page):
-            query = {"ids": {"values": ordered[start : start + page]}}
-            found = self._scan(self.alias, query)
-            for cid, copy in found.items():
-                held = copies.get(cid)
+            wanted = ordered[start : start + page]
+            # A plain search, not a scroll: over every tenant's index a scroll would hold a
+            # context on each shard (Elasticsearch allows 500 per node by default). A chunk
+            # id is in at most a few indices, so 4 hits per id bound the answer.
+            response = self.es.search(
+                index=self.alias,
+                query={"ids": {"values": wanted}},
+                size=min(4 * len(wanted), 10_000),
+                version=True,
+                source_includes=COPIED_FIELDS,
+            )
+            for hit in response["hits"]["hits"]:
+                copy = self._copy(hit)
+                held = copies.get(hit["_id"])
                 if held is None or copy.index_tenant != copy.tenant_id:
-                    copies[cid] = copy
+                    copies[hit["_id"]] = copy
         return copies
 
     def _scan(self, index: str, query: dict[str, Any]) -> dict[str, EsCopy]:
@@ -446,27 +477,33 @@ class ElasticsearchChunkIndex:
         )
         copies: dict[str, EsCopy] = {}
         for h in hits:
-            parsed = parse_index_name(self.settings, h["_index"])
-            copy = EsCopy(
-                tenant_id=h["_source"].get("tenant_id", ""),
-                version=int(h["_source"].get("version", 0)),
-                stored_fingerprint=int(h["_source"].get("fingerprint", -1)),
-                fields_fingerprint=fingerprint_of_source(h["_id"], h["_source"]),
-                es_version=int(h.get("_version", 0)),
-                index_tenant=parsed.tenant_id if parsed else None,
-            )
+            copy = self._copy(h)
             held = copies.get(h["_id"])
             if held is None or copy.index_tenant != copy.tenant_id:
                 copies[h["_id"]] = copy
         return copies
+
+    def _copy(self, hit: dict[str, Any]) -> EsCopy:
+        parsed = parse_index_name(self.settings, hit["_index"])
+        return EsCopy(
+            tenant_id=hit["_source"].get("tenant_id", ""),
+            version=int(hit["_source"].get("version", 0)),
+            stored_fingerprint=int(hit["_source"].get("fingerprint", -1)),
+            fields_fingerprint=fingerprint_of_source(hit["_id"], hit["_source"]),
+            es_version=int(hit.get("_version", 0)),
+            index_tenant=parsed.tenant_id if parsed else None,
+        )
 
     # -- reindex
 
     def start_reindex(self) -> tuple[str, str, bool]:
         """The generation a reindex in progress is building, or a new one marked as being
         built (from then on the relay dual-writes to it): (generation, the last chunk id
-        copied into it, whether it was already in progress)."""
+        copied into it, whether it was already in progress). Leftovers of an earlier run are
+        deleted first: chunk indices behind no alias (a switch that stopped before it
+        deleted the old indices) and the half-built index of a shared-layout reindex."""
         generation = self.reindex_target()
+        self._delete_dead_indices(keep=generation)
         if generation is not None:
             anchor = anchor_index(self.settings, generation)
             mapping = self.es.indices.get_mapping(index=anchor)[anchor]["mappings"]
@@ -474,6 +511,26 @@ class ElasticsearchChunkIndex:
         generation = new_generation()
         self._create(anchor_index(self.settings, generation), {reindexing_alias(self.settings): {}})
         return generation, "", False
+
+    def _delete_dead_indices(self, keep: str | None) -> list[str]:
+        """Delete the chunk indices that nothing reads or writes: behind neither the read
+        alias nor of the generation ``keep`` being built."""
+        prefix = chunks_prefix(self.settings)
+        try:
+            every = self.es.indices.get_alias(index=f"{prefix}*")
+        except NotFoundError:
+            return []
+        dead = []
+        for index, held in every.items():
+            parsed = parse_index_name(self.settings, index)
+            if self.alias in held["aliases"] or (parsed and parsed.generation == keep):
+                continue
+            dead.append(index)
+        for index in dead:
+            self.es.indices.delete(index=index)
+            _existing.discard(index)
+            log.info("deleted chunk index %s: behind no alias", index)
+        return dead
 
     def copy_to(self, generation: str, chunks: Iterable[tuple[Chunk, Document]]) -> None:
         """Copies of ``chunks`` into their tenants' indices of ``generation``, at their
@@ -503,17 +560,31 @@ class ElasticsearchChunkIndex:
     def finish_reindex(self, generation: str) -> list[str]:
         """Switch to ``generation`` in one atomic ``update_aliases`` call (the read alias and
         every tenant's alias move to its indices; the dual writes end), then delete the
-        indices of the generation before; returns their names. A tenant whose live index
+        indices of the generations before; returns their names. A tenant whose live index
         has no counterpart in ``generation`` (it holds no chunk now) gets an empty one, so
-        no tenant's alias ever disappears."""
+        no tenant's alias ever disappears. A tenant's first index, created in the old
+        generation while this ran, makes the switch fail: it is computed again, once."""
+        for attempt in (1, 2):
+            try:
+                old = self._switch_to(generation)
+                break
+            except BadRequestError:
+                if attempt == 2:
+                    raise
+        _layout.pop(self.alias, None)
+        old += self._delete_dead_indices(keep=None)  # the old ones, and any late straggler
+        return sorted(set(old))
+
+    def _switch_to(self, generation: str) -> list[str]:
         prefix = chunks_prefix(self.settings)
-        live = list(self.es.indices.get_alias(name=self.alias))
         built = list(self.es.indices.get(index=f"{prefix}{generation}-*"))
         built_tenants = {
             parsed.tenant_id
             for name in built
             if (parsed := parse_index_name(self.settings, name)) and parsed.tenant_id
         }
+        every = self.es.indices.get_alias(index=f"{prefix}*")
+        live = {index: held for index, held in every.items() if self.alias in held["aliases"]}
         for name in live:
             parsed = parse_index_name(self.settings, name)
             if parsed and parsed.tenant_id and parsed.tenant_id not in built_tenants:
@@ -521,14 +592,11 @@ class ElasticsearchChunkIndex:
                 self._ensure_index(new)
                 built.append(new)
         self.es.indices.refresh(index=f"{prefix}{generation}-*")
-        actions: list[dict[str, Any]] = []
-        held = set(live)
-        # Every chunk index's aliases in one request (naming hundreds of indices in the URL
-        # would pass its length limit), the live ones kept.
-        for index, aliases in self.es.indices.get_alias(index=f"{prefix}*").items():
-            if index in held:
-                for name in aliases["aliases"]:
-                    actions.append({"remove": {"index": index, "alias": name}})
+        actions: list[dict[str, Any]] = [
+            {"remove": {"index": index, "alias": name}}
+            for index, held in live.items()
+            for name in held["aliases"]
+        ]
         for index in built:
             parsed = parse_index_name(self.settings, index)
             if parsed is None:
@@ -546,8 +614,4 @@ class ElasticsearchChunkIndex:
             }
         )
         self.es.indices.update_aliases(actions=actions)
-        _layout.pop(self.alias, None)
-        for index in live:
-            self.es.indices.delete(index=index)
-            _existing.discard(index)
-        return live
+        return list(live)

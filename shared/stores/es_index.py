@@ -170,17 +170,26 @@ class Layout:
 
 
 def live_layout(es: Elasticsearch, settings: Settings) -> Layout:
+    """The live layout, from the anchor behind the read alias (one small request however
+    many tenants there are); without one, the read alias's own index is the shared layout's."""
+    alias = settings.es_chunks_alias()
     try:
-        live = list(es.indices.get_alias(name=settings.es_chunks_alias()))
+        anchors = list(
+            es.indices.get_alias(index=f"{chunks_prefix(settings)}g*-anchor", name=alias)
+        )
+    except NotFoundError:
+        anchors = []
+    generations = [
+        parsed.generation for name in anchors if (parsed := parse_index_name(settings, name))
+    ]
+    if generations:
+        return Layout(max(generations), None)
+    try:
+        live = list(es.indices.get_alias(name=alias))
     except NotFoundError:
         return Layout(None, None)
-    generation = None
-    for index in live:
-        parsed = parse_index_name(settings, index)
-        if parsed is None:
-            return Layout(None, index)
-        generation = parsed.generation
-    return Layout(generation, None)
+    shared = next((index for index in live if parse_index_name(settings, index) is None), None)
+    return Layout(None, shared)
 
 
 def ensure_index(settings: Settings, es: Elasticsearch | None = None) -> str:
@@ -220,8 +229,10 @@ def ensure_index(settings: Settings, es: Elasticsearch | None = None) -> str:
 def reindex_target(es: Elasticsearch, settings: Settings) -> str | None:
     """The generation a reindex in progress is building (the relay dual-writes to it)."""
     try:
-        marked = next(iter(es.indices.get_alias(name=reindexing_alias(settings))), None)
+        marked = es.indices.get_alias(name=reindexing_alias(settings))
     except NotFoundError:
         return None
-    parsed = parse_index_name(settings, marked) if marked else None
-    return parsed.generation if parsed else None
+    # (An index of the shared layout's own reindex, from before, is no generation: ignored,
+    # and removed when a reindex starts.)
+    generations = [parsed.generation for i in marked if (parsed := parse_index_name(settings, i))]
+    return max(generations) if generations else None

@@ -266,9 +266,14 @@ def test_an_interrupted_reindex_resumes_where_it_stopped(client, auth, tenant, w
     anchor = anchor_index(settings, target)  # the generation's progress is on its anchor
     meta = get_es().indices.get_mapping(index=anchor)[anchor]["mappings"]["_meta"]
     assert meta["reindex_last_id"]
+    # An index a switch left behind no alias (it stopped before deleting the old ones): the
+    # resumed reindex deletes it first.
+    dead = f"{settings.es_chunks_alias()}-g1-t-{tenant}"
+    get_es().indices.create(index=dead)
     # Resumed in larger pages: the index holds every tenant's chunks (tens of thousands by the
     # time the suite gets here), which pages of 3 would copy one mapping update at a time.
     result = reindex(unit_of_work, page_size=1000)
+    assert not get_es().indices.exists(index=dead)
     assert result.resumed and result.new_index == target
     assert reindex_target(get_es(), settings) is None
     assert es_chunks(tenant) == pg_chunks(tenant)

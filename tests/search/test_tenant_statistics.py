@@ -207,3 +207,37 @@ def _layout_cache_expires() -> None:
     from shared.stores import chunk_index
 
     chunk_index._layout.clear()
+
+
+def test_a_copy_in_another_tenants_index_is_found_and_deleted_from_there(
+    client: TestClient, auth: dict[str, str], tenant: str, worker: object
+) -> None:
+    """A copy of tenant A's chunk that ended up in tenant B's index (written there out of
+    band) is B's drift: B's searches never show it (they filter by tenant too), and B's
+    reconcile deletes it from B's index while A's own copy stays."""
+    from shared.reconcile.service import reconcile, reconcile_and_verify
+    from tests.helpers import tenant_index
+
+    up = upload_text(client, auth, "mine.txt", f"Tenant A's own note on {RARE} and basalt.")
+    wait_job(client, auth, up["job_id"])
+    [chunk] = wait_converged(tenant)
+    other = f"{tenant}-b"
+    other_auth = key_headers(other, ["read", "write"])
+    es = get_es()
+    copy = es.get(index=tenant_index(tenant), id=chunk)
+    es.index(
+        index=tenant_index(other),
+        id=chunk,
+        document=copy["_source"],
+        version=copy["_version"],
+        version_type="external",
+        refresh=True,
+    )
+    assert search(client, other_auth, RARE, mode="lexical")["results"] == []
+    found = reconcile(unit_of_work, other)
+    assert found.drift["wrong_tenant"] == {chunk} and found.total() == 1
+    _, after = reconcile_and_verify(unit_of_work, other)
+    assert after.total() == 0
+    assert not es.exists(index=tenant_index(other), id=chunk)
+    assert es.exists(index=tenant_index(tenant), id=chunk)
+    assert reconcile(unit_of_work, tenant).total() == 0
