@@ -17,7 +17,7 @@ from evaluation.runner import RunResult
 from shared.db.repository import ensure_database
 from shared.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PEER_DIR = ROOT / "bench" / "peers" / "haystack"
 PEER_PYTHON = PEER_DIR / ".venv" / "bin" / "python"
 

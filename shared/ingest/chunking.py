@@ -47,6 +47,19 @@ def sentence_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
     return [(s, e) for s, e in (_strip(text, s, e) for s, e in spans) if e > s]
 
 
+def first_sentence_end(text: str) -> int | None:
+    """Where the first of :func:`sentence_spans` ends (None for a text of no sentence),
+    reading no further than that sentence."""
+    cursor = 0
+    for match in _SENTENCE_END.finditer(text):
+        start, end = _strip(text, cursor, match.start())
+        if end > start:
+            return end
+        cursor = match.end()
+    start, end = _strip(text, cursor, len(text))
+    return end if end > start else None
+
+
 def _strip(text: str, start: int, end: int) -> tuple[int, int]:
     while start < end and text[start].isspace():
         start += 1

@@ -29,8 +29,7 @@ class Embedder:
         self.settings = settings
         self.model_path = settings.embedding_model_path()
         self._model: SentenceTransformer | None = None
-        self._query_encoder: OnnxEncoder | None = None
-        self._query_encoder_tried = False
+        self._query_encoders: dict[int, OnnxEncoder | None] = {}  # by thread count
         self._passage_encoder: OnnxEncoder | None = None
         self._passage_encoder_tried = False
         self._lock = threading.Lock()
@@ -76,24 +75,28 @@ class Embedder:
         once more only to batch texts of similar length together."""
         return self._encode([self.settings.passage_prompt + t for t in texts], token_counts)
 
-    def embed_query(self, text: str) -> np.ndarray:
-        encoder = self.query_encoder()
+    def embed_query(self, text: str, threads: int = 1) -> np.ndarray:
+        """``threads``: 1 while Elasticsearch works on the same search (the lexical arm runs
+        meanwhile), more when it does not (a dense-only search)."""
+        encoder = self.query_encoder(threads)
         if encoder is not None:
             return encoder.encode(self.settings.query_prompt + text)
         vectors: np.ndarray = self._encode([self.settings.query_prompt + text])
         return np.asarray(vectors[0])
 
-    def query_encoder(self) -> OnnxEncoder | None:
-        """The ONNX query encoder (CONCORD_QUERY_ENCODER=onnx, the default), or None where
-        queries go through torch: configured so, or the model cannot be exported as is."""
-        if self.settings.query_encoder != "onnx" or self._query_encoder_tried:
-            return self._query_encoder  # the per-query path: no lock once decided
+    def query_encoder(self, threads: int = 1) -> OnnxEncoder | None:
+        """The ONNX query encoder on ``threads`` threads (CONCORD_QUERY_ENCODER=onnx, the
+        default), or None where queries go through torch: configured so, or the model cannot
+        be exported as is."""
+        if self.settings.query_encoder != "onnx":
+            return None
+        if threads in self._query_encoders:
+            return self._query_encoders[threads]  # the per-query path: no lock once decided
         model = self.model()
         with self._lock:
-            if not self._query_encoder_tried:
-                self._query_encoder = self._onnx(model, "queries", 1, "fp32")
-                self._query_encoder_tried = True
-        return self._query_encoder
+            if threads not in self._query_encoders:
+                self._query_encoders[threads] = self._onnx(model, "queries", threads, "fp32")
+        return self._query_encoders[threads]
 
     def passage_encoder(self) -> OnnxEncoder | None:
         """The ONNX passage encoder (CONCORD_PASSAGE_ENCODER=onnx or onnx-int8), with as many

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Literal, Protocol
 
 import numpy as np
 
-from shared.ingest.chunking import sentence_spans
+from shared.ingest.chunking import first_sentence_end, sentence_spans
 from shared.search.schemas import Decision, EvidenceItem, Omission, Provenance
 
 ScoreType = Literal["dense_cosine", "rerank"]
@@ -165,15 +166,17 @@ def _pack(
 ) -> None:
     per_document: dict[str, int] = {}
     packed_vectors: list[np.ndarray] = []
+    packed: np.ndarray | None = None  # the same, as one matrix (stacked when one is added)
     for c in candidates:
         if per_document.get(c.document_id, 0) >= config.max_chunks_per_document:
             _omit(result, c, "per_document_cap")
             continue
         if (
             c.embedding is not None
-            and packed_vectors
-            and max(float(v @ c.embedding) for v in packed_vectors)
-            >= config.near_duplicate_threshold
+            and packed is not None
+            # one product with every packed vector at once (a Python loop over them was
+            # most of the policy's time on a 100-result list)
+            and float(np.max(packed @ c.embedding)) >= config.near_duplicate_threshold
         ):
             _omit(result, c, "near_duplicate")
             continue
@@ -192,6 +195,7 @@ def _pack(
         per_document[c.document_id] = per_document.get(c.document_id, 0) + 1
         if c.embedding is not None:
             packed_vectors.append(c.embedding)
+            packed = np.stack(packed_vectors)
         flags = ["possible_prompt_injection"] if looks_like_prompt_injection(text) else []
         result.per_result[c.chunk_id] = "included_truncated" if truncated else "included"
         result.evidence.append(
@@ -222,13 +226,13 @@ def _whole_sentences_within(text: str, budget: int, count_tokens: TokenCounter) 
     tokenizer call per prefix made packing a tenth of the whole search)."""
     if budget <= 0:  # the budget is spent: most of a long result list ends here, unread
         return "", 0
+    # Once the budget is nearly spent, most chunks cannot fit even their first sentence, and
+    # no tokenizer is needed to say so: every word with a letter or digit in it is at least
+    # one token, so a first sentence of more such words than the budget cannot fit.
+    first = first_sentence_end(text)
+    if first is None or _more_words(text, first, budget) or count_tokens(text[:first]) > budget:
+        return "", 0
     ends = [end for _, end in sentence_spans(text, 0, len(text))]
-    # Every word with a letter or digit in it is at least one token: a first sentence of
-    # more such words than the budget cannot fit, and needs no tokenizer to say so.
-    if not ends or _words(text[: ends[0]]) > budget:
-        return "", 0
-    if count_tokens(text[: ends[0]]) > budget:
-        return "", 0
     best, best_tokens = "", 0
     for end, tokens in zip(ends, count_tokens.prefix_counts(text, ends), strict=True):
         if tokens > budget:
@@ -237,5 +241,11 @@ def _whole_sentences_within(text: str, budget: int, count_tokens: TokenCounter) 
     return best, best_tokens
 
 
-def _words(text: str) -> int:
-    return sum(1 for word in text.split() if any(ch.isalnum() for ch in word))
+# A whitespace-separated word with a letter, digit or underscore in it: at least one token.
+_WORD = re.compile(r"[^\s\w]*\w\S*")
+
+
+def _more_words(text: str, end: int, than: int) -> bool:
+    """Whether ``text[:end]`` holds more than ``than`` such words (reading no further than
+    the one past ``than``)."""
+    return sum(1 for _ in islice(_WORD.finditer(text, 0, end), than + 1)) > than

@@ -117,3 +117,16 @@ def test_section_lookup_bisects_and_keeps_heading_paths_bounded():
     assert doc.section_at(doc.text.index("Text of part 1234.")) == "Heading 1234"
     assert doc.section_at(len(doc.text) - 1).startswith("long")
     assert all(len(s.path) <= 500 for s in doc.sections)
+
+
+def test_the_first_sentence_end_is_where_sentence_spans_ends_the_first_sentence() -> None:
+    import random
+
+    from shared.ingest.chunking import first_sentence_end, sentence_spans
+
+    rng = random.Random(5)
+    pieces = ["Word", "e.g.", "Dr.", "end.", "Why?", "Yes!", "  ", "\n\n", "3.5", "…", "x"]
+    for _ in range(500):
+        text = " ".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        spans = sentence_spans(text, 0, len(text))
+        assert first_sentence_end(text) == (spans[0][1] if spans else None)
