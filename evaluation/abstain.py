@@ -89,3 +89,36 @@ def best_threshold(
     limit (ties: the lower threshold)."""
     allowed = [row for row in sweep if row["false_abstain"] <= max_false_abstain]
     return max(allowed, key=lambda row: (row["abstain_recall"], -row["threshold"]))
+
+
+def roc(run: AbstainRun, w: Withholding, max_false_abstain: float = 0.05) -> dict[str, Any]:
+    """The policy's score as an abstain classifier on the variant: the full curve (abstain
+    recall against false abstains, one point per distinct score), its area (the probability
+    that an answerable query scores above an unanswerable one, ties half), the best point
+    within ``max_false_abstain``, and the share of ``verify`` decisions as served."""
+
+    def score(qid: str) -> float:
+        top = run.decisions[qid]["top_score"]
+        return float("-inf") if top is None else float(top)
+
+    answerable = [score(q) for q in w.answerable if q in run.decisions]
+    unanswerable = [score(q) for q in w.unanswerable if q in run.decisions]
+    curve: list[dict[str, Any]] = []
+    for t in sorted({*answerable, *unanswerable, float("inf")}):
+        curve.append(
+            {
+                "threshold": t if t not in (float("inf"), float("-inf")) else None,
+                "abstain_recall": round(sum(s < t for s in unanswerable) / len(unanswerable), 4),
+                "false_abstain": round(sum(s < t for s in answerable) / len(answerable), 4),
+            }
+        )
+    wins = sum(1.0 if a > u else 0.5 if a == u else 0.0 for a in answerable for u in unanswerable)
+    within = [p for p in curve if p["false_abstain"] <= max_false_abstain]
+    best = max(within, key=lambda p: p["abstain_recall"])
+    statuses = [d["status"] for d in run.decisions.values()]
+    return {
+        "auc": round(wins / (len(answerable) * len(unanswerable)), 4),
+        "best_within_5pct_false_abstain": best,
+        "verify_share": round(statuses.count("verify") / len(statuses), 4),
+        "curve": curve,
+    }

@@ -26,6 +26,7 @@ from evaluation.runner import (
     run_config,
     standard_configs,
 )
+from shared.answerability import service as answerability
 from shared.db import unit_of_work
 from shared.db.repository import count_rows
 from shared.models import Chunk
@@ -43,6 +44,7 @@ class EvalOptions:
     rerank_window: int = 20
     profile: str | None = None
     reranker: str | None = None  # a trained reranker of the dataset's tenant
+    answerability: str | None = None  # its answerability model (default: "default" if any)
     peer: bool = True
     abstain: bool = True
     seed: int = 13
@@ -85,6 +87,8 @@ def run_eval(
             profiles.get_profile(uow.session, tenant, options.profile)
         if options.reranker:
             rerankers.get(uow.session, tenant, options.reranker)
+        if options.answerability:
+            answerability.get(uow.session, tenant, options.answerability)
 
     started = time.monotonic()
     synced = sync_corpus(tenant, dataset.corpus, progress, options.timeout_s)
@@ -187,6 +191,7 @@ def _abstain(
             profiles.save_profile(
                 uow.session, tenant, source.name, source.settings, source.description
             )
+    policies = _abstain_policies(dataset, tenant, options)
     with temporary_key(tenant) as api_key:
         client = SearchClient(api_key, http)
         defaults = abstain_eval.run_abstain(client, queries, progress, "abstain (defaults)")
@@ -213,6 +218,12 @@ def _abstain(
                     **tuned.rates(withholding),
                 }
             )
+        compared = [(f"{settings.policy_score_type} (defaults)", defaults)]
+        for label, body in policies:
+            run = abstain_eval.run_abstain(client, queries, progress, f"abstain ({label})", body)
+            threshold = next(iter(run.decisions.values()))["threshold"]
+            served.append({"policy": label, "threshold": threshold, **run.rates(withholding)})
+            compared.append((label, run))
     sweep = defaults.sweep(withholding)
     return {
         "seed": options.seed,
@@ -224,7 +235,36 @@ def _abstain(
         "served": served,
         "best_within_5pct_false_abstain": abstain_eval.best_threshold(sweep),
         "sweep": sweep,
+        "policies": [
+            {"policy": label, **abstain_eval.roc(run, withholding)} for label, run in compared
+        ],
     }
+
+
+def _abstain_policies(
+    dataset: beir.Dataset, variant_tenant: str, options: EvalOptions
+) -> list[tuple[str, dict[str, Any]]]:
+    """The other policies compared on the variant: the rerank score (with the rerank stage,
+    when a cross-encoder is configured) and the dataset tenant's answerability model, which the variant's tenant gets a copy of
+    (a model belongs to a tenant, as a profile does)."""
+    policies: list[tuple[str, dict[str, Any]]] = []
+    if options.rerank and get_settings().rerank_kind != "none":  # a configured cross-encoder
+        policies.append(
+            ("rerank score", {"rerank": {"enabled": True}, "policy": {"score_type": "rerank"}})
+        )
+    with unit_of_work() as uow:
+        name = options.answerability or answerability.DEFAULT_MODEL
+        entries = answerability.list_for_tenant(uow.session, eval_tenant(dataset))
+        source = next((e for e in entries if e.name == name), None)
+        if source is not None:
+            answerability.register(uow.session, variant_tenant, name, source.model, source.card)
+            policies.append(
+                (
+                    f"answerability:{name}",
+                    {"policy": {"score_type": "answerability", "answerability_model": name}},
+                )
+            )
+    return policies
 
 
 def targets(result: dict[str, Any]) -> list[dict[str, Any]]:

@@ -39,6 +39,9 @@ def write_report(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     if report.get("abstain"):
         paths["abstain_png"] = out_dir / "abstain_sweep.png"
         _abstain_plot(report["abstain"], paths["abstain_png"])
+        if report["abstain"].get("policies"):
+            paths["abstain_roc_png"] = out_dir / "abstain_roc.png"
+            _roc_plot(report["abstain"]["policies"], paths["abstain_roc_png"])
     report["files"] = {k: str(p) for k, p in paths.items()}
     paths["json"].write_text(json.dumps(report, indent=2))
     paths["markdown"].write_text(markdown(report))
@@ -101,6 +104,22 @@ def markdown(report: dict[str, Any]) -> str:
             f"Best threshold with ≤ 5 % false abstain: {best['threshold']} → abstain recall "
             f"{best['abstain_recall']:.4f}, false abstain {best['false_abstain']:.4f}.",
         ]
+        if a.get("policies"):
+            lines += [
+                "",
+                "Each policy's score as an abstain classifier (curve in `abstain_roc.png`):",
+                "",
+                "| policy | ROC AUC | abstain recall at ≤ 5 % false abstain | its threshold "
+                "| verify share (served) |",
+                "|---|---|---|---|---|",
+            ]
+            for p in a["policies"]:
+                b = p["best_within_5pct_false_abstain"]
+                lines.append(
+                    f"| {p['policy']} | {p['auc']:.4f} | {b['abstain_recall']:.4f} "
+                    f"(false abstain {b['false_abstain']:.4f}) | {b['threshold']} "
+                    f"| {p['verify_share']:.4f} |"
+                )
     if report.get("peer"):
         lines += ["", f"Peer: {report['peer'].get('system', report['peer'])}"]
     lines += ["", "Files: " + ", ".join(f"`{p}`" for p in report.get("files", {}).values()), ""]
@@ -159,6 +178,26 @@ def _abstain_plot(abstain: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("rate")
     ax.set_title("Evidence policy threshold sweep")
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _roc_plot(policies: list[dict[str, Any]], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6, 5))
+    for p in policies:
+        curve = p["curve"]
+        ax.plot(
+            [0.0] + [row["false_abstain"] for row in curve],
+            [0.0] + [row["abstain_recall"] for row in curve],
+            label=f"{p['policy']} (AUC {p['auc']:.3f})",
+        )
+    ax.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=0.8)
+    ax.axvline(0.05, color="black", linestyle="--", linewidth=0.8, label="5 % false abstain")
+    ax.set_xlabel("false abstain (answerable queries)")
+    ax.set_ylabel("abstain recall (unanswerable queries)")
+    ax.set_title("Abstain decision per policy, unanswerable variant")
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -278,6 +278,20 @@ class TrainedReranker(Base):
     created_at: Mapped[datetime] = _now()
 
 
+class TrainedAnswerability(Base):
+    """An answerability model learned from one tenant's judgements (``concord answerability
+    train``): the whole model (a few hundred numbers) and its thresholds in ``model``, so every
+    host reads it from Postgres; ``policy.score_type: "answerability"`` selects it."""
+
+    __tablename__ = "answerability_models"
+
+    tenant_id: Mapped[str] = mapped_column(String(64), ForeignKey("tenants.id"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    model: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
+    card: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
+    created_at: Mapped[datetime] = _now()
+
+
 class TrainingJob(Base):
     """A reranker training run started in the background; the jobs API reports it."""
 

@@ -54,3 +54,13 @@ def add_training_job(session: Session, job: TrainingJob) -> None:
 
 def training_job(session: Session, job_id: uuid.UUID) -> TrainingJob | None:
     return session.get(TrainingJob, job_id)
+
+
+def external_ids_by_document(session: Session, tenant_id: str) -> dict[str, str]:
+    """Document id (as a chunk id names it) -> external id, for the tenant's live documents."""
+    rows = session.execute(
+        select(Document.id, Document.external_id).where(
+            Document.tenant_id == tenant_id, Document.deleted.is_(False)
+        )
+    )
+    return {str(document_id): external_id for document_id, external_id in rows}

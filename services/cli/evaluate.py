@@ -57,6 +57,9 @@ def eval_command(
     reranker: str = typer.Option(
         None, help="Also run every configuration with this trained reranker (concord reranker)."
     ),
+    answerability: str = typer.Option(
+        None, help='Compare this answerability model (default: the tenant\'s "default" if any).'
+    ),
     peer: bool = typer.Option(True, help="Run the Haystack peer in the same invocation."),
     abstain: bool = typer.Option(True, help="Measure abstain accuracy (unanswerable variant)."),
     seed: int = typer.Option(13, help="Seed for choosing the unanswerable half."),
@@ -78,6 +81,7 @@ def eval_command(
         rerank_window=rerank_window,
         profile=profile,
         reranker=reranker,
+        answerability=answerability,
         peer=peer,
         abstain=abstain,
         seed=seed,

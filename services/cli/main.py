@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress
 
-from services.cli import admin, evaluate, reranker, stack_commands
+from services.cli import admin, answerability, evaluate, reranker, stack_commands
 from services.cli.output import print_error
 from shared.settings import get_settings
 
@@ -24,6 +24,7 @@ keys_app = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help
 app.add_typer(keys_app, name="keys")
 app.add_typer(admin.dlq_app, name="dlq")
 app.add_typer(reranker.app, name="reranker")
+app.add_typer(answerability.app, name="answerability")
 app.command()(admin.reconcile)
 app.command()(admin.reindex)
 app.command()(admin.jobs)

@@ -1,7 +1,11 @@
 """The evidence policy: decide whether the results can answer the query, and pack the evidence.
 
-Thresholds apply only to a declared score type (dense cosine, or the rerank score), never to
-fused ranks. The decision is ``answerable`` or ``abstain`` with a reason. Evidence is packed
+Thresholds apply only to a declared score type (dense cosine, the rerank score, or the
+calibrated probability of a learned answerability model), never to fused ranks. The decision
+is ``answerable``, ``verify`` (evidence is there but should be checked before use: the
+probability lies between the abstain and answer thresholds, or the top evidence is flagged
+``possible_prompt_injection`` or ``doubtful_extraction``) or ``abstain``, each but the first
+with a reason. Evidence is packed
 into a token budget without cutting sentences, with a per-document cap and near-duplicate
 suppression, and every omission is reported with its reason. Text that reads like an
 instruction to a language model is flagged, never acted on.
@@ -16,10 +20,14 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from shared.answerability.schemas import AnswerabilityTrace
 from shared.ingest.chunking import first_sentence_end, sentence_spans
 from shared.search.schemas import Decision, EvidenceItem, Omission, Provenance
 
-ScoreType = Literal["dense_cosine", "rerank"]
+ScoreType = Literal["dense_cosine", "rerank", "answerability"]
+Status = Literal["answerable", "verify", "abstain"]
+# Flags on the top evidence item that make an answer one to check before use.
+VERIFY_FLAGS = ("possible_prompt_injection", "doubtful_extraction")
 
 
 class TokenCounter(Protocol):
@@ -57,6 +65,9 @@ class PolicyConfig:
     token_budget: int
     max_chunks_per_document: int
     near_duplicate_threshold: float
+    # With score_type "answerability": the model's judgement of this query (None when it
+    # could not be made, e.g. an arm was down), and the probability below which to verify.
+    answerability: AnswerabilityTrace | None = None
 
 
 @dataclass
@@ -74,11 +85,12 @@ class Candidate:
     token_count: int
     embedding: np.ndarray | None
     scores: dict[str, float]
+    flags: list[str] = field(default_factory=list)  # from ingest, e.g. doubtful_extraction
 
 
 @dataclass
 class PolicyResult:
-    status: Literal["answerable", "abstain"]
+    status: Status
     reason: str | None
     score_type: ScoreType
     threshold: float
@@ -88,6 +100,7 @@ class PolicyResult:
     tokens_used: int = 0
     token_budget: int = 0
     per_result: dict[str, str] = field(default_factory=dict)
+    answerability: AnswerabilityTrace | None = None
 
     def decision(self) -> Decision:
         return Decision(
@@ -96,6 +109,8 @@ class PolicyResult:
             score_type=self.score_type,
             threshold=self.threshold,
             top_score=self.top_score,
+            verify_below=self.answerability.verify_below if self.answerability else None,
+            answerability=self.answerability,
         )
 
 
@@ -122,6 +137,8 @@ def apply_policy(
     if not candidates:
         result.reason = "all_filtered" if dropped_before else "no_hits"
         return result
+    if config.score_type == "answerability":
+        return _judge_query(candidates, config, count_tokens, result)
 
     scored: list[Candidate] = []
     for c in candidates:
@@ -146,11 +163,55 @@ def apply_policy(
         return result
 
     _pack(scored, config, count_tokens, result)
-    if result.evidence:
-        result.status = "answerable"
-    else:
-        result.reason = "over_budget"
+    _decide_on_evidence(result)
     return result
+
+
+def _judge_query(
+    candidates: list[Candidate],
+    config: PolicyConfig,
+    count_tokens: TokenCounter,
+    result: PolicyResult,
+) -> PolicyResult:
+    """The answerability model judges the query, not each result: below its abstain
+    threshold nothing is packed; otherwise every result with provenance may be."""
+    judged = config.answerability
+    result.answerability = judged
+    if judged is not None:
+        result.top_score = judged.probability
+        if judged.probability < config.min_score:
+            for c in candidates:
+                _omit(result, c, "query_unlikely_answerable")
+            result.reason = "unlikely_answerable"
+            return result
+    packable = []
+    for c in candidates:
+        if _has_provenance(c):
+            packable.append(c)
+        else:
+            _omit(result, c, "missing_provenance")
+    if not packable:
+        result.reason = "missing_provenance"
+        return result
+    _pack(packable, config, count_tokens, result)
+    _decide_on_evidence(result)
+    if result.status == "answerable":
+        if judged is None:
+            result.status, result.reason = "verify", "answerability_unavailable"
+        elif judged.probability < judged.verify_below:
+            result.status, result.reason = "verify", "uncertain_answerability"
+    return result
+
+
+def _decide_on_evidence(result: PolicyResult) -> None:
+    """Answerable when something was packed, unless the top evidence is to be checked first."""
+    if not result.evidence:
+        result.reason = "over_budget"
+        return
+    result.status = "answerable"
+    flagged = [f for f in VERIFY_FLAGS if f in result.evidence[0].flags]
+    if flagged:
+        result.status, result.reason = "verify", flagged[0]
 
 
 def _omit(result: PolicyResult, c: Candidate, reason: str) -> None:
@@ -196,7 +257,9 @@ def _pack(
         if c.embedding is not None:
             packed_vectors.append(c.embedding)
             packed = np.stack(packed_vectors)
-        flags = ["possible_prompt_injection"] if looks_like_prompt_injection(text) else []
+        flags = [*c.flags]
+        if looks_like_prompt_injection(text):
+            flags.append("possible_prompt_injection")
         result.per_result[c.chunk_id] = "included_truncated" if truncated else "included"
         result.evidence.append(
             EvidenceItem(

@@ -18,6 +18,8 @@ from pydantic import (
     model_validator,
 )
 
+from shared.answerability.schemas import AnswerabilityTrace
+
 Mode = Literal["dense", "lexical", "hybrid"]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
 
@@ -189,8 +191,26 @@ class Mmr(Strict):
 
 
 class PolicyOverrides(Strict):
-    score_type: Literal["dense_cosine", "rerank"] | None = None
-    min_score: float | None = Field(default=None, ge=-100, le=100)
+    score_type: Literal["dense_cosine", "rerank", "answerability"] | None = None
+    min_score: float | None = Field(
+        default=None,
+        ge=-100,
+        le=100,
+        description="the abstain threshold (for answerability: on its probability; default "
+        "the one stored with the model)",
+    )
+    answerability_model: str | None = Field(
+        default=None,
+        pattern=PROFILE_NAME,
+        description='with score_type "answerability": the tenant\'s model (default "default")',
+    )
+    verify_below: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description='with score_type "answerability": verify below this probability '
+        "(default the model's answer threshold)",
+    )
     token_budget: Annotated[int, Field(ge=16, le=8192), BeforeValidator(_integral)] | None = None
     max_chunks_per_document: (
         Annotated[int, Field(ge=1, le=50), BeforeValidator(_integral)] | None
@@ -281,14 +301,21 @@ class Evidence(BaseModel):
 
 
 class Decision(BaseModel):
-    """``answerable``, or ``abstain`` with the reason (``no_hits``, ``all_filtered``,
-    ``below_threshold``, ``score_unavailable``, ``missing_provenance``, ``over_budget``)."""
+    """``answerable``; ``verify`` with the reason (``uncertain_answerability``,
+    ``answerability_unavailable``, ``possible_prompt_injection``, ``doubtful_extraction``):
+    evidence to check before use; or ``abstain`` with the reason (``no_hits``,
+    ``all_filtered``, ``below_threshold``, ``unlikely_answerable``, ``score_unavailable``,
+    ``missing_provenance``, ``over_budget``)."""
 
-    status: Literal["answerable", "abstain"]
+    status: Literal["answerable", "verify", "abstain"]
     reason: str | None
-    score_type: Literal["dense_cosine", "rerank"]
+    score_type: Literal["dense_cosine", "rerank", "answerability"]
     threshold: float
-    top_score: float | None
+    top_score: float | None = Field(
+        description="the best score judged (for answerability: the probability)"
+    )
+    verify_below: float | None = None
+    answerability: AnswerabilityTrace | None = None
 
 
 class RankScore(BaseModel):

@@ -22,9 +22,12 @@ from typing import TypeVar
 import numpy as np
 from elasticsearch import ApiError, TransportError
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 
+from shared.answerability import service as answerability
+from shared.answerability.schemas import AnswerabilityTrace
 from shared.db import Transactions
-from shared.errors import StoreUnavailable
+from shared.errors import BadRequest, StoreUnavailable
 from shared.ingest.embedding import get_embedder
 from shared.metrics import (
     DEGRADED_QUERIES,
@@ -124,6 +127,21 @@ class _Query:
     request: SearchRequest
     settings: Settings
     transactions: Transactions
+    answerability: answerability.LoadedModel | None = None
+
+
+def _answerability_model(
+    session: Session, tenant_id: str, request: SearchRequest
+) -> answerability.LoadedModel:
+    """The tenant's answerability model the request names (404 if it has none by that name);
+    its features are both arms' scores, so only a hybrid search can use it."""
+    if request.mode != "hybrid":
+        raise BadRequest(
+            'policy.score_type "answerability" needs mode "hybrid": the model judges both '
+            f"arms' scores, and a {request.mode} search runs one"
+        )
+    name = request.policy.answerability_model or answerability.DEFAULT_MODEL
+    return answerability.load(answerability.get(session, tenant_id, name))
 
 
 def search(
@@ -134,10 +152,17 @@ def search(
 ) -> SearchResponse:
     settings = settings or get_settings()
     trained_reranker: str | None = None
-    if request.profile is not None or request.rerank.model is not None:
+    judge: answerability.LoadedModel | None = None
+    if (
+        request.profile is not None
+        or request.rerank.model is not None
+        or request.policy.score_type == "answerability"
+    ):
         with transactions() as uow:
             if request.profile is not None:
                 request = resolve_profile(uow.session, tenant_id, request)
+            if request.policy.score_type == "answerability":
+                judge = _answerability_model(uow.session, tenant_id, request)
             if request.rerank.enabled and request.rerank.model is not None:
                 # Resolved before any store is queried: an unknown name is a 404 at once.
                 entry = rerankers.get(uow.session, tenant_id, request.rerank.model)
@@ -147,7 +172,7 @@ def search(
                     request = request.model_copy(
                         update={"rerank": request.rerank.model_copy(update={"blend": blend})}
                     )
-    query = _Query(tenant_id, request, settings, transactions)
+    query = _Query(tenant_id, request, settings, transactions, judge)
     timings = StageTimes(scale=1e3, digits=3)  # milliseconds
     with SEARCH_SECONDS.labels(request.mode).time():
         response = _search(query, timings, trained_reranker)
@@ -190,6 +215,11 @@ def _search(query: _Query, timings: StageTimes, trained_reranker: str | None) ->
     if not arms:
         raise StoreUnavailable("neither Postgres nor Elasticsearch answered the search")
 
+    judged = (
+        timings.timed("answerability", lambda: _judge(query, arms))
+        if query.answerability is not None
+        else None
+    )
     fused = timings.timed("fuse", lambda: fuse(arms, request.fusion))
     with timings.stage("hydrate"):
         candidates, dropped = _hydrate_enough(query, fused, vector)
@@ -217,7 +247,7 @@ def _search(query: _Query, timings: StageTimes, trained_reranker: str | None) ->
     with timings.stage("policy"):
         policy = apply_policy(
             results,
-            _policy_config(request, settings, bool(rerank_info)),
+            _policy_config(request, settings, bool(rerank_info), judged),
             _TokenizerCounter(),
             dropped_before=dropped,
         )
@@ -244,6 +274,22 @@ def _search(query: _Query, timings: StageTimes, trained_reranker: str | None) ->
     if request.explain:
         response.timings_ms = timings.totals
     return response
+
+
+def _judge(query: _Query, arms: dict[str, list[ArmHit]]) -> AnswerabilityTrace | None:
+    """The model's judgement of the query from both arms' scores; None if an arm was down
+    (the policy then asks for verification rather than guess)."""
+    if query.answerability is None or set(arms) != {"dense", "lexical"}:
+        return None
+    o = query.request.policy
+    return query.answerability.judge(
+        query.request.query,
+        arms["dense"],
+        arms["lexical"],
+        document_of_chunk,
+        abstain_below=o.min_score,
+        verify_below=o.verify_below,
+    )
 
 
 def _timed_arm(timings: StageTimes, name: str, fn: Callable[[], T]) -> T:
@@ -458,14 +504,23 @@ def _within_cap(items: list[T], cap: int | None, document_of: Callable[[T], str]
     return kept
 
 
-def _policy_config(request: SearchRequest, settings: Settings, reranked: bool) -> PolicyConfig:
+def _policy_config(
+    request: SearchRequest,
+    settings: Settings,
+    reranked: bool,
+    judged: AnswerabilityTrace | None = None,
+) -> PolicyConfig:
     o = request.policy
     score_type = o.score_type or (
         "rerank" if reranked and settings.policy_score_type == "rerank" else "dense_cosine"
     )
+    if score_type == "answerability":
+        min_score = judged.abstain_below if judged else (o.min_score or 0.0)
+    else:
+        min_score = o.min_score if o.min_score is not None else settings.policy_min_score
     return PolicyConfig(
         score_type=score_type,
-        min_score=o.min_score if o.min_score is not None else settings.policy_min_score,
+        min_score=min_score,
         token_budget=o.token_budget or settings.policy_token_budget,
         max_chunks_per_document=(
             o.max_chunks_per_document or settings.policy_max_chunks_per_document
@@ -473,6 +528,7 @@ def _policy_config(request: SearchRequest, settings: Settings, reranked: bool) -
         near_duplicate_threshold=(
             o.near_duplicate_threshold or settings.policy_near_duplicate_threshold
         ),
+        answerability=judged,
     )
 
 

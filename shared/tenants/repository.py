@@ -12,9 +12,9 @@ from sqlalchemy import select, true
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from shared.models import ApiKey, SearchProfile, Tenant, TrainedReranker
+from shared.models import ApiKey, SearchProfile, Tenant, TrainedAnswerability, TrainedReranker
 
-Named = TypeVar("Named", SearchProfile, TrainedReranker)
+Named = TypeVar("Named", SearchProfile, TrainedReranker, TrainedAnswerability)
 
 
 def ensure_tenant(session: Session, tenant_id: str) -> None:
@@ -69,6 +69,8 @@ def named_rows(session: Session, model: type[Named], tenant_id: str) -> list[Nam
     )
 
 
-def delete_named_row(session: Session, row: SearchProfile | TrainedReranker) -> None:
+def delete_named_row(
+    session: Session, row: SearchProfile | TrainedReranker | TrainedAnswerability
+) -> None:
     session.delete(row)
     session.flush()

@@ -7,6 +7,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
 from services.api.deps import NOT_FOUND, PROTECTED_ROUTE_ERRORS, Admin, Reader
+from shared.answerability import service as answerability
+from shared.answerability.schemas import AnswerabilityModelView
 from shared.db import unit_of_work
 from shared.profiles import service as profiles
 from shared.profiles.schemas import ProfileBody, ProfileView
@@ -39,6 +41,24 @@ def list_rerankers_route(principal: Reader) -> list[RerankerView]:
             rerankers.reranker_view(r)
             for r in rerankers.list_for_tenant(uow.session, principal.tenant_id)
         ]
+
+
+@router.get("/answerability-models")
+def list_answerability_models_route(principal: Reader) -> list[AnswerabilityModelView]:
+    """Answerability models learned from this tenant's judgements (concord answerability
+    train), with thresholds and model cards; select one with "policy": {"score_type":
+    "answerability", "answerability_model": NAME} (default "default")."""
+    with unit_of_work() as uow:
+        return [
+            answerability.model_view(m)
+            for m in answerability.list_for_tenant(uow.session, principal.tenant_id)
+        ]
+
+
+@router.get("/answerability-models/{name}")
+def get_answerability_model_route(name: ProfileName, principal: Reader) -> AnswerabilityModelView:
+    with unit_of_work() as uow:
+        return answerability.model_view(answerability.get(uow.session, principal.tenant_id, name))
 
 
 @router.get("/profiles")

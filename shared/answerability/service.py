@@ -1,0 +1,109 @@
+"""The registry of answerability models (``concord answerability train`` writes it;
+``policy.score_type: "answerability"`` in a search request or profile reads it), and the
+prediction a search asks of one. Every lookup is scoped to the caller's tenant."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from shared.answerability.features import FEATURE_NAMES, answerability_features, per_document
+from shared.answerability.model import AnswerabilityModel
+from shared.answerability.schemas import AnswerabilityModelView, AnswerabilityTrace
+from shared.db.repository import now
+from shared.models import TrainedAnswerability
+from shared.search.fusion import ArmHit
+from shared.tenants import repository as tenants_repo
+from shared.tenants import service as tenants
+
+DEFAULT_MODEL = "default"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    name: str
+    model: AnswerabilityModel
+    abstain_below: float
+    verify_below: float
+
+    def judge(
+        self,
+        query: str,
+        dense: list[ArmHit],
+        lexical: list[ArmHit],
+        document_of: Callable[[str], str],
+        abstain_below: float | None = None,
+        verify_below: float | None = None,
+    ) -> AnswerabilityTrace:
+        features = answerability_features(
+            query, per_document(dense, document_of), per_document(lexical, document_of)
+        )
+        contributions = self.model.contributions(features)
+        abstain = self.abstain_below if abstain_below is None else abstain_below
+        return AnswerabilityTrace(
+            model=self.name,
+            probability=round(float(self.model.probability(features)[0]), 6),
+            abstain_below=abstain,
+            verify_below=max(abstain, self.verify_below if verify_below is None else verify_below),
+            features={n: round(float(v), 4) for n, v in zip(FEATURE_NAMES, features, strict=True)},
+            contributions=dict(sorted(contributions.items(), key=lambda kv: -abs(kv[1]))),
+        )
+
+
+def register(
+    session: Session, tenant_id: str, name: str, model: dict[str, Any], card: dict[str, Any]
+) -> TrainedAnswerability:
+    entry = tenants.named_for_writing(session, TrainedAnswerability, tenant_id, name)
+    entry.model = model
+    entry.card = card
+    entry.created_at = now(session)
+    session.flush()
+    return entry
+
+
+def get(session: Session, tenant_id: str, name: str) -> TrainedAnswerability:
+    return tenants.named(session, TrainedAnswerability, tenant_id, name, "answerability model")
+
+
+def list_for_tenant(session: Session, tenant_id: str) -> list[TrainedAnswerability]:
+    return tenants_repo.named_rows(session, TrainedAnswerability, tenant_id)
+
+
+def delete(session: Session, tenant_id: str, name: str) -> None:
+    tenants_repo.delete_named_row(session, get(session, tenant_id, name))
+
+
+# Parsed models by (tenant, name, training run): a search re-reads the row (so a retrained
+# model is used at once) but parses its JSON only once.
+_parsed: dict[tuple[str, str, datetime], LoadedModel] = {}
+_PARSED_MAX = 64
+
+
+def load(entry: TrainedAnswerability) -> LoadedModel:
+    key = (entry.tenant_id, entry.name, entry.created_at)
+    loaded = _parsed.get(key)
+    if loaded is None:
+        thresholds = entry.model["thresholds"]
+        loaded = LoadedModel(
+            entry.name,
+            AnswerabilityModel.from_json(entry.model["model"]),
+            float(thresholds["abstain"]),
+            float(thresholds["answer"]),
+        )
+        if len(_parsed) >= _PARSED_MAX:
+            _parsed.clear()
+        _parsed[key] = loaded
+    return loaded
+
+
+def model_view(entry: TrainedAnswerability) -> AnswerabilityModelView:
+    return AnswerabilityModelView(
+        name=entry.name,
+        created_at=entry.created_at,
+        thresholds=entry.model["thresholds"],
+        card=entry.card,
+    )
