@@ -245,8 +245,8 @@ def _abstain_policies(
     dataset: beir.Dataset, variant_tenant: str, options: EvalOptions
 ) -> list[tuple[str, dict[str, Any]]]:
     """The other policies compared on the variant: the rerank score (with the rerank stage,
-    when a cross-encoder is configured) and the dataset tenant's answerability model, which the variant's tenant gets a copy of
-    (a model belongs to a tenant, as a profile does)."""
+    when a cross-encoder is configured) and the dataset tenant's answerability model, which
+    the variant's tenant gets a copy of (a model belongs to a tenant, as a profile does)."""
     policies: list[tuple[str, dict[str, Any]]] = []
     if options.rerank and get_settings().rerank_kind != "none":  # a configured cross-encoder
         policies.append(
