@@ -152,6 +152,10 @@ class Chunk(Base):
     title: Mapped[str] = mapped_column(Text, nullable=False, server_default="")
     # In the embedder's tokens, so evidence packing needs no tokenizer on the read path.
     token_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    # What parsing noticed about the chunk's text (e.g. doubtful_extraction: its PDF page has
+    # little or no text layer); the evidence policy asks for verification of such evidence.
+    # Postgres only: search reads it at hydration, Elasticsearch never needs it.
+    flags: Mapped[list[str]] = mapped_column(ARRAY(Text), nullable=False, server_default="{}")
     # Reconciliation compares the stores bucket by bucket (see shared/reconcile).
     bucket: Mapped[int] = mapped_column(SmallInteger, nullable=False, server_default="0")
     # A hash of the id and every field Elasticsearch copies (shared/reconcile/buckets.py).

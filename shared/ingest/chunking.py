@@ -33,6 +33,7 @@ class TextChunk:
     char_end: int
     section: str
     token_count: int
+    flags: tuple[str, ...] = ()  # from parsing: e.g. its page's text layer is doubtful
 
 
 def sentence_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
@@ -109,6 +110,7 @@ class Chunker:
                         char_end=end,
                         section=doc.section_at(start),
                         token_count=tokens_in(start, end),
+                        flags=doc.flags_at(start),
                     )
                 )
         return chunks

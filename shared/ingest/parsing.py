@@ -36,10 +36,19 @@ EXTENSIONS = {
 }
 
 
+# A page whose text layer holds fewer letters and digits than this (a scan with a page
+# number, a figure with a caption) or is mostly not letters (a font without a usable encoding
+# extracts as symbols) is text to check before use: its chunks carry this flag.
+DOUBTFUL_EXTRACTION = "doubtful_extraction"
+THIN_PAGE_CHARS = 100
+MIN_LETTER_SHARE = 0.5
+
+
 @dataclass
 class Section:
     start: int
     path: str
+    flags: tuple[str, ...] = ()
 
 
 @dataclass
@@ -51,10 +60,19 @@ class ParsedDocument:
     def section_at(self, offset: int) -> str:
         """The section in force at ``offset``: a bisection, so chunking a document costs
         O(chunks x log sections), not O(chunks x sections)."""
+        section = self._section_at(offset)
+        return section.path if section else ""
+
+    def flags_at(self, offset: int) -> tuple[str, ...]:
+        """What parsing noticed about the text at ``offset`` (e.g. a doubtful extraction)."""
+        section = self._section_at(offset)
+        return section.flags if section else ()
+
+    def _section_at(self, offset: int) -> Section | None:
         if len(self._starts) != len(self.sections):
             self._starts = [s.start for s in self.sections]
         i = bisect.bisect_right(self._starts, offset)
-        return self.sections[i - 1].path if i else ""
+        return self.sections[i - 1] if i else None
 
     _starts: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
 
@@ -212,12 +230,21 @@ def _parse_pdf(raw: bytes) -> ParsedDocument:
         page_text = page_text.strip()
         if not page_text:
             continue
-        sections.append(Section(offset, f"page {number}"))
+        sections.append(Section(offset, f"page {number}", _page_flags(page_text)))
         parts.append(page_text)
         offset += len(page_text) + 2
     if not parts:
         raise ParseError("the PDF has no text layer (scanned images are not OCRed)")
     return ParsedDocument("\n\n".join(parts), sections)
+
+
+def _page_flags(page_text: str) -> tuple[str, ...]:
+    visible = [c for c in page_text if not c.isspace()]
+    alphanumeric = sum(1 for c in visible if c.isalnum())
+    letters = sum(1 for c in visible if c.isalpha())
+    if alphanumeric < THIN_PAGE_CHARS or letters < MIN_LETTER_SHARE * len(visible):
+        return (DOUBTFUL_EXTRACTION,)
+    return ()
 
 
 def _load_json(raw: bytes) -> object:

@@ -484,6 +484,7 @@ def _chunk_rows(claim: Claim) -> list[ChunkRow]:
             section=p.section,
             token_count=p.token_count,
             embedding=v,
+            flags=list(p.flags),
         )
         for p, h, v in zip(claim.pieces, claim.hashes, claim.vectors, strict=True)
     ]

@@ -103,15 +103,17 @@ class PolicyResult:
     answerability: AnswerabilityTrace | None = None
 
     def decision(self) -> Decision:
-        return Decision(
+        decision = Decision(
             status=self.status,
             reason=self.reason,
             score_type=self.score_type,
             threshold=self.threshold,
             top_score=self.top_score,
-            verify_below=self.answerability.verify_below if self.answerability else None,
-            answerability=self.answerability,
         )
+        if self.answerability is not None:  # set only then: the response leaves unset out
+            decision.verify_below = self.answerability.verify_below
+            decision.answerability = self.answerability
+        return decision
 
 
 def _has_provenance(c: Candidate) -> bool:

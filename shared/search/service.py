@@ -381,6 +381,7 @@ def _hydrate(
                 # The rest are loaded for the candidates that need them (_attach_embeddings).
                 embedding=(None if row.embedding is None else vector_from_bytes(row.embedding)),
                 scores={"dense_cosine": round(float(row.cosine), 6)},
+                flags=list(row.flags),
             )
         )
     return candidates, len(stale)

@@ -50,6 +50,7 @@ def upsert_chunks(session: Session, versions: Sequence[VersionChunks]) -> None:
             "section": r.section,
             "title": v.title,
             "token_count": r.token_count,
+            "flags": r.flags,
             "bucket": bucket_of(r.id),
             "fingerprint": fingerprint(
                 chunk_id=r.id,
@@ -89,6 +90,7 @@ def upsert_chunks(session: Session, versions: Sequence[VersionChunks]) -> None:
                 "section": excluded.section,
                 "title": excluded.title,
                 "token_count": excluded.token_count,
+                "flags": excluded.flags,
                 "fingerprint": excluded.fingerprint,
                 "embedding": excluded.embedding,
                 "metadata": excluded.metadata,
@@ -243,6 +245,7 @@ def live_chunks(
         Chunk.char_start,
         Chunk.char_end,
         Chunk.token_count,
+        Chunk.flags,
         Chunk.updated_at,
         Document.external_id,
         Document.title,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,7 @@ class ChunkRow:
     section: str
     token_count: int
     embedding: np.ndarray
+    flags: list[str] = field(default_factory=list)  # e.g. doubtful_extraction (Postgres only)
 
 
 @dataclass(frozen=True)

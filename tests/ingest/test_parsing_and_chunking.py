@@ -130,3 +130,26 @@ def test_the_first_sentence_end_is_where_sentence_spans_ends_the_first_sentence(
         text = " ".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
         spans = sentence_spans(text, 0, len(text))
         assert first_sentence_end(text) == (spans[0][1] if spans else None)
+
+
+def test_pdf_pages_with_a_thin_or_garbled_text_layer_flag_their_chunks() -> None:
+    from tests.helpers import pdf_with_pages
+
+    body = "Glaciers carve U-shaped valleys as the ice moves slowly downhill. " * 4
+    raw = pdf_with_pages([body, "Figure 3: moraine", "@#%& ~~ ||| ## " * 10, body])
+    doc = parse(raw, "application/pdf")
+    flagged = {s.path: s.flags for s in doc.sections}
+    assert flagged == {
+        "page 1": (),
+        "page 2": ("doubtful_extraction",),  # 15 letters and digits: a caption, not a page
+        "page 3": ("doubtful_extraction",),  # symbols, not words: an unusable font encoding
+        "page 4": (),
+    }
+    chunks = Chunker(word_offsets, max_tokens=200, overlap_tokens=0).chunk(doc)
+    by_page = {c.section: c.flags for c in chunks}
+    assert by_page["page 2"] == ("doubtful_extraction",) and by_page["page 1"] == ()
+    # Other formats are never flagged.
+    text_chunks = Chunker(word_offsets, max_tokens=200, overlap_tokens=0).chunk(
+        parse(b"Short.", "text/plain")
+    )
+    assert all(c.flags == () for c in text_chunks)

@@ -401,3 +401,30 @@ def test_packing_cuts_only_at_sentence_ends_and_reports_over_budget(client, auth
         assert p["char_end"] - p["char_start"] == len(item["text"])
     omitted = {o["reason"] for o in evidence["omitted"]}
     assert truncated or "over_budget" in omitted
+
+
+def test_evidence_from_a_pdf_page_with_little_text_layer_asks_for_verification(
+    client, auth, tenant, worker
+):
+    from tests.helpers import pdf_with_pages
+
+    body_page = "Glaciers carve U-shaped valleys as the ice moves slowly downhill. " * 4
+    raw = pdf_with_pages([body_page, "Figure 3: the lighthouse keeper"])
+    up = client.post(
+        "/v1/documents", headers=auth, files={"file": ("scan.pdf", raw, "application/pdf")}
+    )
+    assert up.status_code == 202, up.text
+    wait_job(client, auth, up.json()["job_id"])
+    wait_converged(tenant)
+
+    thin = search(client, auth, "the lighthouse keeper", policy={"min_score": 0.1})
+    top = thin["evidence"]["items"][0]
+    assert top["provenance"]["section"] == "page 2"
+    assert top["flags"] == ["doubtful_extraction"]
+    assert (thin["decision"]["status"], thin["decision"]["reason"]) == (
+        "verify",
+        "doubtful_extraction",
+    )
+    full = search(client, auth, "how do glaciers carve valleys", policy={"min_score": 0.1})
+    assert full["evidence"]["items"][0]["provenance"]["section"] == "page 1"
+    assert full["decision"]["status"] == "answerable"
