@@ -118,7 +118,7 @@ def parse(
         raise ParseError(f"no text could be extracted from this {kind} document")
     return ParsedDocument(
         storable_text(parsed.text),
-        [Section(s.start, storable_text(s.path)) for s in parsed.sections],
+        [Section(s.start, storable_text(s.path), s.flags) for s in parsed.sections],
     )
 
 
