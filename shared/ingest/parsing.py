@@ -10,6 +10,7 @@ import io
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from shared.errors import ParseError, UnsupportedMediaType
 
@@ -146,21 +147,39 @@ def _decode(raw: bytes) -> str:
 # Linear: no lazy group followed by a greedy one that can rescan the rest of the line (the
 # former ``(.+?)[ \t#]*$`` was quadratic on a long heading line); the closing #s are stripped
 # in Python.
-_HEADING = re.compile(r"^(#{1,6})[ \t]+([^\n]*)$", re.MULTILINE)
+_HEADING = re.compile(r"(#{1,6})[ \t]+([^\n]*)")  # an ATX heading line (matched per line)
+_FENCES = ("```", "~~~")
 MAX_SECTION_CHARS = 500  # of a heading path kept with each chunk
 
 
 def _parse_markdown(text: str) -> ParsedDocument:
+    """Heading lines go to the section path, not into the text (a chunk's text never starts
+    with ``## ``); a ``#`` line inside a fenced code block is code, not a heading. One pass
+    over the lines: linear in the input whatever its lines hold."""
     sections: list[Section] = []
     path: list[str] = []
-    for match in _HEADING.finditer(text):
-        title = match.group(2).rstrip(" \t#").strip()
-        if not title:
-            continue
-        level = len(match.group(1))
-        path = [*path[: level - 1], title[:MAX_SECTION_CHARS].rstrip()]
-        sections.append(Section(match.start(), " > ".join(path)[-MAX_SECTION_CHARS:]))
-    return ParsedDocument(text, sections)
+    kept: list[str] = []
+    titles: list[str] = []
+    offset = 0
+    fence: str | None = None
+    for line in text.splitlines(keepends=True):
+        marker = line.lstrip(" ")[:3]
+        if marker in _FENCES:
+            fence = None if fence == marker else (fence or marker)
+        elif fence is None and (match := _HEADING.match(line)):
+            title = match.group(2).rstrip(" \t#\r").strip()
+            if title:
+                level = len(match.group(1))
+                path = [*path[: level - 1], title[:MAX_SECTION_CHARS].rstrip()]
+                sections.append(Section(offset, " > ".join(path)[-MAX_SECTION_CHARS:]))
+                titles.append(title)
+                continue
+        kept.append(line)
+        offset += len(line)
+    body = "".join(kept)
+    if not body.strip() and titles:  # headings only: their words are the text
+        return ParsedDocument("\n\n".join(titles))
+    return ParsedDocument(body, sections)
 
 
 _BOILERPLATE_TAGS = (
@@ -190,10 +209,17 @@ def _parse_html(html: str) -> ParsedDocument:
     sections: list[Section] = []
     path: list[str] = []
     offset = 0
-    for element in body.find_all(["h1", "h2", "h3", "h4", "h5", "h6", *_BLOCK_TAGS]):
+    for element in body.find_all(["h1", "h2", "h3", "h4", "h5", "h6", "tr", *_BLOCK_TAGS]):
         if not isinstance(element, Tag):
             continue
-        if element.name.startswith("h") and element.name[1:].isdigit():
+        if element.name == "tr":
+            # A table row is one line, its cells in order: a chunk never splits a row, nor
+            # joins one row's cells with another's.
+            cells = [c.get_text(" ", strip=True) for c in element.find_all(["td", "th"])]
+            text = " | ".join(cells).strip(" |")
+        elif element.find_parent("tr") is not None:
+            continue  # within a row: its row has it
+        elif element.name.startswith("h") and element.name[1:].isdigit():
             level = int(element.name[1])
             heading = element.get_text(" ", strip=True)
             if heading:
@@ -201,10 +227,13 @@ def _parse_html(html: str) -> ParsedDocument:
                 sections.append(Section(offset, " > ".join(path)[-MAX_SECTION_CHARS:]))
             text = heading
         else:
-            # Only leaf-ish blocks: a div that holds other blocks is visited through them.
-            if element.find(list(_BLOCK_TAGS)):
-                continue
-            text = element.get_text(" ", strip=True)
+            # A block that holds other blocks (a list item with a nested list) keeps only its
+            # own text here; the blocks inside are visited in their turn.
+            text = (
+                _own_text(element)
+                if element.find([*_BLOCK_TAGS, "tr"])
+                else element.get_text(" ", strip=True)
+            )
         if text:
             parts.append(text)
             offset += len(text) + 2
@@ -212,6 +241,24 @@ def _parse_html(html: str) -> ParsedDocument:
         loose = body.get_text(" ", strip=True)
         return ParsedDocument(loose, sections)
     return ParsedDocument("\n\n".join(parts), sections)
+
+
+def _own_text(element: Any) -> str:
+    """The element's text outside the blocks it holds."""
+    from bs4 import Tag
+    from bs4.element import NavigableString
+
+    pieces = []
+    for child in element.children:
+        if isinstance(child, NavigableString):
+            pieces.append(str(child))
+        elif (
+            isinstance(child, Tag)
+            and child.name not in _BLOCK_TAGS
+            and not child.find([*_BLOCK_TAGS, "tr"])  # a nested list or table: visited itself
+        ):
+            pieces.append(child.get_text(" "))
+    return " ".join(" ".join(pieces).split())
 
 
 def _parse_pdf(raw: bytes) -> ParsedDocument:

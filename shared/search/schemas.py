@@ -237,6 +237,16 @@ class SearchRequest(Strict):
         "replace the profile's fields of the same name",
     )
     explain: bool = False
+    group_by: Literal["document"] | None = Field(
+        default=None,
+        description='"document": also return the results grouped by document (documents in '
+        "the order of their best result, each with its results best first); per_document_cap "
+        "bounds the chunks per document",
+    )
+    highlight: bool = Field(
+        default=False,
+        description="add each result's matched query terms as character offsets into its text",
+    )
 
     @field_validator("query")
     @classmethod
@@ -355,6 +365,21 @@ class SearchResult(BaseModel):
     found_by: list[Arm]
     scores: dict[str, float] = Field(description="dense_cosine, and rerank when reranked")
     trace: Trace | None = Field(default=None, description="with explain")
+    highlights: list[tuple[int, int]] | None = Field(
+        default=None,
+        description="with highlight: [start, end) offsets into text of the words that match a "
+        "query term (as BM25 matches them: lowercased, stemmed, stop words dropped)",
+    )
+
+
+class DocumentGroup(BaseModel):
+    """One document among the results, with its results (best first)."""
+
+    document_id: str
+    external_id: str | None
+    title: str
+    score: float = Field(description="its best result's fused score")
+    results: list[SearchResult]
 
 
 class SearchResponse(BaseModel):
@@ -368,3 +393,4 @@ class SearchResponse(BaseModel):
     results: list[SearchResult]
     evidence: Evidence
     timings_ms: dict[str, float] | None = Field(default=None, description="with explain")
+    groups: list[DocumentGroup] | None = Field(default=None, description="with group_by")

@@ -46,8 +46,10 @@ from shared.rerankers.scoring import (
     rerank_within_budget,
 )
 from shared.search.fusion import ArmHit, fuse
+from shared.search.highlights import highlight, query_terms
 from shared.search.policy import Candidate, PolicyConfig, PolicyResult, apply_policy
 from shared.search.schemas import (
+    DocumentGroup,
     Evidence,
     RankScore,
     RerankTrace,
@@ -252,8 +254,11 @@ def _search(query: _Query, timings: StageTimes, trained_reranker: str | None) ->
             dropped_before=dropped,
         )
     items = []
+    terms = query_terms(request.query) if request.highlight else frozenset()
     for final_rank, c in enumerate(results, start=1):
         item = _result(c, by_arm, fused_rank)
+        if request.highlight:
+            item.highlights = highlight(c.text, terms)
         if request.explain:
             item.trace = _trace(c, final_rank, by_arm, fused_rank, rerank_info, policy)
         items.append(item)
@@ -271,9 +276,29 @@ def _search(query: _Query, timings: StageTimes, trained_reranker: str | None) ->
             omitted=policy.omitted,
         ),
     )
+    if request.group_by == "document":
+        response.groups = group_by_document(items)
     if request.explain:
         response.timings_ms = timings.totals
     return response
+
+
+def group_by_document(results: list[SearchResult]) -> list[DocumentGroup]:
+    """The results by document: documents in the order of their best result (the results are
+    in rank order), each with its results in rank order."""
+    groups: dict[str, DocumentGroup] = {}
+    for r in results:
+        group = groups.get(r.document_id)
+        if group is None:
+            group = groups[r.document_id] = DocumentGroup(
+                document_id=r.document_id,
+                external_id=r.external_id,
+                title=r.title,
+                score=r.score,
+                results=[],
+            )
+        group.results.append(r)
+    return list(groups.values())
 
 
 def _judge(query: _Query, arms: dict[str, list[ArmHit]]) -> AnswerabilityTrace | None:

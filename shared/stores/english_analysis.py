@@ -37,3 +37,18 @@ def analyze(text: str) -> str:
     tokens = (_POSSESSIVE.sub("", t) for t in _TOKEN.findall(text.lower()))
     kept = [t for t in tokens if t and t not in STOP_WORDS]
     return " ".join(_stemmer().stemWords(kept))
+
+
+def term_spans(text: str) -> list[tuple[int, int, str]]:
+    """Each kept term of ``text`` as (start, end, stemmed term): the character offsets of the
+    word :func:`analyze` turns into that term, so a match can be shown where it is."""
+    spans = []
+    words = [
+        (m.start(), m.end(), _POSSESSIVE.sub("", m.group().lower())) for m in _TOKEN.finditer(text)
+    ]
+    kept = [(s, e, w) for s, e, w in words if w and w not in STOP_WORDS]
+    for (start, end, _), term in zip(
+        kept, _stemmer().stemWords([w for _, _, w in kept]), strict=True
+    ):
+        spans.append((start, end, term))
+    return spans

@@ -153,3 +153,40 @@ def test_pdf_pages_with_a_thin_or_garbled_text_layer_flag_their_chunks() -> None
         parse(b"Short.", "text/plain")
     )
     assert all(c.flags == () for c in text_chunks)
+
+
+def test_markdown_heading_lines_become_the_section_path_not_chunk_text() -> None:
+    md = (
+        "# Intro\nCats purr.\n\n## Care ##\r\nFeed them.\n"
+        "```\n# a comment in code, not a heading\n```\n### Deep\nLast words.\n"
+    )
+    doc = parse(md.encode(), "text/markdown")
+    assert "# Intro" not in doc.text and "## Care" not in doc.text and "Deep" not in doc.text
+    assert "# a comment in code, not a heading" in doc.text  # fenced code is kept as written
+    assert doc.section_at(doc.text.index("Cats")) == "Intro"
+    assert doc.section_at(doc.text.index("Feed")) == "Intro > Care"
+    assert doc.section_at(doc.text.index("# a comment")) == "Intro > Care"
+    assert doc.section_at(doc.text.index("Last words")) == "Intro > Care > Deep"
+    chunks = Chunker(word_offsets, max_tokens=30, overlap_tokens=0).chunk(doc)
+    assert not any(c.text.lstrip().startswith("#") and c.section != "Intro > Care" for c in chunks)
+    assert [c.text for c in chunks if c.section == "Intro"] == ["Cats purr."]
+    # A document of headings only keeps their words as its text.
+    assert parse(b"# Only\n## Headings\n", "text/markdown").text == "Only\n\nHeadings"
+
+
+def test_html_table_rows_and_list_items_keep_their_boundaries() -> None:
+    html = b"""<body><h1>Staff</h1>
+    <table><tr><th>Name</th><th>Role</th></tr>
+    <tr><td>Ann</td><td><p>Pump engineer</p></td></tr><tr><td>Bo</td><td>Diver</td></tr></table>
+    <ul><li>Fruits<ul><li>apple</li><li>pear</li></ul></li><li>Vegetables</li></ul></body>"""
+    doc = parse(html, "text/html")
+    blocks = doc.text.split("\n\n")
+    # A row is one block, its cells in order; no cell is repeated as a block of its own.
+    assert blocks[1:4] == ["Name | Role", "Ann | Pump engineer", "Bo | Diver"]
+    # A list item that holds a nested list keeps its own words; each item is its own block.
+    assert blocks[4:] == ["Fruits", "apple", "pear", "Vegetables"]
+    # A chunk holds whole rows: the chunker never cuts between a row's cells.
+    rows = {"Name | Role", "Ann | Pump engineer", "Bo | Diver"}
+    for chunk in Chunker(word_offsets, max_tokens=12, overlap_tokens=0).chunk(doc):
+        pieces = chunk.text.split("\n\n")
+        assert all(p in rows for p in pieces if "|" in p), chunk.text

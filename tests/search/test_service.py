@@ -279,7 +279,7 @@ def test_browse_returns_every_chunk_in_order(client, auth, tenant, worker):
     outro = client.get(
         f"/v1/documents/{doc_id}/chunks", headers=auth, params={"section": "Outro"}
     ).json()["chunks"]
-    assert [c["text"] for c in outro] == ["# Outro\nThe end."]
+    assert [c["text"] for c in outro] == ["The end."]  # the heading is the section, not text
 
 
 def test_query_embeddings_are_cached(client, auth, corpus):
@@ -428,3 +428,49 @@ def test_evidence_from_a_pdf_page_with_little_text_layer_asks_for_verification(
     full = search(client, auth, "how do glaciers carve valleys", policy={"min_score": 0.1})
     assert full["evidence"]["items"][0]["provenance"]["section"] == "page 1"
     assert full["decision"]["status"] == "answerable"
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "dense", "lexical"])
+def test_highlights_are_offsets_of_the_matched_query_terms_in_every_mode(
+    client, auth, corpus, mode
+):
+    body = search(client, auth, "honey bees find a flower", mode=mode, highlight=True)
+    bees = next(r for r in body["results"] if r["external_id"] == "bees")
+    marked = [bees["text"][start:end] for start, end in bees["highlights"]]
+    # Stemmed as BM25 stems them: "flowers" matches "flower"; a stop word ("a") never matches.
+    assert marked == ["Honey", "bees", "flowers"]
+    for r in body["results"]:
+        for start, end in r["highlights"]:
+            assert 0 <= start < end <= len(r["text"])
+    # Off by default: the field is not in the response at all.
+    plain = search(client, auth, "honey bees find a flower", mode=mode)
+    assert all("highlights" not in r for r in plain["results"])
+
+
+def test_group_by_document_returns_documents_with_their_best_chunks(client, auth, tenant, worker):
+    long = " ".join(
+        f"Lighthouse fact {i}: the keeper trims the lamp wick every evening." for i in range(40)
+    )
+    upload_text(client, auth, "lighthouse", long, title="Lighthouses")
+    upload_text(client, auth, "lamp", "An oil lamp needs its wick trimmed.", title="Lamps")
+    wait_converged(tenant)
+    body = search(
+        client,
+        auth,
+        "keeper trims the lamp wick",
+        group_by="document",
+        top_k=10,
+        per_document_cap=2,
+    )
+    groups = body["groups"]
+    assert [g["external_id"] for g in groups] == list(
+        dict.fromkeys(r["external_id"] for r in body["results"])
+    )
+    assert len(groups) == 2
+    for group in groups:
+        assert 1 <= len(group["results"]) <= 2
+        assert group["score"] == group["results"][0]["score"]
+        assert all(r["document_id"] == group["document_id"] for r in group["results"])
+    flat = [r["chunk_id"] for g in groups for r in g["results"]]
+    assert sorted(flat) == sorted(r["chunk_id"] for r in body["results"])
+    assert "groups" not in search(client, auth, "keeper trims the lamp wick")

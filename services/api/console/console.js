@@ -38,15 +38,15 @@ function escapeHtml(text) {
   })[c]);
 }
 
-// Marks the query's words (and words starting with them) in the escaped text.
-function highlight(text, query) {
-  const words = query.toLowerCase().match(/[\p{L}\p{N}]{3,}/gu) || [];
-  let html = escapeHtml(text);
-  if (!words.length) return html;
-  const stems = words.map((w) => w.slice(0, Math.max(3, w.length - 2)))
-    .map((w) => w.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"));
-  const pattern = new RegExp(`\\b(${stems.join("|")})[\\p{L}\\p{N}]*`, "giu");
-  return html.replace(pattern, (m) => `<mark>${m}</mark>`);
+// Marks the words the server matched to the query's terms (its [start, end) offsets).
+function highlight(text, spans) {
+  let html = "";
+  let cursor = 0;
+  for (const [start, end] of spans || []) {
+    html += escapeHtml(text.slice(cursor, start)) + `<mark>${escapeHtml(text.slice(start, end))}</mark>`;
+    cursor = end;
+  }
+  return html + escapeHtml(text.slice(cursor));
 }
 
 function table(element, columns, rows, extra) {
@@ -85,6 +85,7 @@ async function runSearch(event) {
     fusion: { method: $("fusion").value },
     rerank: { enabled: $("rerank").checked },
     explain: true,
+    highlight: true,
   };
   if ($("filters").value.trim()) {
     try {
@@ -108,7 +109,7 @@ async function runSearch(event) {
     $("results").innerHTML = result.results.map((r, i) => `<li>
         <strong>${escapeHtml(r.title || r.external_id)}</strong>
         <span class="muted">${escapeHtml(r.external_id)} · v${r.version} · found by ${escapeHtml(r.found_by.join("+"))} · score ${r.score}</span>
-        <div class="result-text">${highlight(r.text, query)}</div>
+        <div class="result-text">${highlight(r.text, r.highlights)}</div>
         <button type="button" class="show-trace" data-index="${i}">Show trace</button>
         <div class="trace-box" id="trace-${i}" hidden>${traceTable(r.trace)}</div>
       </li>`).join("") || "<li class='muted'>no results</li>";
