@@ -175,6 +175,8 @@ class Settings(BaseSettings):
     # it spends hydrating more of them for a per-document cap.
     search_candidate_window: int = 400
     search_hydrate_budget_ms: int = 1000
+    # How long a paginated search's ranking is kept for its next pages (shared/search/cursors.py).
+    search_cursor_ttl_s: int = 600
     policy_max_chunks_per_document: int = 3
     policy_near_duplicate_threshold: float = 0.95
 

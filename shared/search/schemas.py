@@ -243,6 +243,11 @@ class SearchRequest(Strict):
         "the order of their best result, each with its results best first); per_document_cap "
         "bounds the chunks per document",
     )
+    paginate: bool = Field(
+        default=False,
+        description="return next_cursor for the results after these top_k (POST "
+        "/v1/search/next); pages follow this search's ranking whatever is written meanwhile",
+    )
     highlight: bool = Field(
         default=False,
         description="add each result's matched query terms as character offsets into its text",
@@ -394,3 +399,12 @@ class SearchResponse(BaseModel):
     evidence: Evidence
     timings_ms: dict[str, float] | None = Field(default=None, description="with explain")
     groups: list[DocumentGroup] | None = Field(default=None, description="with group_by")
+    next_cursor: str | None = Field(
+        default=None,
+        description="with paginate: pass to POST /v1/search/next for the next page; null at "
+        "the end",
+    )
+
+
+class SearchPage(Strict):
+    cursor: str = Field(min_length=4, max_length=200, pattern=r"^[A-Za-z0-9_-]+$")

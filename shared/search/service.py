@@ -15,7 +15,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TypeVar
 
@@ -45,6 +45,8 @@ from shared.rerankers.scoring import (
     rerank_passage,
     rerank_within_budget,
 )
+from shared.search import cursors
+from shared.search.cursors import Retrieved
 from shared.search.fusion import ArmHit, fuse
 from shared.search.highlights import highlight, query_terms
 from shared.search.policy import Candidate, PolicyConfig, PolicyResult, apply_policy
@@ -174,6 +176,11 @@ def search(
                     request = request.model_copy(
                         update={"rerank": request.rerank.model_copy(update={"blend": blend})}
                     )
+    if request.paginate and (request.rerank.enabled or request.mmr is not None):
+        raise BadRequest(
+            "paginate follows the fused ranking page by page; rerank and mmr reorder only a "
+            "window of the first page: turn them off to paginate"
+        )
     query = _Query(tenant_id, request, settings, transactions, judge)
     timings = StageTimes(scale=1e3, digits=3)  # milliseconds
     with SEARCH_SECONDS.labels(request.mode).time():
@@ -187,6 +194,18 @@ def search(
 
 
 def _search(query: _Query, timings: StageTimes, trained_reranker: str | None) -> SearchResponse:
+    retrieved = _retrieve(query, timings)
+    if query.request.paginate and query.request.per_document_cap is not None:
+        # The cap holds across pages: the ranking pages are cut from is capped once.
+        capped = _within_cap(
+            retrieved.fused, query.request.per_document_cap, lambda hit: document_of_chunk(hit[0])
+        )
+        retrieved = replace(retrieved, fused=capped)
+    return _respond(query, timings, retrieved, trained_reranker)
+
+
+def _retrieve(query: _Query, timings: StageTimes) -> Retrieved:
+    """Both arms (concurrently, each degrading alone) and their fused ranking."""
     tenant_id, request, settings = query.tenant_id, query.request, query.settings
     futures = {}
     with timings.stage("retrieve"):
@@ -216,15 +235,30 @@ def _search(query: _Query, timings: StageTimes, trained_reranker: str | None) ->
                 degraded.append(f"{arm}_unavailable")
     if not arms:
         raise StoreUnavailable("neither Postgres nor Elasticsearch answered the search")
+    fused = timings.timed("fuse", lambda: fuse(arms, request.fusion))
+    return Retrieved(arms, degraded, vector, fused)
 
+
+def _respond(
+    query: _Query,
+    timings: StageTimes,
+    retrieved: Retrieved,
+    trained_reranker: str | None,
+    offset: int = 0,
+    cursor_id: str | None = None,
+) -> SearchResponse:
+    """The page of results from ``offset`` in the fused ranking (0: the first), reranked,
+    diversified, judged by the policy and shaped as the request asks."""
+    request, settings = query.request, query.settings
+    arms, vector, fused = retrieved.arms, retrieved.vector, retrieved.fused
+    degraded = list(retrieved.degraded)
     judged = (
         timings.timed("answerability", lambda: _judge(query, arms))
         if query.answerability is not None
         else None
     )
-    fused = timings.timed("fuse", lambda: fuse(arms, request.fusion))
     with timings.stage("hydrate"):
-        candidates, dropped = _hydrate_enough(query, fused, vector)
+        candidates, dropped = _hydrate_enough(query, fused[offset:], vector)
     by_arm = {arm: {h.chunk_id: h for h in hits} for arm, hits in arms.items()}
     fused_rank = {cid: (rank, score) for rank, (cid, score) in enumerate(fused, start=1)}
 
@@ -278,8 +312,49 @@ def _search(query: _Query, timings: StageTimes, trained_reranker: str | None) ->
     )
     if request.group_by == "document":
         response.groups = group_by_document(items)
+    if request.paginate:
+        response.next_cursor = _next_cursor(query, retrieved, offset, results, cursor_id)
     if request.explain:
         response.timings_ms = timings.totals
+    return response
+
+
+def _next_cursor(
+    query: _Query,
+    retrieved: Retrieved,
+    offset: int,
+    results: list[Candidate],
+    cursor_id: str | None,
+) -> str | None:
+    """Where the next page starts (past this page's last result), or None at the end; the
+    ranking is stored with the first page's cursor, and later pages reuse it."""
+    if len(results) < query.request.top_k:
+        return None  # the ranking ran out (or the hydration budget did): nothing after this
+    position = {cid: i for i, (cid, _) in enumerate(retrieved.fused)}
+    following = max(position[c.chunk_id] for c in results) + 1
+    if following >= len(retrieved.fused):
+        return None
+    if cursor_id is None:
+        cursor_id = cursors.save(query.settings, query.tenant_id, query.request, retrieved)
+    return cursors.encode(cursor_id, following)
+
+
+def search_next_page(
+    transactions: Transactions, tenant_id: str, cursor: str, settings: Settings | None = None
+) -> SearchResponse:
+    """The page after the one ``cursor`` came with: from the stored ranking, hydrated now."""
+    settings = settings or get_settings()
+    cursor_id, offset = cursors.decode(cursor)
+    request, retrieved = cursors.load(settings, tenant_id, cursor_id)
+    judge = None
+    if request.policy.score_type == "answerability":
+        with transactions() as uow:
+            judge = _answerability_model(uow.session, tenant_id, request)
+    query = _Query(tenant_id, request, settings, transactions, judge)
+    timings = StageTimes(scale=1e3, digits=3)
+    with SEARCH_SECONDS.labels(request.mode).time():
+        response = _respond(query, timings, retrieved, None, offset, cursor_id)
+    STALE_HITS_DROPPED.inc(response.dropped_stale)
     return response
 
 

@@ -474,3 +474,58 @@ def test_group_by_document_returns_documents_with_their_best_chunks(client, auth
     flat = [r["chunk_id"] for g in groups for r in g["results"]]
     assert sorted(flat) == sorted(r["chunk_id"] for r in body["results"])
     assert "groups" not in search(client, auth, "keeper trims the lamp wick")
+
+
+def test_cursor_pages_follow_the_first_ranking_under_concurrent_writes(
+    client, auth, tenant, worker
+):
+    from tests.helpers import key_headers
+
+    ids = {}
+    for i in range(24):
+        text = f"Lighthouse note {i}: the keeper climbs {i + 3} steps to trim the lamp wick."
+        ids[f"note-{i}"] = upload_text(client, auth, f"note-{i}", text)["document_id"]
+    wait_converged(tenant)
+    query = "lighthouse keeper trims the lamp wick"
+    ranking = [r["external_id"] for r in search(client, auth, query, top_k=24)["results"]]
+    assert len(ranking) == 24
+
+    first = search(client, auth, query, top_k=8, paginate=True)
+    assert [r["external_id"] for r in first["results"]] == ranking[:8]
+    cursor = first["next_cursor"]
+    assert cursor
+    # Meanwhile: a document that would now rank first, and one of page two deleted.
+    upload_text(client, auth, "newcomer", "The lighthouse keeper trims the lamp wick.")
+    gone = ranking[10]
+    assert client.delete(f"/v1/documents/{ids[gone]}", headers=auth).status_code == 200
+    wait_converged(tenant)
+
+    # Another tenant cannot use the cursor; a mangled one is refused clearly.
+    other = client.post(
+        "/v1/search/next", json={"cursor": cursor}, headers=key_headers("intruder", ["read"])
+    )
+    assert other.status_code == 404
+    bad = client.post("/v1/search/next", json={"cursor": "bm90LWEtY3Vyc29y"}, headers=auth)
+    assert bad.status_code == 400 and "cursor" in bad.json()["error"]["message"]
+
+    pages = [first]
+    while pages[-1]["next_cursor"]:
+        response = client.post(
+            "/v1/search/next", json={"cursor": pages[-1]["next_cursor"]}, headers=auth
+        )
+        assert response.status_code == 200, response.text
+        pages.append(response.json())
+        assert len(pages) < 10
+    served = [r["external_id"] for page in pages for r in page["results"]]
+    # Stable: the first ranking, in order, less the deleted document; the newcomer is in the
+    # next search, not in these pages; no result twice.
+    assert served == [e for e in ranking if e != gone]
+    assert pages[2]["dropped_stale"] + pages[1]["dropped_stale"] == 1
+    assert "newcomer" in [r["external_id"] for r in search(client, auth, query)["results"]]
+
+    refused = client.post(
+        "/v1/search",
+        json={"query": query, "paginate": True, "rerank": {"enabled": True}},
+        headers=auth,
+    )
+    assert refused.status_code == 400 and "paginate" in refused.json()["error"]["message"]

@@ -14,8 +14,8 @@ from shared.profiles import service as profiles
 from shared.profiles.schemas import ProfileBody, ProfileView
 from shared.rerankers import service as rerankers
 from shared.rerankers.schemas import RerankerView
-from shared.search.schemas import PROFILE_NAME, SearchRequest, SearchResponse
-from shared.search.service import search
+from shared.search.schemas import PROFILE_NAME, SearchPage, SearchRequest, SearchResponse
+from shared.search.service import search, search_next_page
 
 router = APIRouter(prefix="/v1", tags=["search"], responses=PROTECTED_ROUTE_ERRORS | NOT_FOUND)
 ProfileName = Annotated[str, Path(pattern=PROFILE_NAME)]
@@ -29,6 +29,16 @@ async def search_route(body: SearchRequest, principal: Reader) -> Response:
     # The response is a model already: encoded once by pydantic, not validated and walked
     # again by FastAPI (a 100-result response with traces spent 3.7 ms in its encoder).
     # Unset fields (``trace`` and ``timings_ms`` without explain) are left out.
+    return Response(response.model_dump_json(exclude_unset=True), media_type="application/json")
+
+
+@router.post("/search/next", response_model=SearchResponse)
+async def search_next_page_route(body: SearchPage, principal: Reader) -> Response:
+    """The next page of a search made with "paginate": true, from the ranking that search
+    made (404 once the cursor has expired, or for another tenant's cursor)."""
+    response = await run_in_threadpool(
+        search_next_page, unit_of_work, principal.tenant_id, body.cursor
+    )
     return Response(response.model_dump_json(exclude_unset=True), media_type="application/json")
 
 

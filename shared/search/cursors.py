@@ -1,0 +1,100 @@
+"""Cursor pagination beyond ``top_k``: the first page's ranking is kept, so later pages follow
+it whatever is written meanwhile.
+
+A search with ``paginate: true`` stores its retrieval (both arms' hits, the fused ranking, the
+query vector and the resolved request) in Redis for ``search_cursor_ttl_s`` under a random
+id, and returns an opaque cursor: that id and where the next page starts. ``POST
+/v1/search/next`` reads the next page from the stored ranking, hydrating it from Postgres
+then, so nothing stale or deleted is served (a chunk deleted since is dropped) and nothing new
+shifts the pages (a document written since is not in this ranking: a new search finds it).
+A cursor belongs to the tenant that made it: another tenant's lookup finds nothing."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import secrets
+from dataclasses import dataclass
+
+import redis
+from redis.exceptions import RedisError
+
+from shared.errors import BadRequest, NotFound, StoreUnavailable
+from shared.redis_client import redis_client
+from shared.search.fusion import ArmHit
+from shared.search.schemas import SearchRequest
+from shared.settings import Settings
+
+PREFIX = "concord:search-cursor:"
+
+
+@dataclass(frozen=True)
+class Retrieved:
+    """What the retrieval stage produced: everything a page of results is built from."""
+
+    arms: dict[str, list[ArmHit]]
+    degraded: list[str]
+    vector: list[float]
+    fused: list[tuple[str, float]]
+
+
+def save(settings: Settings, tenant_id: str, request: SearchRequest, retrieved: Retrieved) -> str:
+    cursor_id = secrets.token_urlsafe(16)
+    snapshot = {
+        "tenant": tenant_id,
+        "request": request.model_dump(mode="json", by_alias=True, exclude_unset=True),
+        "arms": {
+            a: [[h.chunk_id, h.rank, h.score] for h in hits] for a, hits in retrieved.arms.items()
+        },
+        "degraded": retrieved.degraded,
+        "vector": retrieved.vector,
+        "fused": retrieved.fused,
+    }
+    try:
+        _redis(settings).setex(
+            PREFIX + cursor_id, settings.search_cursor_ttl_s, json.dumps(snapshot)
+        )
+    except RedisError as e:
+        raise StoreUnavailable(f"the cursor could not be stored (Redis: {e})") from e
+    return cursor_id
+
+
+def load(settings: Settings, tenant_id: str, cursor_id: str) -> tuple[SearchRequest, Retrieved]:
+    try:
+        raw = _redis(settings).get(PREFIX + cursor_id)
+    except RedisError as e:
+        raise StoreUnavailable(f"the cursor could not be read (Redis: {e})") from e
+    snapshot = json.loads(raw) if raw else None
+    if snapshot is None or snapshot["tenant"] != tenant_id:
+        raise NotFound(
+            f"no such cursor: it expired (cursors live {settings.search_cursor_ttl_s} s) "
+            "or was never issued to this tenant"
+        )
+    retrieved = Retrieved(
+        arms={a: [ArmHit(c, r, s) for c, r, s in hits] for a, hits in snapshot["arms"].items()},
+        degraded=list(snapshot["degraded"]),
+        vector=list(snapshot["vector"]),
+        fused=[(c, s) for c, s in snapshot["fused"]],
+    )
+    return SearchRequest.model_validate(snapshot["request"]), retrieved
+
+
+def encode(cursor_id: str, offset: int) -> str:
+    return base64.urlsafe_b64encode(f"{cursor_id}:{offset}".encode()).decode().rstrip("=")
+
+
+def decode(cursor: str) -> tuple[str, int]:
+    """The cursor's id and offset, or a 400 that says the cursor is not one of ours."""
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        cursor_id, offset = text.rsplit(":", 1)
+        if not cursor_id or not offset.isdigit():
+            raise ValueError(text)
+        return cursor_id, int(offset)
+    except (ValueError, binascii.Error, UnicodeDecodeError) as e:
+        raise BadRequest("malformed cursor: pass next_cursor from a search response as is") from e
+
+
+def _redis(settings: Settings) -> redis.Redis:
+    return redis_client(settings.redis_socket_timeout_s)
