@@ -190,6 +190,19 @@ class Mmr(Strict):
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
 
+class Boost(Strict):
+    """Lift results by a metadata value, after fusion, so that it applies the same way to a hit
+    of either arm: fused score x (1 + weight x f), f in [0, 1]. ``recency``: f halves every
+    ``half_life_days`` of the value's age (an ISO-8601 date; a future date counts as today);
+    ``numeric``: f is the value min-max scaled over the candidates. A candidate without the
+    value (or with one of another type) gets f = 0."""
+
+    field: MetadataKey
+    kind: Literal["recency", "numeric"] = "recency"
+    weight: float = Field(default=0.5, gt=0, le=10)
+    half_life_days: float = Field(default=365.0, gt=0, le=36500)
+
+
 class PolicyOverrides(Strict):
     score_type: Literal["dense_cosine", "rerank", "answerability"] | None = None
     min_score: float | None = Field(
@@ -243,6 +256,7 @@ class SearchRequest(Strict):
         "the order of their best result, each with its results best first); per_document_cap "
         "bounds the chunks per document",
     )
+    boost: Boost | None = None
     paginate: bool = Field(
         default=False,
         description="return next_cursor for the results after these top_k (POST "

@@ -16,6 +16,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import TypeVar
 
@@ -46,11 +47,13 @@ from shared.rerankers.scoring import (
     rerank_within_budget,
 )
 from shared.search import cursors
+from shared.search.boost import boosted
 from shared.search.cursors import Retrieved
 from shared.search.fusion import ArmHit, fuse
 from shared.search.highlights import highlight, query_terms
 from shared.search.policy import Candidate, PolicyConfig, PolicyResult, apply_policy
 from shared.search.schemas import (
+    Boost,
     DocumentGroup,
     Evidence,
     RankScore,
@@ -236,7 +239,20 @@ def _retrieve(query: _Query, timings: StageTimes) -> Retrieved:
     if not arms:
         raise StoreUnavailable("neither Postgres nor Elasticsearch answered the search")
     fused = timings.timed("fuse", lambda: fuse(arms, request.fusion))
+    boost = request.boost
+    if boost is not None:
+        fused = timings.timed("boost", lambda: _boost(query, fused, boost))
     return Retrieved(arms, degraded, vector, fused)
+
+
+def _boost(query: _Query, fused: list[tuple[str, float]], boost: Boost) -> list[tuple[str, float]]:
+    """The fused ranking lifted by a metadata boost (the values read from Postgres for every
+    fused candidate, in one query)."""
+    with query.transactions() as uow:
+        values = PgVectorStore(uow.session, query.settings).metadata_values(
+            query.tenant_id, [cid for cid, _ in fused], boost.field
+        )
+    return boosted(fused, values, boost, datetime.now(UTC))
 
 
 def _respond(

@@ -281,6 +281,21 @@ def chunk_embeddings(session: Session, tenant_id: str, ids: Sequence[str]) -> di
     return {cid: vector_from_bytes(raw) for cid, raw in rows}
 
 
+def metadata_values(
+    session: Session, tenant_id: str, ids: Sequence[str], key: str
+) -> dict[str, Any]:
+    """Chunk id -> the value of metadata ``key`` (JSON: a number, string, ...), for the chunks
+    among ``ids`` that have one."""
+    if not ids:
+        return {}
+    rows = session.execute(
+        select(Chunk.id, Chunk.metadata_[key]).where(
+            _id_among(ids), Chunk.tenant_id == tenant_id, Chunk.metadata_.has_key(key)
+        )
+    ).all()
+    return {cid: value for cid, value in rows}
+
+
 def _id_among(ids: Sequence[str]) -> ColumnElement[bool]:
     """``id = ANY(array)``: one parameter, where ``IN`` sends (and SQLAlchemy expands) one per
     id; for the 200 ids of a 100-result search the query took 5.6 ms instead of 3.4."""

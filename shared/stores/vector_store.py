@@ -56,6 +56,7 @@ class VectorStore(Protocol):
         embeddings_for: Sequence[str] = (),
     ) -> dict[str, Any]: ...
     def embeddings(self, tenant_id: str, ids: Sequence[str]) -> dict[str, np.ndarray]: ...
+    def metadata_values(self, tenant_id: str, ids: Sequence[str], key: str) -> dict[str, Any]: ...
     def chunks_by_ids(self, ids: Sequence[str]) -> dict[str, Chunk]: ...
     def document_chunks(
         self, tenant_id: str, document_id: uuid.UUID, section: str | None = None
@@ -122,6 +123,11 @@ class PgVectorStore:
 
     def embeddings(self, tenant_id: str, ids: Sequence[str]) -> dict[str, np.ndarray]:
         return repo.chunk_embeddings(self.session, tenant_id, ids)
+
+    def metadata_values(self, tenant_id: str, ids: Sequence[str], key: str) -> dict[str, Any]:
+        """Chunk id -> its metadata value under ``key``, for those among ``ids`` that have one
+        (a search's boost reads them for its fused candidates)."""
+        return repo.metadata_values(self.session, tenant_id, ids, key)
 
     def document_chunks(
         self, tenant_id: str, document_id: uuid.UUID, section: str | None = None

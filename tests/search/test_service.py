@@ -529,3 +529,27 @@ def test_cursor_pages_follow_the_first_ranking_under_concurrent_writes(
         headers=auth,
     )
     assert refused.status_code == 400 and "paginate" in refused.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "boost",
+    [{"field": "published", "weight": 10}, {"field": "year", "kind": "numeric", "weight": 10}],
+)
+def test_a_metadata_boost_lifts_newer_documents_whichever_arm_found_them(
+    client, auth, corpus, boost
+):
+    query = "forest animals with stripes"
+    plain = [r["external_id"] for r in search(client, auth, query)["results"]]
+    assert plain[0] == "okapi"
+    for mode in ("hybrid", "dense", "lexical"):
+        lifted = search(client, auth, query, mode=mode, boost=boost, explain=True)
+        order = [r["external_id"] for r in lifted["results"]]
+        if "bees" in order:  # the newest (2023) of the documents the arm found
+            assert order[0] == "bees", (mode, order)
+        scores = [r["score"] for r in lifted["results"]]
+        assert scores == sorted(scores, reverse=True)
+        assert "boost" in lifted["timings_ms"]
+    bad = client.post(
+        "/v1/search", json={"query": query, "boost": {"field": "bad key!"}}, headers=auth
+    )
+    assert bad.status_code == 422

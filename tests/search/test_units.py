@@ -230,3 +230,29 @@ def test_the_word_count_never_exceeds_the_token_count() -> None:
         text = " ".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
         # never more words than tokens, so never a sentence skipped that would have fit
         assert not _more_words(text, len(text), counter(text))
+
+
+def test_the_metadata_boost_lifts_recent_or_large_values_and_leaves_the_rest() -> None:
+    from datetime import UTC, datetime
+
+    from shared.search.boost import boosted
+    from shared.search.schemas import Boost
+
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    fused = [("old", 1.0), ("new", 0.9), ("none", 0.8), ("odd", 0.7)]
+    values = {"old": "2016-12-01", "new": "2026-11-30T00:00:00Z", "odd": 17}
+    recency = Boost(field="published", weight=1.0, half_life_days=365)
+    ranked = boosted(fused, values, recency, now)
+    assert [cid for cid, _ in ranked] == ["new", "old", "none", "odd"]
+    scores = dict(ranked)
+    assert scores["new"] == pytest.approx(0.9 * (1 + 0.5 ** (1 / 365)))
+    assert scores["old"] == pytest.approx(1.0 * (1 + 0.5**10), rel=1e-3)  # ten half-lives
+    assert scores["none"] == 0.8 and scores["odd"] == 0.7  # no date: no lift
+    numeric = Boost(field="year", kind="numeric", weight=1.0)
+    years = {"old": 2016, "new": 2026, "odd": "n/a"}
+    assert dict(boosted(fused, years, numeric, now)) == {
+        "new": pytest.approx(1.8),
+        "old": 1.0,
+        "none": 0.8,
+        "odd": 0.7,
+    }
