@@ -63,6 +63,9 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 18000
     max_upload_bytes: int = 10 * 1024 * 1024
+    # Where upload events may point with content_path (a directory producers and workers
+    # share); empty: content by reference is refused.
+    ingest_content_root: str = ""
     # Per API key token bucket (0 disables): sustained requests/s and the burst allowed.
     rate_limit_per_second: float = 50.0
     rate_limit_burst: int = 100

@@ -131,6 +131,95 @@ def ingest(
         raise typer.Exit(1)
 
 
+@app.command()
+def sync(
+    directory: Path = typer.Argument(..., help="The directory whose files the tenant should hold."),
+    tenant: str = typer.Option(..., help="Tenant the documents belong to."),
+    prefix: str = typer.Option("", help="External ids are PREFIX + the path under DIRECTORY."),
+    prune: bool = typer.Option(False, "--prune", help="Delete documents whose file is gone."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show the plan; send nothing."),
+    by_reference: bool = typer.Option(
+        False,
+        "--by-reference",
+        help="Send paths under CONCORD_INGEST_CONTENT_ROOT (which must hold DIRECTORY) instead "
+        "of the bytes.",
+    ),
+    wait: bool = typer.Option(False, "--wait", help="Wait until every sent file is indexed."),
+    timeout: float = typer.Option(600, help="Seconds to wait with --wait."),
+) -> None:
+    """Make the tenant's documents under PREFIX match DIRECTORY: send new and changed files
+    (by content hash), and with --prune delete those whose file is gone. Idempotent: a second
+    run sends nothing; an interrupted one resumes when run again."""
+    from shared.db import unit_of_work
+    from shared.documents import sync as syncing
+    from shared.documents.events import EventBatcher, build_delete_event, build_upload_event
+    from shared.queue import publish_upload_events
+    from shared.tenants.service import validate_tenant_id
+
+    if not directory.is_dir():
+        print_error(console, f"{directory} is not a directory", label="sync:")
+        raise typer.Exit(2)
+    validate_tenant_id(tenant)
+    root: Path | None = None
+    if by_reference:
+        configured = get_settings().ingest_content_root
+        root = Path(configured).resolve()
+        if not configured or not directory.resolve().is_relative_to(root):
+            print_error(
+                console, f"{directory} is not under CONCORD_INGEST_CONTENT_ROOT", label="sync:"
+            )
+            raise typer.Exit(2)
+    files = syncing.local_files(tenant, directory, prefix)
+    with unit_of_work() as uow:
+        todo = syncing.plan(uow.session, tenant, files, prefix, prune)
+    counts = todo.counts()
+    console.print(
+        f"plan for tenant {tenant}: {counts['new']} new, {counts['changed']} changed, "
+        f"{counts['unchanged']} unchanged, {counts['delete']} to delete"
+        + ("" if prune else " (without --prune nothing is deleted)")
+    )
+    for label, names in (
+        ("new", [f.external_id for f in todo.new]),
+        ("changed", [f.external_id for f in todo.changed]),
+        ("delete", todo.deletes),
+    ):
+        for name in names[:20]:
+            console.print(f"  {label:<7} {escape(name)}")
+        if len(names) > 20:
+            console.print(f"  {label:<7} ... and {len(names) - 20} more")
+    if dry_run or not todo.to_send():
+        console.print("dry run: nothing sent" if dry_run else "in sync: nothing to send")
+        return
+    batcher = EventBatcher(publish_upload_events)
+    sent = 0
+    with Progress(console=console) as progress:
+        task = progress.add_task("sending", total=todo.to_send())
+        for f in [*todo.new, *todo.changed]:
+            upload = syncing.file_upload(tenant, f.path, f.external_id)
+            reference = f.path.resolve().relative_to(root).as_posix() if root else None
+            sent += batcher.add(
+                build_upload_event(
+                    tenant_id=tenant,
+                    external_id=f.external_id,
+                    raw=None if reference else upload.raw,
+                    content_path=reference,
+                    content_type=upload.content_type,
+                    filename=upload.filename,
+                    title=upload.title,
+                )
+            )
+            progress.advance(task)
+        for external_id in todo.deletes:
+            sent += batcher.add(build_delete_event(tenant_id=tenant, external_id=external_id))
+            progress.advance(task)
+        sent += batcher.flush()
+    console.print(f"sent {sent} event(s) to tenant {tenant}")
+    if wait:
+        sent_ids = [f.external_id for f in [*todo.new, *todo.changed]]
+        if sent_ids and _wait_indexed(tenant, sent_ids, timeout):
+            raise typer.Exit(1)
+
+
 def _wait_indexed(tenant: str, external_ids: list[str], timeout: float) -> int:
     """Show indexing progress; returns how many documents failed or did not finish."""
     import time

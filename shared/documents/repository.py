@@ -107,3 +107,17 @@ def add_document(session: Session, doc: Document) -> None:
 
 def add_version(session: Session, version: DocumentVersion) -> None:
     session.add(version)
+
+
+def live_content_hashes(session: Session, tenant_id: str, prefix: str) -> dict[str, str]:
+    """External id -> content hash of the tenant's live documents whose external id starts
+    with ``prefix``."""
+    escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    rows = session.execute(
+        select(Document.external_id, Document.content_hash).where(
+            Document.tenant_id == tenant_id,
+            Document.deleted.is_(False),
+            Document.external_id.like(escaped + "%", escape="\\"),
+        )
+    )
+    return {external_id: digest for external_id, digest in rows}

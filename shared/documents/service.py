@@ -222,6 +222,17 @@ def delete_document(uow: UnitOfWork, tenant_id: str, document_id: uuid.UUID) -> 
     return doc.version
 
 
+def delete_by_external_id(uow: UnitOfWork, tenant_id: str, external_id: str) -> bool:
+    """Delete the tenant's live document of that external id (a delete event); False when
+    there is none, so that replaying a delete is a no-op."""
+    found = repo.documents_by_external_ids(uow.session, [(tenant_id, external_id)])
+    doc = found.get((tenant_id, external_id))
+    if doc is None or doc.deleted:
+        return False
+    delete_document(uow, tenant_id, doc.id)
+    return True
+
+
 def get_document(
     session: Session, tenant_id: str, document_id: uuid.UUID, include_deleted: bool = False
 ) -> Document:

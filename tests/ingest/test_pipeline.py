@@ -496,7 +496,7 @@ def test_an_event_the_database_refuses_is_dead_lettered_and_its_neighbours_accep
         tenant_id=tenant, external_id="nul.txt", raw=b"fine text", metadata={"note": "a\x00b"}
     )
     result = accept_upload_events.apply(args=[[good[0], bad, good[1]]]).get()
-    assert result == {"accepted": 2, "unchanged": 0, "rejected": 1}
+    assert result == {"accepted": 2, "unchanged": 0, "rejected": 1, "deleted": 0}
     with unit_of_work() as uow:
         letter = uow.session.scalar(select(DeadLetter).where(DeadLetter.tenant_id == tenant))
     assert letter is not None and letter.ref == "nul.txt"

@@ -1,0 +1,143 @@
+"""Upload events that delete, and content by reference: the JSON Schema file agrees with the
+code on every case, a reference cannot leave the shared root, and a message mixing one
+tenant's ordinary events with another tenant's bad ones harms only the bad ones."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jsonschema_rs
+import pytest
+from sqlalchemy import select
+
+from shared.db import unit_of_work
+from shared.documents.events import build_delete_event, build_upload_event, parse_event
+from shared.documents.repository import documents_by_external_ids
+from shared.errors import ConcordError
+from shared.models import DeadLetter
+from shared.settings import get_settings
+from tests.conftest import wait_for
+from tests.helpers import pg_chunks, wait_converged
+
+SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "upload-event.schema.json").read_text())
+TEXT = base64.b64encode(b"Tides follow the moon.").decode()
+BASE = {"schema": "concord.upload/v1", "tenant_id": "acme", "external_id": "tide.txt"}
+
+# (event, valid?): what the schema file says and what the code does must be the same.
+CASES: list[tuple[dict[str, Any], bool]] = [
+    ({**BASE, "content_base64": TEXT}, True),
+    ({**BASE, "action": "upsert", "content_base64": TEXT, "title": "Tides"}, True),
+    ({**BASE, "content_path": "notes/tide.txt"}, True),
+    ({**BASE, "action": "delete"}, True),
+    ({**BASE}, False),  # an upsert without content
+    ({**BASE, "content_base64": TEXT, "content_path": "notes/tide.txt"}, False),  # both
+    ({**BASE, "action": "delete", "content_base64": TEXT}, False),  # a delete with content
+    ({**BASE, "action": "rename", "content_base64": TEXT}, False),
+    ({**BASE, "content_path": "/etc/passwd"}, False),
+    ({**BASE, "schema": "concord.upload/v0", "content_base64": TEXT}, False),
+    ({**BASE, "tenant_id": "Not A Tenant", "action": "delete"}, False),
+    ({**BASE, "external_id": "", "content_base64": TEXT}, False),
+    ({**BASE, "content_base64": TEXT, "colour": "blue"}, False),
+]
+
+
+@pytest.fixture
+def content_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "shared-content"
+    (root / "notes").mkdir(parents=True)
+    (root / "notes" / "tide.txt").write_bytes(b"Tides follow the moon.")
+    monkeypatch.setattr(get_settings(), "ingest_content_root", str(root))
+    return root
+
+
+@pytest.mark.parametrize(("event", "valid"), CASES)
+def test_the_schema_file_and_the_code_agree(
+    event: dict[str, Any], valid: bool, content_root: Path
+) -> None:
+    assert jsonschema_rs.validator_for(SCHEMA).is_valid(event) is valid
+    if valid:
+        parse_event(event, get_settings())
+    else:
+        with pytest.raises(ConcordError) as refused:
+            parse_event(event, get_settings())
+        assert 400 <= refused.value.status_code < 500
+
+
+def test_a_reference_cannot_leave_the_shared_root(content_root: Path, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for indexing")
+    os.symlink(secret, content_root / "link.txt")
+    (content_root / "big.txt").write_bytes(b"x" * (get_settings().max_upload_bytes + 1))
+    refused = {
+        "../secret.txt": (400, "relative"),
+        "notes/../../secret.txt": (400, "relative"),
+        "link.txt": (400, "out of the content root"),
+        "notes": (400, "not a regular file"),
+        "missing.txt": (404, "does not exist"),
+        "big.txt": (413, "limit"),
+    }
+    for path, (status, words) in refused.items():
+        with pytest.raises(ConcordError) as error:
+            parse_event({**BASE, "content_path": path}, get_settings())
+        assert (error.value.status_code, words in error.value.message) == (status, True), path
+    upload = parse_event({**BASE, "content_path": "notes/tide.txt"}, get_settings())
+    assert getattr(upload, "raw", None) == b"Tides follow the moon."
+
+
+def test_content_by_reference_is_refused_when_no_root_is_configured(monkeypatch) -> None:
+    monkeypatch.setattr(get_settings(), "ingest_content_root", "")
+    with pytest.raises(ConcordError, match="CONCORD_INGEST_CONTENT_ROOT"):
+        parse_event({**BASE, "content_path": "notes/tide.txt"}, get_settings())
+
+
+def test_deletes_and_references_in_one_message_with_another_tenants_bad_events(
+    worker: Any, content_root: Path, tenant: str
+) -> None:
+    """One message: this tenant's ordinary events (inline, by reference, a delete of what it
+    wrote first, a delete of nothing) between another tenant's poison (a traversal, a delete
+    with content): the poison is dead-lettered with its reason; this tenant loses nothing."""
+    from workers.tasks import accept_upload_events
+
+    (content_root / "notes" / "reef.txt").write_bytes(b"Reefs shelter fish.")
+    other = f"{tenant}-other"
+    first = [
+        build_upload_event(tenant_id=tenant, external_id="tide.txt", raw=b"Tides follow the moon."),
+        build_upload_event(tenant_id=tenant, external_id="reef.txt", content_path="notes/reef.txt"),
+        build_upload_event(tenant_id=tenant, external_id="gone.txt", raw=b"Soon deleted, this."),
+    ]
+    poison = [
+        build_upload_event(tenant_id=other, external_id="x", content_path="../../etc/passwd"),
+        {**build_delete_event(tenant_id=other, external_id="y"), "content_base64": TEXT},
+    ]
+    result = accept_upload_events.apply(
+        args=[[first[0], poison[0], first[1], poison[1], first[2]]]
+    ).get()
+    assert result == {"accepted": 3, "unchanged": 0, "rejected": 2, "deleted": 0}
+    wait_for(lambda: len(pg_chunks(tenant)) == 3 or None, 90, what="the three documents")
+
+    second = [
+        build_delete_event(tenant_id=tenant, external_id="gone.txt"),
+        build_delete_event(tenant_id=tenant, external_id="never-was.txt"),  # a no-op
+    ]
+    result = accept_upload_events.apply(args=[second]).get()
+    assert result == {"accepted": 0, "unchanged": 1, "rejected": 0, "deleted": 1}
+    assert accept_upload_events.apply(args=[second]).get()["unchanged"] == 2  # replayed
+    wait_converged(tenant)
+    with unit_of_work() as uow:
+        documents = documents_by_external_ids(
+            uow.session, [(tenant, e) for e in ("tide.txt", "reef.txt", "gone.txt")]
+        )
+        live = {external for (_, external), d in documents.items() if not d.deleted}
+        live_ids = {str(d.id) for d in documents.values() if not d.deleted}
+    assert live == {"tide.txt", "reef.txt"}
+    assert {cid.split(":")[0] for cid in pg_chunks(tenant)} == live_ids
+    with unit_of_work() as uow:
+        letters = uow.session.scalars(select(DeadLetter).where(DeadLetter.tenant_id == other)).all()
+        reasons = sorted(letter.message for letter in letters)
+    assert len(reasons) == 2
+    assert any("content root" in r or "relative" in r for r in reasons)
+    assert any("delete event names only the document" in r for r in reasons)
