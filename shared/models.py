@@ -296,6 +296,47 @@ class TrainedAnswerability(Base):
     created_at: Mapped[datetime] = _now()
 
 
+class WebhookEndpoint(Base):
+    """Where a tenant wants to hear of its jobs: a URL, the events it wants, and the secret
+    its deliveries are signed with (kept to sign; shown once, when created)."""
+
+    __tablename__ = "webhook_endpoints"
+    __table_args__ = (Index("ix_webhook_endpoints_tenant", "tenant_id"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64), ForeignKey("tenants.id"), nullable=False)
+    url: Mapped[str] = mapped_column(Text, nullable=False)
+    events: Mapped[list[str]] = mapped_column(ARRAY(Text), nullable=False)
+    secret: Mapped[str] = mapped_column(Text, nullable=False)
+    created_at: Mapped[datetime] = _now()
+
+
+class WebhookDelivery(Base):
+    """One event for one endpoint: written in the transaction that changed what it reports
+    (an outbox), so none is lost; sent, and retried with backoff until delivered or given up."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        Index("ix_webhook_deliveries_due", "next_attempt_at", postgresql_where="state = 'pending'"),
+        Index("ix_webhook_deliveries_endpoint", "endpoint_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    endpoint_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("webhook_endpoints.id", ondelete="CASCADE"), nullable=False
+    )
+    tenant_id: Mapped[str] = mapped_column(String(64), nullable=False)
+    event: Mapped[str] = mapped_column(String(32), nullable=False)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
+    state: Mapped[str] = mapped_column(String(16), nullable=False)  # pending, delivered, failed
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    next_attempt_at: Mapped[datetime] = _now()
+    last_status: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
 class TrainingJob(Base):
     """A reranker training run started in the background; the jobs API reports it."""
 

@@ -30,6 +30,7 @@ PROCESS_JOBS_TASK = "concord.ingest.process_jobs"
 ACCEPT_EVENT_TASK = "concord.ingest.accept_upload_event"
 ACCEPT_EVENTS_TASK = "concord.ingest.accept_upload_events"
 RELAY_TASK = "concord.relay.drain_outbox"
+WEBHOOKS_TASK = "concord.relay.deliver_webhooks"
 SWEEP_TASK = "concord.maintenance.sweep_expired_jobs"
 RECONCILE_TASK = "concord.maintenance.reconcile"
 TRAIN_RERANKER_TASK = "concord.training.train_reranker"
@@ -102,6 +103,20 @@ def publish_relay() -> bool:
     except redis.RedisError:
         return False  # the broker is the same Redis: publishing would fail too
     return _send(RELAY_TASK, [], RELAY_QUEUE)
+
+
+WEBHOOKS_PENDING_KEY = "concord:webhooks-pending"
+
+
+def publish_webhooks() -> bool:
+    """Ask for the due webhook deliveries to be sent soon (debounced as the relay is; beat
+    sends them periodically anyway)."""
+    try:
+        if not _redis().set(WEBHOOKS_PENDING_KEY, "1", nx=True, ex=1):
+            return True
+    except redis.RedisError:
+        return False
+    return _send(WEBHOOKS_TASK, [], RELAY_QUEUE)
 
 
 def publish_upload_event(event: dict[str, Any]) -> None:

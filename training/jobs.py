@@ -21,6 +21,7 @@ from shared.db import unit_of_work
 from shared.db.repository import now
 from shared.models import TrainingJob
 from shared.queue import publish_training_job
+from shared.webhooks import service as webhooks
 from training import repository as repo
 from training.reranker import (
     TrainingOptions,
@@ -96,3 +97,4 @@ def _finish(
         if job is not None:
             job.state, job.result, job.error = state, result, error
             job.updated_at = now(uow.session)
+            webhooks.training_finished(uow, job)

@@ -22,6 +22,7 @@ from shared.queue import (
     RELAY_TASK,
     SWEEP_TASK,
     TRAINING_QUEUE,
+    WEBHOOKS_TASK,
     broker_socket_options,
 )
 from shared.settings import get_settings
@@ -72,6 +73,14 @@ def create_celery_app() -> Celery:
                 "task": RELAY_TASK,
                 "schedule": settings.relay_interval_seconds,
                 "options": {"queue": RELAY_QUEUE, "expires": settings.relay_interval_seconds * 2},
+            },
+            "deliver-webhooks": {
+                "task": WEBHOOKS_TASK,
+                "schedule": settings.webhook_interval_seconds,
+                "options": {
+                    "queue": RELAY_QUEUE,
+                    "expires": settings.webhook_interval_seconds * 2,
+                },
             },
         },
     )

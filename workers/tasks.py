@@ -32,10 +32,12 @@ from shared.queue import (
     SWEEP_TASK,
     TRAIN_RERANKER_TASK,
     TRAINING_QUEUE,
+    WEBHOOKS_TASK,
 )
 from shared.reconcile.service import reconcile
 from shared.retry import is_retriable
 from shared.settings import get_settings
+from shared.webhooks import delivery as webhook_delivery
 from workers.base import concord_task, retry_if_retriable
 
 log = logging.getLogger(__name__)
@@ -124,6 +126,13 @@ def accept_upload_event(self: Task, event: Any) -> dict[str, Any]:
 @concord_task(RELAY_TASK, RELAY_QUEUE, max_retries=0)
 def drain_outbox(self: Task) -> dict[str, Any]:
     return vars(relay.drain(unit_of_work))
+
+
+@concord_task(WEBHOOKS_TASK, RELAY_QUEUE, max_retries=0)
+def deliver_webhooks(self: Task) -> dict[str, Any]:
+    """Send the webhook deliveries that are due (after a commit that made some, and on beat:
+    retries come due there)."""
+    return webhook_delivery.deliver_due(unit_of_work, get_settings()).as_dict()
 
 
 @concord_task(RECONCILE_TASK, MAINTENANCE_QUEUE, max_retries=0)

@@ -47,6 +47,7 @@ from shared.settings import Settings, get_settings
 from shared.stores.schemas import ChunkRow, VersionChunks, chunk_id
 from shared.stores.vector_store import PgVectorStore
 from shared.timing import StageTimes
+from shared.webhooks import service as webhooks
 
 log = logging.getLogger(__name__)
 
@@ -152,10 +153,10 @@ def claim(uow: UnitOfWork, job_id: uuid.UUID, settings: Settings) -> list[Claim]
     room = settings.ingest_batch_bytes - (len(own.raw or b"") if own else 0)
     others = jobs_repo.claim_queued_jobs(session, settings.ingest_batch_jobs - 1, job.id, room)
     versions.update(documents_repo.versions(session, [(o.document_id, o.version) for o in others]))
-    first = _start(job, versions, current, settings)
+    first = _start(uow, job, versions, current, settings)
     if first is None:  # the batch-mates stay queued, untouched
         return JobOutcome(str(job_id), job.state, {"error": job.error_message})
-    rest = [_start(other, versions, current, settings) for other in others]
+    rest = [_start(uow, other, versions, current, settings) for other in others]
     return [first, *(c for c in rest if c is not None)]
 
 
@@ -166,7 +167,7 @@ def claim_listed(uow: UnitOfWork, job_ids: list[uuid.UUID], settings: Settings) 
     listed = jobs_repo.claimable_jobs(session, job_ids)
     current = now(session)
     versions = documents_repo.versions(session, [(j.document_id, j.version) for j in listed])
-    claims = [_start(job, versions, current, settings) for job in listed]
+    claims = [_start(uow, job, versions, current, settings) for job in listed]
     return [c for c in claims if c is not None]
 
 
@@ -183,6 +184,7 @@ def _duplicate_delivery(uow: UnitOfWork, job_id: uuid.UUID) -> JobOutcome | None
 
 
 def _start(
+    uow: UnitOfWork,
     job: IngestJob,
     versions: dict[tuple[uuid.UUID, int], DocumentVersion],
     at: Any,
@@ -190,7 +192,7 @@ def _start(
 ) -> Claim | None:
     version = versions.get((job.document_id, job.version))
     if version is None or version.raw is None:
-        jobs.fail_without_content(job, at)
+        jobs.fail_without_content(uow, job, at)
         return None
     jobs.start(job, at, settings)
     return Claim(
@@ -420,6 +422,7 @@ def write_batch(uow: UnitOfWork, claims: list[Claim]) -> dict[uuid.UUID, JobOutc
         outcomes[claim.job_id] = JobOutcome(str(claim.job_id), JobState.INDEXED, detail)
         finished.append((job, claim))
     _write_versions(uow, list(writes.values()), docs)
+    webhooks.job_finished(uow, [job for job, _ in finished])  # one statement for the batch
     # Each job is charged its share of the batch's write time by chunk count.
     write_s = time.perf_counter() - write_started
     chunks = max(sum(len(claim.pieces) for _, claim in finished), 1)

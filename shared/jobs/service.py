@@ -19,6 +19,7 @@ from shared.models import DeadLetter, IngestJob, JobState, TrainingJob
 from shared.queue import publish_ingest_job
 from shared.retry import describe_error
 from shared.settings import Settings
+from shared.webhooks import service as webhooks
 
 FINISHED = (JobState.INDEXED, JobState.FAILED, JobState.DEAD_LETTERED)
 # A running training job writes progress at least every few seconds; one silent for this long
@@ -46,11 +47,12 @@ def finish(job: IngestJob, detail: dict[str, Any], at: datetime) -> None:
     job.detail = detail
 
 
-def fail_without_content(job: IngestJob, at: datetime) -> None:
+def fail_without_content(uow: UnitOfWork, job: IngestJob, at: datetime) -> None:
     job.state = JobState.FAILED
     job.error_stage, job.error_class = "claim", "MissingContent"
     job.error_message = "the document version has no stored content"
     job.finished_at = at
+    webhooks.job_finished(uow, [job])
 
 
 def fail(
@@ -71,6 +73,7 @@ def fail(
     job.lease_expires_at = None
     if dead_letter:
         _add_dead_letter(uow, job)
+    webhooks.job_finished(uow, [job])
 
 
 def record_failure(uow: UnitOfWork, job_id: uuid.UUID, error: BaseException) -> None:
@@ -118,6 +121,7 @@ def give_up(uow: UnitOfWork, job: IngestJob, at: datetime) -> None:
     job.finished_at = at
     job.lease_expires_at = None
     _add_dead_letter(uow, job)
+    webhooks.job_finished(uow, [job])
 
 
 def queue_for_replay(uow: UnitOfWork, job: IngestJob, settings: Settings) -> None:

@@ -76,6 +76,13 @@ def test_console_upload_search_trace_reconcile_and_replay(
     page.fill("#api-key", admin_key)
     page.click("#key-form button")
     page.wait_for_selector("#key-state:has-text('key set')")
+    # A webhook endpoint whose receiver never answers: its delivery log shows the attempts.
+    hook = client.post(
+        "/v1/admin/webhooks",
+        json={"url": "http://127.0.0.1:9/never-up", "events": ["job.indexed"]},
+        headers=auth,
+    )
+    assert hook.status_code == 201, hook.text
 
     # Upload a document from the page and watch its job reach `indexed`.
     doc = tmp_path / "quokka.txt"
@@ -129,13 +136,20 @@ def test_console_upload_search_trace_reconcile_and_replay(
     page.wait_for_selector(f"#message:has-text('dead letter {letter_id} replayed')")
     assert wait_job(client, auth, job_id)["state"] == "indexed"
 
+    page.goto(f"{live_api}/console/#webhooks")
+    page.wait_for_selector("#webhooks td:has-text('never-up')")
+    page.click(f"button.show-deliveries[data-id='{hook.json()['id']}']")
+    page.wait_for_selector("#deliveries td:has-text('job.indexed')")
+    assert "pending" in page.inner_text("#deliveries") or "failed" in page.inner_text("#deliveries")
+    shot(page, "webhooks")
+
     page.goto(f"{live_api}/console/#stats")
     page.wait_for_selector("#stats td:has-text('chunks_postgres')")
     assert "queue_depth" in page.inner_text("#stats")
     shot(page, "stats")
 
     assert page.console_errors == []
-    for name in ("ingestion", "search", "consistency", "dead-letters", "stats"):
+    for name in ("ingestion", "search", "consistency", "dead-letters", "webhooks", "stats"):
         assert (ARTIFACTS / f"{name}.png").stat().st_size > 10_000, name
 
 

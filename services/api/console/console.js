@@ -243,6 +243,39 @@ async function runReconcile(event) {
   });
 }
 
+// --- webhooks ---------------------------------------------------------------------------
+
+async function loadWebhooks() {
+  await guarded(async () => {
+    const endpoints = await api("GET", "/v1/admin/webhooks");
+    table($("webhooks"), [
+      { label: "url", value: (e) => e.url },
+      { label: "events", value: (e) => e.events.join(", ") },
+      { label: "created", value: (e) => e.created_at.replace("T", " ").slice(0, 19) },
+    ], endpoints, (e) => `<button type="button" class="show-deliveries" data-id="${escapeHtml(e.id)}">Delivery log</button>`);
+  });
+}
+
+async function loadDeliveries(event) {
+  const button = event.target.closest(".show-deliveries");
+  if (!button) return;
+  await guarded(async () => {
+    const id = button.dataset.id;
+    const log = await api("GET", `/v1/admin/webhooks/${id}/deliveries?limit=50`);
+    $("delivery-endpoint").textContent = `endpoint ${id}: ${log.length} deliveries, newest first`;
+    table($("deliveries"), [
+      { label: "id", value: (d) => d.id },
+      { label: "event", value: (d) => d.event },
+      { label: "state", value: (d) => d.state },
+      { label: "attempts", value: (d) => d.attempts },
+      { label: "last status", value: (d) => d.last_status ?? "" },
+      { label: "last error", value: (d) => d.last_error || "" },
+      { label: "next attempt", value: (d) => (d.next_attempt_at || "").replace("T", " ").slice(0, 19) },
+      { label: "delivered", value: (d) => (d.delivered_at || "").replace("T", " ").slice(0, 19) },
+    ], log);
+  });
+}
+
 // --- stats ------------------------------------------------------------------------------
 
 async function loadStats() {
@@ -257,7 +290,9 @@ async function loadStats() {
 
 // --- navigation -------------------------------------------------------------------------
 
-const LOADERS = { ingestion: loadJobs, consistency: loadReconcileRuns, stats: loadStats };
+const LOADERS = {
+  ingestion: loadJobs, consistency: loadReconcileRuns, webhooks: loadWebhooks, stats: loadStats,
+};
 
 function showPage() {
   showMessage("");
@@ -283,6 +318,8 @@ $("refresh-jobs").addEventListener("click", loadJobs);
 $("dead-letters").addEventListener("click", deadLetterAction);
 $("reconcile-form").addEventListener("submit", runReconcile);
 $("refresh-stats").addEventListener("click", loadStats);
+$("refresh-webhooks").addEventListener("click", loadWebhooks);
+$("webhooks").addEventListener("click", loadDeliveries);
 $("results").addEventListener("click", (event) => {
   const button = event.target.closest(".show-trace");
   if (!button) return;

@@ -29,6 +29,8 @@ from shared.models import JobState
 from shared.reconcile.service import reconcile, reconcile_and_verify
 from shared.tenants.schemas import CreatedKey, KeyRequest, KeyView
 from shared.tenants.service import create_key, list_keys, revoke_key
+from shared.webhooks import service as webhooks
+from shared.webhooks.schemas import CreatedEndpoint, DeliveryView, EndpointRequest, EndpointView
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], responses=PROTECTED_ROUTE_ERRORS | NOT_FOUND)
 LetterId = Annotated[int, Path(ge=1, le=2**63 - 1)]
@@ -138,3 +140,37 @@ def revoke_key_route(key_id: uuid.UUID, principal: Admin) -> None:
     with unit_of_work() as uow:
         if not revoke_key(uow.session, key_id, principal.tenant_id):
             raise NotFound(f"no key {key_id}")
+
+
+@router.post("/webhooks", status_code=201)
+def create_webhook_route(body: EndpointRequest, principal: Admin) -> CreatedEndpoint:
+    """A webhook endpoint for this tenant's job (and training) events; the signing secret is
+    in this response only. Deliveries are signed (Concord-Signature: t=..,v1=HMAC-SHA256 of
+    "t.body") and retried with backoff until the endpoint answers 2xx."""
+    with unit_of_work() as uow:
+        return webhooks.create_endpoint(uow.session, principal.tenant_id, body.url, body.events)
+
+
+@router.get("/webhooks")
+def list_webhooks_route(principal: Admin) -> list[EndpointView]:
+    with unit_of_work() as uow:
+        return webhooks.list_endpoints(uow.session, principal.tenant_id)
+
+
+@router.delete("/webhooks/{endpoint_id}", status_code=204)
+def delete_webhook_route(endpoint_id: uuid.UUID, principal: Admin) -> None:
+    """Remove the endpoint and its delivery log (pending deliveries are dropped with it)."""
+    with unit_of_work() as uow:
+        webhooks.delete_endpoint(uow.session, principal.tenant_id, endpoint_id)
+
+
+@router.get("/webhooks/{endpoint_id}/deliveries")
+def webhook_deliveries_route(
+    endpoint_id: uuid.UUID,
+    principal: Admin,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> list[DeliveryView]:
+    """The endpoint's delivery log, newest first: each event's state, attempts, last HTTP
+    status and error."""
+    with unit_of_work() as uow:
+        return webhooks.delivery_log(uow.session, principal.tenant_id, endpoint_id, limit)
