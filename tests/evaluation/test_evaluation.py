@@ -148,7 +148,10 @@ def test_eval_end_to_end_on_a_tiny_dataset(client: TestClient, tmp_path: Path) -
     assert "reranker" in rows["hybrid_rrf+rerank"]["unavailable"]
     exact = rows["exact_dense (sequential scan)"]["metrics"]["ndcg@10"]
     assert abs(rows["dense"]["metrics"]["ndcg@10"] - exact) <= 0.005
-    assert report["ingest"]["published"] == 24 and report["ingest"]["indexed"] == 24
+    # Every document is sent, or was already there (another test may have synced the corpus).
+    ingest = report["ingest"]
+    assert ingest["published"] + ingest["unchanged"] == 24
+    assert ingest["indexed"] == ingest["published"]
 
     a = report["abstain"]
     assert a["unanswerable"] + a["answerable"] == 8 and a["unanswerable"] >= 4
