@@ -96,6 +96,10 @@ class Settings(BaseSettings):
     passage_encoder: Literal["auto", "torch", "torch-bf16", "onnx", "onnx-int8"] = "auto"
     query_prompt: str = ""
     passage_prompt: str = ""
+    # What each chunk is embedded as (shared/ingest/chunking.contextual_text): "none" (the
+    # chunk alone), "title" (after its document's title) or "title_section" (and its section
+    # path). Existing chunks keep their vectors until ``concord reembed`` re-embeds them.
+    chunk_context: Literal["none", "title", "title_section"] = "none"
 
     # JSON / JSONL uploads: which record fields hold the text (the first present ones, joined)
     json_text_fields: tuple[str, ...] = ("text", "body", "content", "abstract")

@@ -90,6 +90,45 @@ def reindex() -> None:
         raise typer.Exit(1)
 
 
+def reembed(
+    tenant: str = typer.Option(..., help="Tenant whose documents to run through again."),
+    wait: bool = typer.Option(False, "--wait", help="Wait until every job is indexed again."),
+    timeout: float = typer.Option(3600, help="Seconds to wait with --wait."),
+) -> None:
+    """Run the tenant's live documents through the pipeline again (after a change to
+    CONCORD_CHUNK_CONTEXT, the chunking or the model): chunks are rewritten at their version;
+    what is unchanged comes from the embedding cache."""
+    import time
+
+    from shared.db import unit_of_work
+    from shared.jobs import service as job_service
+    from shared.jobs.repository import job_states
+    from shared.settings import get_settings
+
+    with unit_of_work() as uow:
+        job_ids = job_service.reprocess_tenant(uow, tenant, get_settings())
+    console.print(f"queued {len(job_ids)} job(s) of tenant {tenant} again")
+    if not wait or not job_ids:
+        return
+    from rich.progress import Progress
+
+    deadline = time.monotonic() + timeout
+    with Progress(console=console) as bar:
+        task = bar.add_task("reembedding", total=len(job_ids))
+        while time.monotonic() < deadline:
+            with unit_of_work() as uow:
+                states = job_states(uow.session, job_ids)
+            done = sum(1 for s in states.values() if s in ("indexed", "failed", "dead_lettered"))
+            bar.update(task, completed=done)
+            if done == len(job_ids):
+                break
+            time.sleep(1)
+    failed = sum(1 for s in states.values() if s != "indexed")
+    console.print(f"reembedded {len(job_ids) - failed} of {len(job_ids)}")
+    if failed:
+        raise typer.Exit(1)
+
+
 def jobs(
     state: str | None = typer.Option(None, help="queued, running, indexed, failed, dead_lettered"),
     stuck: bool = typer.Option(False, help="Only queued or running jobs whose lease expired."),

@@ -16,6 +16,7 @@ import itertools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from shared.ingest.parsing import ParsedDocument
 
@@ -34,6 +35,22 @@ class TextChunk:
     section: str
     token_count: int
     flags: tuple[str, ...] = ()  # from parsing: e.g. its page's text layer is doubtful
+
+
+# What a chunk is embedded as: the chunk alone, or after its document's title (and its
+# section path): a chunk that says "it" and "the method" is found by what it is about.
+ChunkContext = Literal["none", "title", "title_section"]
+
+
+def contextual_text(text: str, title: str, section: str, context: ChunkContext) -> str:
+    """The text the encoder sees for a chunk (its stored text never changes)."""
+    if context == "none":
+        return text
+    lines = [title.strip()]
+    if context == "title_section" and section.strip() and section.strip() != title.strip():
+        lines.append(section.strip())
+    heading = "\n".join(line for line in lines if line)
+    return f"{heading}\n\n{text}" if heading else text
 
 
 def sentence_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:

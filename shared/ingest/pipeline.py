@@ -32,7 +32,7 @@ from shared.db.repository import lock_keys, now
 from shared.documents import repository as documents_repo
 from shared.errors import ParseError
 from shared.ingest import repository as repo
-from shared.ingest.chunking import Chunker, TextChunk
+from shared.ingest.chunking import ChunkContext, Chunker, TextChunk, contextual_text
 from shared.ingest.embedding import Embedder, get_embedder
 from shared.ingest.parsing import ParsedDocument, parse
 from shared.jobs import repository as jobs_repo
@@ -235,7 +235,9 @@ def run(
             ready = steps.together(
                 ready,
                 "embed",
-                lambda g: embed_batch(g, embedder, transactions, settings.embed_commit_chunks),
+                lambda g: embed_batch(
+                    g, embedder, transactions, settings.embed_commit_chunks, settings.chunk_context
+                ),
             )
             steps.together(ready, "write", steps.write_in_own_transaction)
         except Exception:
@@ -350,25 +352,50 @@ def chunk_job(claim: Claim, chunker: Chunker) -> None:
 
 
 def embed_batch(
-    claims: list[Claim], embedder: Embedder, transactions: Transactions, commit_every: int
+    claims: list[Claim],
+    embedder: Embedder,
+    transactions: Transactions,
+    commit_every: int,
+    context: ChunkContext = "none",
 ) -> None:
-    """Encode every chunk of the batch that this model has never embedded; each job is
-    charged its share of the time by chunk count. The vectors are cached as they are made,
-    ``commit_every`` chunks at a time, each part in a transaction of its own, so that an
-    attempt cut short (a time limit, a crash) leaves its work for the next one: a document of
-    any size gets through in the end."""
+    """Encode every chunk of the batch that this model has never embedded (as what
+    ``context`` makes of it: the chunk alone, or after its document's title and its section
+    path); each job is charged its share of the time by chunk count. The vectors are cached
+    by a hash of exactly what was encoded, ``commit_every`` chunks at a time, each part in a
+    transaction of its own, so that an attempt cut short (a time limit, a crash) leaves its
+    work for the next one: a document of any size gets through in the end."""
     started = time.perf_counter()
-    all_hashes = [h for c in claims for h in c.hashes]
     with transactions() as uow:
-        cached = repo.cached_embeddings(uow.session, embedder.model_id, all_hashes)
-    pieces = {h: p for c in claims for h, p in zip(c.hashes, c.pieces, strict=True)}
-    missing = [h for h in dict.fromkeys(all_hashes) if h not in cached]
+        titles = (
+            {}
+            if context == "none"
+            else documents_repo.titles(uow.session, [c.document_id for c in claims])
+        )
+        encoded = {
+            c.job_id: [
+                contextual_text(p.text, titles.get(c.document_id, ""), p.section, context)
+                for p in c.pieces
+            ]
+            for c in claims
+        }
+        keys = {
+            c.job_id: c.hashes if context == "none" else [text_hash(t) for t in encoded[c.job_id]]
+            for c in claims
+        }
+        all_keys = [k for c in claims for k in keys[c.job_id]]
+        cached = repo.cached_embeddings(uow.session, embedder.model_id, all_keys)
+    texts = {k: t for c in claims for k, t in zip(keys[c.job_id], encoded[c.job_id], strict=True)}
+    tokens = {
+        k: p.token_count for c in claims for k, p in zip(keys[c.job_id], c.pieces, strict=True)
+    }
+    missing = [k for k in dict.fromkeys(all_keys) if k not in cached]
     fresh: dict[str, np.ndarray] = {}
     for start in range(0, len(missing), commit_every):
         part = missing[start : start + commit_every]
         vectors = embedder.embed_passages(
-            [pieces[h].text for h in part],
-            token_counts=[pieces[h].token_count for h in part],  # the chunker counted them
+            [texts[k] for k in part],
+            # the chunker counted the chunks' tokens; with a context the encoder counts again
+            token_counts=[tokens[k] for k in part] if context == "none" else None,
         )
         made = dict(zip(part, vectors, strict=True))
         with transactions() as uow:
@@ -376,9 +403,10 @@ def embed_batch(
         fresh.update(made)
     elapsed = time.perf_counter() - started
     for claim in claims:
-        claim.vectors = [cached[h] if h in cached else fresh[h] for h in claim.hashes]
-        claim.cache_hits = sum(1 for h in claim.hashes if h in cached)
-        share = len(claim.hashes) / max(len(all_hashes), 1)
+        own = keys[claim.job_id]
+        claim.vectors = [cached[k] if k in cached else fresh[k] for k in own]
+        claim.cache_hits = sum(1 for k in own if k in cached)
+        share = len(claim.hashes) / max(len(all_keys), 1)
         claim.timings["embed"] = round(elapsed * share, 4)
 
 

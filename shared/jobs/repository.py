@@ -292,3 +292,30 @@ def dead_lettered_versions(session: Session, ids: Sequence[str]) -> dict[str, in
         .group_by(DeadLetter.ref)
     )
     return {ref: int(v) for ref, v in rows if v is not None}
+
+
+def indexed_live_version_jobs(session: Session, tenant_id: str) -> list[IngestJob]:
+    """The indexed jobs of the tenant's live documents at their live version, locked."""
+    return list(
+        session.scalars(
+            select(IngestJob)
+            .join(
+                Document,
+                (Document.id == IngestJob.document_id) & (Document.version == IngestJob.version),
+            )
+            .where(
+                IngestJob.tenant_id == tenant_id,
+                Document.deleted.is_(False),
+                IngestJob.state == JobState.INDEXED,
+            )
+            .order_by(IngestJob.id)
+            .with_for_update(of=IngestJob)
+        )
+    )
+
+
+def job_states(session: Session, job_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
+    rows = session.execute(
+        select(IngestJob.id, IngestJob.state).where(any_of(IngestJob.id, job_ids))
+    )
+    return {job_id: state for job_id, state in rows}

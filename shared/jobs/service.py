@@ -124,6 +124,16 @@ def give_up(uow: UnitOfWork, job: IngestJob, at: datetime) -> None:
     webhooks.job_finished(uow, [job])
 
 
+def reprocess_tenant(uow: UnitOfWork, tenant_id: str, settings: Settings) -> list[uuid.UUID]:
+    """Run every live document of the tenant through the pipeline again at its live version
+    (``concord reembed``: after a change to how chunks are made or embedded). The chunks are
+    rewritten at the same version; unchanged ones come from the embedding cache."""
+    listed = repo.indexed_live_version_jobs(uow.session, tenant_id)
+    for job in listed:
+        queue_for_replay(uow, job, settings)
+    return [job.id for job in listed]
+
+
 def queue_for_replay(uow: UnitOfWork, job: IngestJob, settings: Settings) -> None:
     """An operator's replay: a fresh set of attempts, published after commit."""
     job.state = JobState.QUEUED

@@ -190,3 +190,15 @@ def test_html_table_rows_and_list_items_keep_their_boundaries() -> None:
     for chunk in Chunker(word_offsets, max_tokens=12, overlap_tokens=0).chunk(doc):
         pieces = chunk.text.split("\n\n")
         assert all(p in rows for p in pieces if "|" in p), chunk.text
+
+
+def test_contextual_text_puts_the_title_and_section_before_the_chunk() -> None:
+    from shared.ingest.chunking import contextual_text
+
+    assert contextual_text("It smiles.", "Quokka", "Habits", "none") == "It smiles."
+    assert contextual_text("It smiles.", "Quokka", "Habits", "title") == "Quokka\n\nIt smiles."
+    assert (
+        contextual_text("It smiles.", "Quokka", "Habits", "title_section")
+        == "Quokka\nHabits\n\nIt smiles."
+    )
+    assert contextual_text("It smiles.", "", "", "title_section") == "It smiles."

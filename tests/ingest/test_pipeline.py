@@ -529,3 +529,49 @@ def test_two_versions_of_one_document_in_one_message_end_at_the_second(
     document_id = found[0]["document_id"]
     versions = client.get(f"/v1/documents/{document_id}", headers=auth).json()["versions"]
     assert [v["version"] for v in versions] == [1, 2]
+
+
+def test_chunk_context_is_what_gets_embedded_and_reembed_applies_it(
+    client: TestClient, auth, tenant, worker, monkeypatch
+):
+    """With CONCORD_CHUNK_CONTEXT=title a chunk is embedded after its document's title (its
+    stored text unchanged); ``concord reembed`` runs the tenant's documents again, and going
+    back to "none" takes every vector from the embedding cache."""
+    import numpy as np
+
+    from shared.ingest.embedding import get_embedder
+    from shared.jobs import service as job_service
+    from shared.stores.vector_store import PgVectorStore
+
+    up = upload_text(client, auth, "quokka", "It smiles at every visitor.", title="Quokka facts")
+    wait_job(client, auth, up["job_id"])
+
+    def stored() -> tuple[str, np.ndarray]:
+        with unit_of_work() as uow:
+            store = PgVectorStore(uow.session)
+            (cid,) = pg_chunks(tenant)
+            return store.chunks_by_ids([cid])[cid].text, store.embeddings(tenant, [cid])[cid]
+
+    text, plain = stored()
+    embedder = get_embedder()
+
+    def reembed_in_process(context: str) -> dict[str, Any]:
+        monkeypatch.setattr(get_settings(), "chunk_context", context)
+        with paused(worker):  # this process runs the jobs, with this setting
+            with unit_of_work() as uow:
+                job_ids = job_service.reprocess_tenant(uow, tenant, get_settings())
+            assert len(job_ids) == 1
+            outcome = pipeline.process_job(unit_of_work, job_ids[0]).as_dict()
+        return outcome
+
+    titled = reembed_in_process("title")
+    assert titled["state"] == "indexed" and titled["cache_hits"] == 0
+    text_after, with_title = stored()
+    assert text_after == text == "It smiles at every visitor."  # the stored text is the chunk's
+    expected = embedder.embed_passages(["Quokka facts\n\nIt smiles at every visitor."])[0]
+    assert float(with_title @ expected) > 0.999 and float(with_title @ plain) < 0.99
+
+    back = reembed_in_process("none")
+    assert back["cache_hits"] == 1  # the chunk alone was embedded before
+    assert float(stored()[1] @ plain) > 0.9999
+    wait_converged(tenant)
