@@ -145,12 +145,13 @@ class Settings(BaseSettings):
     relay_interval_seconds: float = 2.0
     # Webhook deliveries (shared/webhooks/delivery.py): sent after commit and every interval;
     # a failed attempt is retried after base x 2^n s (jittered, capped), up to max attempts
-    # (15 attempts at the defaults: about 40 minutes of retrying before one is given up).
+    # (15 attempts at the defaults: 25 to 34 minutes of retrying before one is given up).
     webhook_interval_seconds: float = 2.0
     webhook_timeout_s: float = 5.0
     webhook_backoff_s: float = 1.0
     webhook_backoff_max_s: float = 300.0
     webhook_max_attempts: int = 15
+    webhook_run_budget_s: float = 20.0
     relay_batch_size: int = 500
     # Bytes per bulk request (Elasticsearch refuses requests over http.max_content_length,
     # 100 MB by default); a claimed batch is sent in as many requests as it needs.

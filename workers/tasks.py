@@ -108,7 +108,15 @@ def accept_upload_events(self: Task, events: list[Any]) -> dict[str, int]:
 
 
 def _status(outcome: EventsOutcome) -> dict[str, Any]:
-    status = "accepted" if outcome.accepted else "unchanged" if outcome.unchanged else "rejected"
+    status = (
+        "accepted"
+        if outcome.accepted
+        else "deleted"
+        if outcome.deleted
+        else "unchanged"
+        if outcome.unchanged
+        else "rejected"
+    )
     return {"status": status, "job_id": str(outcome.job_ids[0]) if outcome.job_ids else None}
 
 

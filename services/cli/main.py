@@ -161,13 +161,20 @@ def sync(
         print_error(console, f"{directory} is not a directory", label="sync:")
         raise typer.Exit(2)
     validate_tenant_id(tenant)
+    if prefix and not prefix.endswith("/"):
+        # "team1" + path would also match (and --prune delete) "team10/...": a prefix names a
+        # directory of external ids.
+        print_error(console, f"--prefix {prefix!r} must end with '/'", label="sync:")
+        raise typer.Exit(2)
     root: Path | None = None
     if by_reference:
         configured = get_settings().ingest_content_root
-        root = Path(configured).resolve()
+        root = (Path(configured) / tenant).resolve()  # references are within the tenant's own
         if not configured or not directory.resolve().is_relative_to(root):
             print_error(
-                console, f"{directory} is not under CONCORD_INGEST_CONTENT_ROOT", label="sync:"
+                console,
+                f"{directory} is not under CONCORD_INGEST_CONTENT_ROOT/{tenant}",
+                label="sync:",
             )
             raise typer.Exit(2)
     files = syncing.local_files(tenant, directory, prefix)
@@ -197,7 +204,12 @@ def sync(
         task = progress.add_task("sending", total=todo.to_send())
         for f in [*todo.new, *todo.changed]:
             upload = syncing.file_upload(tenant, f.path, f.external_id)
-            reference = f.path.resolve().relative_to(root).as_posix() if root else None
+            reference = None
+            if root is not None:
+                if f.path.is_symlink() or not f.path.resolve().is_relative_to(root):
+                    print_error(console, f"{f.path}: a link; sent inline", label="sync:")
+                else:
+                    reference = f.path.resolve().relative_to(root).as_posix()
             sent += batcher.add(
                 build_upload_event(
                     tenant_id=tenant,

@@ -16,12 +16,14 @@ Schema (the JSON Schema is docs/upload-event.schema.json)::
     }
 
 An upsert carries exactly one of ``content_base64`` and ``content_path``. Content by reference
-is read by the worker from a directory that producers and workers share; the path is relative
-to that root and may not leave it (no ``..``, no absolute path, no link out of it), and the
-file gets the same size and screening checks as inline content. A delete event names only the
-document (``tenant_id``, ``external_id``): its live version becomes a tombstone, as ``DELETE
+is read by the worker from a directory that producers and workers share: the path is relative
+to the tenant's own directory there (``<root>/<tenant_id>/``), so one tenant's event cannot
+name another's files; no absolute path, no ``.`` or ``..``, no link followed; the file gets the
+same size and screening checks as inline content. A delete event names only the document
+(``tenant_id``, ``external_id``): its live version becomes a tombstone, as ``DELETE
 /v1/documents/{id}`` does; deleting a document that does not exist (or no longer does) is a
-no-op, so a delete can be replayed.
+no-op. A delete carries no version: it removes whatever is live when it is applied, so a
+producer replaying events must replay them in order.
 
 One event per message goes to ``concord.ingest.accept_upload_event``; a list of them in one
 message to ``concord.ingest.accept_upload_events`` (what ``concord ingest`` and ``concord
@@ -33,17 +35,20 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import functools
 import itertools
+import os
 import stat
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 from shared.db import UnitOfWork
-from shared.documents.intake import check_upload
+from shared.db.repository import lock_keys
+from shared.documents.intake import check_upload, check_upload_fields
 from shared.documents.schemas import Upload
 from shared.documents.service import accept_uploads, add_event_dead_letter, delete_by_external_id
 from shared.errors import BadRequest, ConcordError, NotFound, PayloadTooLarge
@@ -122,6 +127,7 @@ def parse_event(event: dict[str, Any], settings: Settings) -> Upload | Deletion:
     if extra:
         raise BadRequest(f"a delete event names only the document; unexpected {extra}")
     validate_tenant_id(event["tenant_id"])
+    check_upload_fields(event["external_id"], "", {})  # the same rules as an upload's id
     return Deletion(event["tenant_id"], event["external_id"])
 
 
@@ -133,9 +139,15 @@ def _check_schema_and_ids(event: dict[str, Any]) -> None:
             raise BadRequest(f"upload event field {key!r} is required")
 
 
-def read_referenced_content(path: Any, settings: Settings) -> bytes:
-    """The bytes of ``path`` under the content root, refusing anything that is not a regular
-    file inside it (checked after resolving links) or that is larger than an upload may be."""
+def read_referenced_content(path: Any, tenant_id: str, settings: Settings) -> bytes:
+    """The bytes of ``path`` under the tenant's own directory of the content root
+    (``<root>/<tenant_id>/<path>``), refusing anything that is not a regular file reached
+    without following a link, or that is larger than an upload may be.
+
+    The path is walked one component at a time from an open directory, each opened with
+    O_NOFOLLOW, and the file is checked on its open descriptor: a component swapped for a link
+    after a check cannot lead the read out of the tenant's directory, and a FIFO put in place
+    of the file cannot block the worker (O_NONBLOCK, then refused as not a regular file)."""
     root_setting = settings.ingest_content_root
     if not root_setting:
         raise BadRequest(
@@ -145,14 +157,18 @@ def read_referenced_content(path: Any, settings: Settings) -> bytes:
     if not isinstance(path, str) or not path or "\x00" in path:
         raise BadRequest("content_path must be a non-empty string")
     relative = PurePosixPath(path)
-    if relative.is_absolute() or ".." in relative.parts:
-        raise BadRequest(f"content_path {path!r} must be relative to the content root")
-    root = Path(root_setting).resolve()
-    target = (root / relative).resolve()
-    if not target.is_relative_to(root):
-        raise BadRequest(f"content_path {path!r} leads out of the content root")
+    if relative.is_absolute() or any(part in ("..", ".") for part in relative.parts):
+        raise BadRequest(f"content_path {path!r} must be relative, without '.' or '..'")
+    directories = (tenant_id, *relative.parts[:-1])
+    opened: list[int] = []
     try:
-        status = target.stat()
+        opened.append(os.open(root_setting, os.O_RDONLY | os.O_DIRECTORY))
+        for part in directories:
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+            opened.append(os.open(part, flags, dir_fd=opened[-1]))
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+        opened.append(os.open(relative.parts[-1], flags, dir_fd=opened[-1]))
+        status = os.fstat(opened[-1])
         if not stat.S_ISREG(status.st_mode):
             raise BadRequest(f"content_path {path!r} is not a regular file")
         if status.st_size > settings.max_upload_bytes:
@@ -160,15 +176,33 @@ def read_referenced_content(path: Any, settings: Settings) -> bytes:
                 f"content_path {path!r} holds {status.st_size} bytes; the limit is "
                 f"{settings.max_upload_bytes}"
             )
-        with target.open("rb") as f:
-            raw = f.read(settings.max_upload_bytes + 1)
+        raw = _read_up_to(opened[-1], settings.max_upload_bytes + 1)
     except FileNotFoundError as e:
-        raise NotFound(f"content_path {path!r} does not exist under the content root") from e
+        raise NotFound(f"content_path {path!r} does not exist in the tenant's directory") from e
     except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+            raise BadRequest(
+                f"content_path {path!r} passes through a link or a non-directory: links are "
+                "not followed under the content root"
+            ) from e
         raise BadRequest(f"content_path {path!r} cannot be read: {e.strerror}") from e
-    if len(raw) > settings.max_upload_bytes:  # it grew after stat
+    finally:
+        for fd in reversed(opened):
+            os.close(fd)
+    if len(raw) > settings.max_upload_bytes:  # it grew after fstat
         raise PayloadTooLarge(f"content_path {path!r} is over {settings.max_upload_bytes} bytes")
     return raw
+
+
+def _read_up_to(fd: int, limit: int) -> bytes:
+    parts, size = [], 0
+    while size < limit:
+        piece = os.read(fd, min(1 << 20, limit - size))
+        if not piece:
+            break
+        parts.append(piece)
+        size += len(piece)
+    return b"".join(parts)
 
 
 def parse_upload_event(event: dict[str, Any], settings: Settings) -> Upload:
@@ -183,7 +217,7 @@ def parse_upload_event(event: dict[str, Any], settings: Settings) -> Upload:
         raise BadRequest("an upsert event carries exactly one of content_base64 and content_path")
     validate_tenant_id(event["tenant_id"])
     if reference:
-        raw = read_referenced_content(event["content_path"], settings)
+        raw = read_referenced_content(event["content_path"], event["tenant_id"], settings)
     else:
         # Empty content is accepted here: its job then fails at parsing with a reason to show.
         if not isinstance(event.get("content_base64"), str):
@@ -252,6 +286,11 @@ def accept_upload_events(uow: UnitOfWork, events: list[Any], settings: Settings)
                 raise
             add_event_dead_letter(uow.session, event, e)
             outcome.rejected += 1
+    # Every document's key first, in sorted order (as accept_uploads takes them; they are
+    # re-entrant): two messages touching the same documents wait for each other here,
+    # before either holds a row lock, and cannot deadlock.
+    if parsed:
+        lock_keys(uow.session, [f"external:{p.tenant_id}:{p.external_id}" for p in parsed])
     # In the message's order: consecutive uploads are accepted together, each delete between
     # them in its turn (an upload after a delete of the same document revives it).
     for is_deletion, run in itertools.groupby(parsed, key=lambda p: isinstance(p, Deletion)):

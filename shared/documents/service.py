@@ -225,7 +225,9 @@ def delete_document(uow: UnitOfWork, tenant_id: str, document_id: uuid.UUID) -> 
 def delete_by_external_id(uow: UnitOfWork, tenant_id: str, external_id: str) -> bool:
     """Delete the tenant's live document of that external id (a delete event); False when
     there is none, so that replaying a delete is a no-op."""
-    found = repo.documents_by_external_ids(uow.session, [(tenant_id, external_id)])
+    # The key an upload of the same document takes, then its row: serialized with uploads.
+    lock_key(uow.session, f"external:{tenant_id}:{external_id}")
+    found = repo.documents_by_external_ids(uow.session, [(tenant_id, external_id)], True)
     doc = found.get((tenant_id, external_id))
     if doc is None or doc.deleted:
         return False

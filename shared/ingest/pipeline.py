@@ -487,7 +487,11 @@ def _write_versions(uow: UnitOfWork, claims: list[Claim], docs: dict[uuid.UUID, 
             for c in claims
         ]
     )
-    removed = store.delete_superseded({c.document_id: c.version for c in claims})
+    # The counts remove a version's own chunks past its new count: a version chunked again
+    # (concord reembed after a chunking change) may have fewer chunks than before.
+    removed = store.delete_superseded(
+        {c.document_id: c.version for c in claims}, {c.document_id: len(c.pieces) for c in claims}
+    )
     entries = []
     for c in claims:
         live_ids = sorted(chunk_id(c.document_id, p.ordinal) for p in c.pieces)

@@ -14,10 +14,18 @@ from shared.search.schemas import Boost
 def boosted(
     fused: list[tuple[str, float]], values: Mapping[str, Any], boost: Boost, now: datetime
 ) -> list[tuple[str, float]]:
-    """``fused`` re-scored by (1 + weight x f(value)) and re-sorted (stable: ties keep the
-    fused order)."""
+    """``fused`` with weight x f(value) x the spread of the fused scores added to each score,
+    re-sorted (stable: ties keep the fused order). Added, not multiplied, so that it lifts
+    whatever the scores' sign and scale (a z-scored convex fusion has negative scores; a
+    min-max one a zero): at weight 1 a value with f = 1 is worth the whole spread between the
+    first and the last candidate."""
+    if not fused:
+        return fused
     factors = _factors(values, boost, now)
-    rescored = [(cid, score * (1.0 + boost.weight * factors.get(cid, 0.0))) for cid, score in fused]
+    scores = [score for _, score in fused]
+    spread = (max(scores) - min(scores)) or abs(scores[0]) or 1.0
+    lift = boost.weight * spread
+    rescored = [(cid, score + lift * factors.get(cid, 0.0)) for cid, score in fused]
     return sorted(rescored, key=lambda hit: -hit[1])
 
 

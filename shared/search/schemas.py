@@ -192,7 +192,8 @@ class Mmr(Strict):
 
 class Boost(Strict):
     """Lift results by a metadata value, after fusion, so that it applies the same way to a hit
-    of either arm: fused score x (1 + weight x f), f in [0, 1]. ``recency``: f halves every
+    of either arm: fused score + weight x f x (the spread of the fused scores), f in [0, 1].
+    ``recency``: f halves every
     ``half_life_days`` of the value's age (an ISO-8601 date; a future date counts as today);
     ``numeric``: f is the value min-max scaled over the candidates. A candidate without the
     value (or with one of another type) gets f = 0."""

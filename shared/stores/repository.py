@@ -103,21 +103,29 @@ def upsert_chunks(session: Session, versions: Sequence[VersionChunks]) -> None:
 
 
 def delete_superseded_chunks(
-    session: Session, versions: dict[uuid.UUID, int]
+    session: Session, versions: dict[uuid.UUID, int], counts: dict[uuid.UUID, int] | None = None
 ) -> dict[uuid.UUID, list[str]]:
     """Remove the chunks older than each document's given version (superseded by it, or
-    deleted by its tombstone), in one statement: document id -> the ids it removed."""
+    deleted by its tombstone) and, where ``counts`` gives how many chunks that version now
+    has, its own chunks past that count (a version chunked again into fewer chunks), in one
+    statement: document id -> the ids it removed."""
     if not versions:
         return {}
+    counts = counts or {}
     result = session.execute(
         text(
             "DELETE FROM chunks c "
-            "USING unnest(CAST(:documents AS uuid[]), CAST(:versions AS integer[])) "
-            "AS live(document_id, version) "
-            "WHERE c.document_id = live.document_id AND c.version < live.version "
+            "USING unnest(CAST(:documents AS uuid[]), CAST(:versions AS integer[]), "
+            "CAST(:counts AS integer[])) AS live(document_id, version, chunks) "
+            "WHERE c.document_id = live.document_id AND (c.version < live.version "
+            "OR (c.version = live.version AND c.ordinal >= live.chunks)) "
             "RETURNING c.document_id, c.id"
         ),
-        {"documents": list(versions), "versions": list(versions.values())},
+        {
+            "documents": list(versions),
+            "versions": list(versions.values()),
+            "counts": [counts.get(d) for d in versions],
+        },
     )
     removed: dict[uuid.UUID, list[str]] = {}
     for document_id, chunk_id in result:

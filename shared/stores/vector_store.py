@@ -43,7 +43,7 @@ class VectorStore(Protocol):
 
     def upsert(self, versions: Sequence[VersionChunks]) -> None: ...
     def delete_superseded(
-        self, live_versions: dict[uuid.UUID, int]
+        self, live_versions: dict[uuid.UUID, int], chunk_counts: dict[uuid.UUID, int] | None = None
     ) -> dict[uuid.UUID, list[str]]: ...
     def nearest(
         self, tenant_id: str, vector: list[float], size: int, filters: Filters | None = None
@@ -84,9 +84,12 @@ class PgVectorStore:
         never overwrites a newer one. At most one entry per document."""
         repo.upsert_chunks(self.session, versions)
 
-    def delete_superseded(self, live_versions: dict[uuid.UUID, int]) -> dict[uuid.UUID, list[str]]:
-        """Remove each document's chunks older than its live version: document id -> ids."""
-        return repo.delete_superseded_chunks(self.session, live_versions)
+    def delete_superseded(
+        self, live_versions: dict[uuid.UUID, int], chunk_counts: dict[uuid.UUID, int] | None = None
+    ) -> dict[uuid.UUID, list[str]]:
+        """Remove each document's chunks older than its live version (and, with
+        ``chunk_counts``, those of that version past its count): document id -> ids."""
+        return repo.delete_superseded_chunks(self.session, live_versions, chunk_counts)
 
     # -- search and hydration (one tenant)
 

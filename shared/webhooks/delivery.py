@@ -2,14 +2,21 @@
 twice at once and a sender that dies leaves them to come due again), POST each outside any
 transaction, then record the outcome: delivered on a 2xx answer, else retried after a
 jittered, doubling delay (``webhook_backoff_s`` up to ``webhook_backoff_max_s``) until
-``webhook_max_attempts``, then failed (kept in the delivery log with its last error)."""
+``webhook_max_attempts``, then failed (kept in the delivery log with its last error).
+
+One run sends for at most ``webhook_run_budget_s`` (the relay worker that runs it also drains
+the Elasticsearch outbox), and an endpoint that fails once is not tried again in the same run:
+a receiver that hangs costs one timeout per run, not one per pending delivery. Deliveries left
+over go back to the queue untouched. A run never outlives its lease (budget plus one request's
+worst case), and an outcome is recorded only on a delivery still pending."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -24,6 +31,7 @@ from shared.webhooks.signing import SIGNATURE_HEADER, sign
 
 log = logging.getLogger(__name__)
 BATCH = 50
+ANSWER_BYTES = 512  # of a receiver's answer kept for the log (never the whole body)
 
 
 @dataclass
@@ -31,33 +39,57 @@ class Sent:
     delivered: int = 0
     retrying: int = 0
     failed: int = 0
-    errors: list[str] = field(default_factory=list)
+    deferred: int = 0  # not tried: the run's budget was spent, or their endpoint failed
 
     def as_dict(self) -> dict[str, int]:
-        return {"delivered": self.delivered, "retrying": self.retrying, "failed": self.failed}
+        return vars(self).copy()
+
+
+def lease_for(settings: Settings) -> timedelta:
+    # The budget, then the one request that may have started just before it ran out
+    # (connect, write and read each up to the timeout), and a margin.
+    return timedelta(seconds=settings.webhook_run_budget_s + 3 * settings.webhook_timeout_s + 30)
 
 
 def deliver_due(
     transactions: Transactions, settings: Settings, client: httpx.Client | None = None
 ) -> Sent:
-    """Send every delivery that is due now, a batch at a time."""
+    """Send the deliveries that are due now, a batch at a time, within the run's budget."""
     sent = Sent()
-    lease = timedelta(seconds=settings.webhook_timeout_s * BATCH + 30)
-    with client or httpx.Client(timeout=settings.webhook_timeout_s, follow_redirects=False) as http:
-        while True:
+    deadline = time.monotonic() + settings.webhook_run_budget_s
+    failed_endpoints: set[uuid.UUID] = set()
+    http = client or httpx.Client(timeout=settings.webhook_timeout_s, follow_redirects=False)
+    try:
+        while time.monotonic() < deadline:
             with transactions() as uow:
-                claimed = repo.claim_due(uow.session, BATCH, lease)
+                claimed = repo.claim_due(uow.session, BATCH, lease_for(settings))
                 batch = [
-                    (d.id, d.event, d.payload, d.attempts, url, secret)
+                    (d.id, d.endpoint_id, d.event, d.payload, d.attempts, url, secret)
                     for d, url, secret in claimed
                 ]
             if not batch:
-                return sent
-            for delivery_id, event, payload, attempts, url, secret in batch:
+                break
+            deferred = []
+            for delivery_id, endpoint_id, event, payload, attempts, url, secret in batch:
+                if endpoint_id in failed_endpoints or time.monotonic() >= deadline:
+                    deferred.append(delivery_id)
+                    continue
                 status, error = _post(http, url, secret, delivery_id, event, payload)
+                if error is not None:
+                    failed_endpoints.add(endpoint_id)
                 _record(transactions, settings, delivery_id, attempts + 1, status, error, sent)
+            if deferred:
+                with transactions() as uow:
+                    repo.release(
+                        uow.session, deferred, timedelta(seconds=settings.webhook_backoff_s)
+                    )
+                sent.deferred += len(deferred)
             if len(batch) < BATCH:
-                return sent
+                break
+    finally:
+        if client is None:
+            http.close()
+    return sent
 
 
 def _post(
@@ -68,6 +100,8 @@ def _post(
     event: str,
     payload: dict[str, Any],
 ) -> tuple[int | None, str | None]:
+    """(HTTP status, error or None): any failure to send is an error to record, never an
+    exception, so one endpoint cannot stop the deliveries after it."""
     body = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
     headers = {
         "Content-Type": "application/json",
@@ -77,12 +111,18 @@ def _post(
         SIGNATURE_HEADER: sign(secret, body, int(time.time())),
     }
     try:
-        response = http.post(url, content=body, headers=headers)
-    except httpx.HTTPError as e:
+        with http.stream("POST", url, content=body, headers=headers) as response:
+            status = response.status_code
+            if 200 <= status < 300:
+                return status, None
+            answer = b""
+            for piece in response.iter_bytes():
+                answer += piece
+                if len(answer) >= ANSWER_BYTES:
+                    break
+    except Exception as e:  # a bad URL, a refused or reset connection, a timeout, ...
         return None, f"{type(e).__name__}: {e}"[:500]
-    if 200 <= response.status_code < 300:
-        return response.status_code, None
-    return response.status_code, f"HTTP {response.status_code}: {response.text[:200]}"
+    return status, f"HTTP {status}: {answer[:200].decode(errors='replace')}"
 
 
 def _record(
@@ -96,7 +136,7 @@ def _record(
 ) -> None:
     with transactions() as uow:
         delivery = repo.delivery(uow.session, delivery_id)
-        if delivery is None:  # its endpoint was deleted meanwhile
+        if delivery is None or delivery.state != "pending":  # deleted, or settled meanwhile
             return
         at = now(uow.session)
         delivery.attempts = attempts

@@ -108,3 +108,12 @@ def deliveries(session: Session, endpoint_id: uuid.UUID, limit: int) -> list[Web
             .limit(limit)
         )
     )
+
+
+def release(session: Session, delivery_ids: Sequence[int], delay: timedelta) -> None:
+    """Hand claimed deliveries back, due after ``delay``, without counting an attempt."""
+    session.execute(
+        update(WebhookDelivery)
+        .where(WebhookDelivery.id.in_(list(delivery_ids)), WebhookDelivery.state == "pending")
+        .values(next_attempt_at=func.now() + delay)
+    )

@@ -12,11 +12,12 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
 from sqlalchemy.orm import Session
 
 from shared.db import UnitOfWork
 from shared.db.repository import now
-from shared.errors import NotFound
+from shared.errors import BadRequest, NotFound
 from shared.models import IngestJob, TrainingJob, WebhookDelivery, WebhookEndpoint
 from shared.queue import publish_webhooks
 from shared.tenants import repository as tenants_repo
@@ -33,6 +34,7 @@ JOB_EVENTS = {
 def create_endpoint(
     session: Session, tenant_id: str, url: str, events: Sequence[str]
 ) -> CreatedEndpoint:
+    check_url(url)
     tenants_repo.ensure_tenant(session, tenant_id)
     endpoint = WebhookEndpoint(
         id=uuid.uuid4(),
@@ -44,6 +46,18 @@ def create_endpoint(
     )
     repo.add_endpoint(session, endpoint)
     return CreatedEndpoint(**endpoint_view(endpoint).model_dump(), secret=endpoint.secret)
+
+
+def check_url(url: str) -> None:
+    """A URL the sender can POST to (http or https, a host, a valid port), or a 400 that says
+    why not: the schema's pattern lets through what only the HTTP client can judge."""
+    try:
+        parsed = httpx.URL(url)
+        parsed.port  # noqa: B018 (parsing the port is the check)
+    except (httpx.InvalidURL, ValueError, UnicodeError) as e:
+        raise BadRequest(f"the webhook URL cannot be sent to: {e}") from e
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise BadRequest("the webhook URL must be http(s) with a host")
 
 
 def list_endpoints(session: Session, tenant_id: str) -> list[EndpointView]:

@@ -66,3 +66,10 @@ def test_sync_refuses_what_it_cannot_do_clearly(tmp_path: Path, tenant: str) -> 
     assert result.exit_code == 2 and "CONCORD_INGEST_CONTENT_ROOT" in " ".join(
         result.output.split()
     )
+
+
+def test_a_prefix_must_name_a_directory_of_external_ids(tmp_path: Path, tenant: str) -> None:
+    result = CliRunner().invoke(
+        app, ["sync", str(tmp_path), "--tenant", tenant, "--prefix", "team1", "--prune"]
+    )
+    assert result.exit_code == 2 and "must end with '/'" in " ".join(result.output.split())

@@ -48,8 +48,8 @@ CASES: list[tuple[dict[str, Any], bool]] = [
 @pytest.fixture
 def content_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "shared-content"
-    (root / "notes").mkdir(parents=True)
-    (root / "notes" / "tide.txt").write_bytes(b"Tides follow the moon.")
+    (root / "acme" / "notes").mkdir(parents=True)  # each tenant's files in its own directory
+    (root / "acme" / "notes" / "tide.txt").write_bytes(b"Tides follow the moon.")
     monkeypatch.setattr(get_settings(), "ingest_content_root", str(root))
     return root
 
@@ -67,15 +67,24 @@ def test_the_schema_file_and_the_code_agree(
         assert 400 <= refused.value.status_code < 500
 
 
-def test_a_reference_cannot_leave_the_shared_root(content_root: Path, tmp_path: Path) -> None:
+def test_a_reference_stays_in_its_tenants_directory(content_root: Path, tmp_path: Path) -> None:
+    own = content_root / "acme"
     secret = tmp_path / "secret.txt"
     secret.write_text("not for indexing")
-    os.symlink(secret, content_root / "link.txt")
-    (content_root / "big.txt").write_bytes(b"x" * (get_settings().max_upload_bytes + 1))
+    os.symlink(secret, own / "link.txt")
+    os.symlink(tmp_path, own / "linked-dir")
+    os.mkfifo(own / "pipe")
+    (own / "big.txt").write_bytes(b"x" * (get_settings().max_upload_bytes + 1))
+    (content_root / "other").mkdir()
+    (content_root / "other" / "theirs.txt").write_text("another tenant's file")
     refused = {
         "../secret.txt": (400, "relative"),
-        "notes/../../secret.txt": (400, "relative"),
-        "link.txt": (400, "out of the content root"),
+        "notes/../../other/theirs.txt": (400, "relative"),
+        "./notes/tide.txt": (400, "relative"),
+        "theirs.txt": (404, "does not exist"),  # another tenant's file is not in reach
+        "link.txt": (400, "link"),
+        "linked-dir/secret.txt": (400, "link"),
+        "pipe": (400, "not a regular file"),  # refused at once, never blocking the worker
         "notes": (400, "not a regular file"),
         "missing.txt": (404, "does not exist"),
         "big.txt": (413, "limit"),
@@ -102,7 +111,8 @@ def test_deletes_and_references_in_one_message_with_another_tenants_bad_events(
     with content): the poison is dead-lettered with its reason; this tenant loses nothing."""
     from workers.tasks import accept_upload_events
 
-    (content_root / "notes" / "reef.txt").write_bytes(b"Reefs shelter fish.")
+    (content_root / tenant / "notes").mkdir(parents=True)
+    (content_root / tenant / "notes" / "reef.txt").write_bytes(b"Reefs shelter fish.")
     other = f"{tenant}-other"
     first = [
         build_upload_event(tenant_id=tenant, external_id="tide.txt", raw=b"Tides follow the moon."),

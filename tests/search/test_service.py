@@ -531,19 +531,16 @@ def test_cursor_pages_follow_the_first_ranking_under_concurrent_writes(
     assert refused.status_code == 400 and "paginate" in refused.json()["error"]["message"]
 
 
-@pytest.mark.parametrize(
-    "boost",
-    [{"field": "published", "weight": 10}, {"field": "year", "kind": "numeric", "weight": 10}],
-)
-def test_a_metadata_boost_lifts_newer_documents_whichever_arm_found_them(
-    client, auth, corpus, boost
+def test_a_numeric_metadata_boost_lifts_larger_values_whichever_arm_found_them(
+    client, auth, corpus
 ):
     query = "forest animals with stripes"
+    boost = {"field": "year", "kind": "numeric", "weight": 10}
     plain = [r["external_id"] for r in search(client, auth, query)["results"]]
     assert plain[0] == "okapi"
-    newest_first = ["bees", "kettle", "pump", "okapi"]  # published 2023, 2022, 2021, 2019
-    # Dense only: the fused scores of neighbouring ranks differ by a few per cent, so the lift
-    # decides the order.
+    newest_first = ["bees", "kettle", "pump", "okapi"]  # year 2023, 2022, 2021, 2019
+    # Dense only: neighbouring ranks' fused scores differ by a few per cent of the spread
+    # the lift is scaled by, so the lift decides the order.
     dense = search(client, auth, query, mode="dense", boost=boost, explain=True)
     assert [r["external_id"] for r in dense["results"]] == newest_first
     assert "boost" in dense["timings_ms"]
@@ -552,7 +549,7 @@ def test_a_metadata_boost_lifts_newer_documents_whichever_arm_found_them(
         scores = [r["score"] for r in lifted["results"]]
         assert scores == sorted(scores, reverse=True)
         order = [r["external_id"] for r in lifted["results"]]
-        # Only newer documents move up past older ones, never the other way.
+        # Only larger values move up past smaller ones, never the other way.
         unboosted = [r["external_id"] for r in search(client, auth, query, mode=mode)["results"]]
         for i, a in enumerate(order):
             for b in order[i + 1 :]:
@@ -562,3 +559,18 @@ def test_a_metadata_boost_lifts_newer_documents_whichever_arm_found_them(
         "/v1/search", json={"query": query, "boost": {"field": "bad key!"}}, headers=auth
     )
     assert bad.status_code == 422
+
+
+def test_a_recency_boost_puts_recent_documents_first(client, auth, tenant, worker):
+    from datetime import UTC, datetime, timedelta
+
+    today = datetime.now(UTC)
+    for name, days in (("old", 800), ("recent", 1), ("middling", 400)):
+        published = (today - timedelta(days=days)).date().isoformat()
+        upload_text(client, auth, name, f"Lighthouse keeper log, entry {name}.",
+                    metadata={"published": published})  # fmt: skip
+    wait_converged(tenant)
+    boost = {"field": "published", "weight": 10, "half_life_days": 365}
+    for mode in ("dense", "hybrid"):
+        body = search(client, auth, "lighthouse keeper log", mode=mode, boost=boost)
+        assert [r["external_id"] for r in body["results"]] == ["recent", "middling", "old"]

@@ -8,6 +8,7 @@ import json
 import socket
 import threading
 import time
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -127,6 +128,51 @@ def test_endpoints_refuse_bad_urls_and_unknown_events(client: TestClient, tenant
         {"url": "http://127.0.0.1:9/hook", "events": []},
     ):
         assert client.post("/v1/admin/webhooks", json=body, headers=admin).status_code == 422
+    bad_port = {"url": "http://127.0.0.1:notaport/hook", "events": ["job.indexed"]}
+    refused = client.post("/v1/admin/webhooks", json=bad_port, headers=admin)
+    assert refused.status_code == 400 and "cannot be sent to" in refused.json()["error"]["message"]
     reader = key_headers(tenant, ["read"])
     body = {"url": "http://127.0.0.1:9/hook", "events": ["job.indexed"]}
     assert client.post("/v1/admin/webhooks", json=body, headers=reader).status_code == 403
+
+
+def test_a_dead_endpoint_of_one_tenant_costs_one_attempt_per_run_and_others_are_delivered(
+    client: TestClient, tenant: str, worker: Any
+) -> None:
+    """Tenant A's endpoint never answers and has many deliveries due; tenant B's is up. One
+    run (in this process, the worker paused so it does not race) tries A once, defers the
+    rest untouched, and delivers all of B's."""
+    from shared.db import unit_of_work
+    from shared.settings import get_settings
+    from shared.webhooks import service as webhooks
+    from shared.webhooks.delivery import deliver_due
+    from tests.helpers import paused
+
+    receiver = Receiver()
+    receiver.start()
+    other = f"{tenant}-b"
+    try:
+        dead = client.post(
+            "/v1/admin/webhooks",
+            json={"url": "http://127.0.0.1:9/hangs-up", "events": ["job.indexed"]},
+            headers=key_headers(tenant, ["admin"]),
+        ).json()["id"]
+        live = client.post(
+            "/v1/admin/webhooks",
+            json={"url": receiver.url, "events": ["job.indexed"]},
+            headers=key_headers(other, ["admin"]),
+        ).json()["id"]
+        with paused(worker):
+            with unit_of_work() as uow:
+                events = [(t, "job.indexed", {"n": i}) for i in range(5) for t in (tenant, other)]
+                webhooks.emit(uow, events)
+            sent = deliver_due(unit_of_work, get_settings())
+            with unit_of_work() as uow:  # read before the worker resumes and sends again
+                dead_log = webhooks.delivery_log(uow.session, tenant, uuid.UUID(dead), 50)
+                live_log = webhooks.delivery_log(uow.session, other, uuid.UUID(live), 50)
+    finally:
+        receiver.stop()
+    assert sorted(d.attempts for d in dead_log) == [0, 0, 0, 0, 1]
+    assert all(d.state == "pending" for d in dead_log)
+    assert all(d.state == "delivered" for d in live_log) and len(receiver.received) == 5
+    assert (sent.delivered, sent.retrying, sent.deferred) == (5, 1, 4)

@@ -38,15 +38,17 @@ function escapeHtml(text) {
   })[c]);
 }
 
-// Marks the words the server matched to the query's terms (its [start, end) offsets).
+// Marks the words the server matched to the query's terms: its [start, end) offsets count
+// code points, as Python does, so the text is sliced as an array of code points, not UTF-16.
 function highlight(text, spans) {
+  const points = Array.from(text);
   let html = "";
   let cursor = 0;
   for (const [start, end] of spans || []) {
-    html += escapeHtml(text.slice(cursor, start)) + `<mark>${escapeHtml(text.slice(start, end))}</mark>`;
+    html += escapeHtml(points.slice(cursor, start).join("")) + `<mark>${escapeHtml(points.slice(start, end).join(""))}</mark>`;
     cursor = end;
   }
-  return html + escapeHtml(text.slice(cursor));
+  return html + escapeHtml(points.slice(cursor).join(""));
 }
 
 function table(element, columns, rows, extra) {
