@@ -575,3 +575,26 @@ def test_chunk_context_is_what_gets_embedded_and_reembed_applies_it(
     assert back["cache_hits"] == 1  # the chunk alone was embedded before
     assert float(stored()[1] @ plain) > 0.9999
     wait_converged(tenant)
+
+
+def test_a_reembed_into_fewer_chunks_removes_the_extra_ones_from_both_stores(
+    client: TestClient, auth, tenant, worker, monkeypatch
+):
+    """The same version chunked again into fewer chunks (a bigger chunk budget here): the
+    chunks past the new count leave Postgres and Elasticsearch; none is served stale."""
+    from shared.jobs import service as job_service
+
+    text = " ".join(f"Sentence {i} says something about tides and the moon." for i in range(40))
+    up = upload_text(client, auth, "tides", text)
+    wait_job(client, auth, up["job_id"])
+    before = wait_converged(tenant)
+    assert len(before) > 2
+    monkeypatch.setattr(get_settings(), "chunk_max_tokens", 2000)
+    monkeypatch.setattr(get_settings(), "chunk_overlap_tokens", 0)
+    with paused(worker):  # this process runs the job, with the bigger budget
+        with unit_of_work() as uow:
+            (job_id,) = job_service.reprocess_tenant(uow, tenant, get_settings())
+        assert pipeline.process_job(unit_of_work, job_id).as_dict()["chunks"] == 1
+    after = wait_converged(tenant)
+    assert len(after) == 1 and set(after) < set(before)
+    assert set(es_chunks(tenant)) == set(after)
