@@ -501,7 +501,11 @@ def _write_versions(uow: UnitOfWork, claims: list[Claim], docs: dict[uuid.UUID, 
             outbox_repo.OutboxEntry(
                 c.tenant_id, c.document_id, OutboxOp.INDEX, c.version, live_ids
             ),
-            outbox_repo.OutboxEntry(c.tenant_id, c.document_id, OutboxOp.DELETE, c.version, gone),
+            # A purge (it removes copies up to this version, this one included): a chunk this
+            # version had before it was chunked again into fewer has a copy at this very
+            # version, which a delete (strictly newer only) would leave. No copy of a gone id
+            # is written at this version any more, and a later version's write wins over it.
+            outbox_repo.OutboxEntry(c.tenant_id, c.document_id, OutboxOp.PURGE, c.version, gone),
         ]
     outbox_repo.add_outbox_entries(uow.session, entries)
     uow.after_commit(publish_relay)  # debounced: one request per second at most
