@@ -97,12 +97,7 @@ def publish_training_job(job_id: uuid.UUID) -> None:
 def publish_relay() -> bool:
     """Ask for an outbox drain soon. One request a second is enough (a drain takes everything
     due), and beat drains periodically anyway, so a busy ingest does not flood the queue."""
-    try:
-        if not _redis().set(RELAY_PENDING_KEY, "1", nx=True, ex=1):
-            return True
-    except redis.RedisError:
-        return False  # the broker is the same Redis: publishing would fail too
-    return _send(RELAY_TASK, [], RELAY_QUEUE)
+    return _publish_debounced(RELAY_PENDING_KEY, RELAY_TASK)
 
 
 WEBHOOKS_PENDING_KEY = "concord:webhooks-pending"
@@ -111,12 +106,17 @@ WEBHOOKS_PENDING_KEY = "concord:webhooks-pending"
 def publish_webhooks() -> bool:
     """Ask for the due webhook deliveries to be sent soon (debounced as the relay is; beat
     sends them periodically anyway)."""
+    return _publish_debounced(WEBHOOKS_PENDING_KEY, WEBHOOKS_TASK)
+
+
+def _publish_debounced(pending_key: str, task: str) -> bool:
+    """``task`` on the relay queue, at most once a second (``pending_key`` marks one sent)."""
     try:
-        if not _redis().set(WEBHOOKS_PENDING_KEY, "1", nx=True, ex=1):
+        if not _redis().set(pending_key, "1", nx=True, ex=1):
             return True
     except redis.RedisError:
-        return False
-    return _send(WEBHOOKS_TASK, [], RELAY_QUEUE)
+        return False  # the broker is the same Redis: publishing would fail too
+    return _send(task, [], RELAY_QUEUE)
 
 
 def publish_upload_event(event: dict[str, Any]) -> None:

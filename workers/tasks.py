@@ -108,15 +108,8 @@ def accept_upload_events(self: Task, events: list[Any]) -> dict[str, int]:
 
 
 def _status(outcome: EventsOutcome) -> dict[str, Any]:
-    status = (
-        "accepted"
-        if outcome.accepted
-        else "deleted"
-        if outcome.deleted
-        else "unchanged"
-        if outcome.unchanged
-        else "rejected"
-    )
+    counts = outcome.counts()
+    status = next((s for s in ("accepted", "deleted", "unchanged") if counts[s]), "rejected")
     return {"status": status, "job_id": str(outcome.job_ids[0]) if outcome.job_ids else None}
 
 

@@ -121,11 +121,3 @@ def live_content_hashes(session: Session, tenant_id: str, prefix: str) -> dict[s
         )
     )
     return {external_id: digest for external_id, digest in rows}
-
-
-def titles(session: Session, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
-    """Document id -> its current title."""
-    if not ids:
-        return {}
-    rows = session.execute(select(Document.id, Document.title).where(any_of(Document.id, ids)))
-    return {document_id: title for document_id, title in rows}

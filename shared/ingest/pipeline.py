@@ -369,7 +369,12 @@ def embed_batch(
         titles = (
             {}
             if context == "none"
-            else documents_repo.titles(uow.session, [c.document_id for c in claims])
+            else {
+                doc_id: doc.title
+                for doc_id, doc in documents_repo.documents_by_ids(
+                    uow.session, [c.document_id for c in claims]
+                ).items()
+            }
         )
         encoded = {
             c.job_id: [

@@ -185,9 +185,16 @@ def search(
             "window of the first page: turn them off to paginate"
         )
     query = _Query(tenant_id, request, settings, transactions, judge)
+    return _measured(request, lambda timings: _search(query, timings, trained_reranker))
+
+
+def _measured(
+    request: SearchRequest, run: Callable[[StageTimes], SearchResponse]
+) -> SearchResponse:
+    """One search (a first page or a later one) under the search metrics."""
     timings = StageTimes(scale=1e3, digits=3)  # milliseconds
     with SEARCH_SECONDS.labels(request.mode).time():
-        response = _search(query, timings, trained_reranker)
+        response = run(timings)
     for stage, ms in timings.totals.items():
         SEARCH_STAGE_SECONDS.labels(stage).observe(ms / 1e3)
     for reason in response.degraded:
@@ -367,11 +374,9 @@ def search_next_page(
         with transactions() as uow:
             judge = _answerability_model(uow.session, tenant_id, request)
     query = _Query(tenant_id, request, settings, transactions, judge)
-    timings = StageTimes(scale=1e3, digits=3)
-    with SEARCH_SECONDS.labels(request.mode).time():
-        response = _respond(query, timings, retrieved, None, offset, cursor_id)
-    STALE_HITS_DROPPED.inc(response.dropped_stale)
-    return response
+    return _measured(
+        request, lambda timings: _respond(query, timings, retrieved, None, offset, cursor_id)
+    )
 
 
 def group_by_document(results: list[SearchResult]) -> list[DocumentGroup]:
