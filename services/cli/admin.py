@@ -118,7 +118,7 @@ def reembed(
         while time.monotonic() < deadline:
             with unit_of_work() as uow:
                 states = job_states(uow.session, job_ids)
-            done = sum(1 for s in states.values() if s in ("indexed", "failed", "dead_lettered"))
+            done = sum(1 for s in states.values() if s in job_service.FINISHED)
             bar.update(task, completed=done)
             if done == len(job_ids):
                 break
