@@ -117,27 +117,27 @@ class DocumentVersion(Base):
 
 
 class Chunk(Base):
+    """Partitioned by tenant (migration 0013): small tenants share the DEFAULT partition
+    ``chunks_shared`` (no HNSW index: their dense search is an exact scan of their rows); a
+    large one has a partition, and an HNSW graph, of its own (shared/stores/partitions.py)."""
+
     __tablename__ = "chunks"
     __table_args__ = (
         Index("ix_chunks_tenant_document", "tenant_id", "document_id"),
         Index("ix_chunks_tenant_bucket", "tenant_id", "bucket"),
-        Index(
-            "ix_chunks_embedding_hnsw",
-            "embedding",
-            postgresql_using="hnsw",
-            postgresql_ops={"embedding": "vector_cosine_ops"},
-        ),
         Index(
             "ix_chunks_metadata_gin",
             "metadata",
             postgresql_using="gin",
             postgresql_ops={"metadata": "jsonb_path_ops"},
         ),
+        {"postgresql_partition_by": "LIST (tenant_id)"},
     )
 
     # Deterministic: "<document id>:<ordinal>", so replays overwrite instead of duplicating.
+    # The key is (id, tenant_id) because a partitioned table's keys hold the partition key.
     id: Mapped[str] = mapped_column(Text, primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(String(64), nullable=False)
+    tenant_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     document_id: Mapped[uuid.UUID] = mapped_column(
         ForeignKey("documents.id", ondelete="CASCADE"), nullable=False
     )

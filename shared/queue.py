@@ -33,6 +33,7 @@ RELAY_TASK = "concord.relay.drain_outbox"
 WEBHOOKS_TASK = "concord.relay.deliver_webhooks"
 SWEEP_TASK = "concord.maintenance.sweep_expired_jobs"
 RECONCILE_TASK = "concord.maintenance.reconcile"
+PLACE_PARTITIONS_TASK = "concord.maintenance.place_tenant_partitions"
 TRAIN_RERANKER_TASK = "concord.training.train_reranker"
 
 

@@ -17,6 +17,7 @@ from shared.logs import configure_json_logging
 from shared.queue import (
     INGEST_QUEUE,
     MAINTENANCE_QUEUE,
+    PLACE_PARTITIONS_TASK,
     RECONCILE_TASK,
     RELAY_QUEUE,
     RELAY_TASK,
@@ -67,6 +68,15 @@ def create_celery_app() -> Celery:
                 "options": {
                     "queue": MAINTENANCE_QUEUE,
                     "expires": settings.reconcile_interval_seconds or None,
+                },
+            },
+            "place-tenant-partitions": {
+                "task": PLACE_PARTITIONS_TASK,
+                "schedule": settings.partition_interval_seconds,
+                # Not the maintenance queue: a graph build would hold up its sweeps.
+                "options": {
+                    "queue": TRAINING_QUEUE,
+                    "expires": settings.partition_interval_seconds,
                 },
             },
             "drain-outbox": {

@@ -24,6 +24,7 @@ from shared.queue import (
     ACCEPT_EVENTS_TASK,
     INGEST_QUEUE,
     MAINTENANCE_QUEUE,
+    PLACE_PARTITIONS_TASK,
     PROCESS_JOB_TASK,
     PROCESS_JOBS_TASK,
     RECONCILE_TASK,
@@ -37,6 +38,7 @@ from shared.queue import (
 from shared.reconcile.service import reconcile
 from shared.retry import is_retriable
 from shared.settings import get_settings
+from shared.stores import partitions
 from shared.webhooks import delivery as webhook_delivery
 from workers.base import concord_task, retry_if_retriable
 
@@ -140,6 +142,12 @@ def deliver_webhooks(self: Task) -> dict[str, Any]:
 def reconcile_all(self: Task) -> dict[str, Any]:
     """Periodic: compare every tenant and queue repairs (the relay applies them)."""
     return reconcile(unit_of_work, repair=True).as_dict()
+
+
+@concord_task(PLACE_PARTITIONS_TASK, TRAINING_QUEUE, max_retries=0, long_running=True)
+def place_tenant_partitions(self: Task) -> dict[str, Any]:
+    """Periodic: a partition and HNSW graph of its own for each tenant past the threshold."""
+    return partitions.place_tenants(unit_of_work).as_dict()
 
 
 @concord_task(SWEEP_TASK, MAINTENANCE_QUEUE, max_retries=0)

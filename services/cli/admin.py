@@ -11,6 +11,9 @@ from rich.table import Table
 
 console = Console()
 dlq_app = typer.Typer(help="List, show, replay or discard dead letters.", no_args_is_help=True)
+partitions_app = typer.Typer(
+    help="Where tenants' chunks live in Postgres: the shared partition or one of their own."
+)
 
 
 def reconcile(
@@ -127,6 +130,42 @@ def reembed(
     console.print(f"reembedded {len(job_ids) - failed} of {len(job_ids)}")
     if failed:
         raise typer.Exit(1)
+
+
+@partitions_app.callback(invoke_without_command=True)
+def partitions_list(ctx: typer.Context) -> None:
+    """List the partitions of the chunks table, their chunks and whether they have a graph."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from shared.db import unit_of_work
+    from shared.stores import partitions
+
+    table = Table("tenant", "partition", "chunks", "graph")
+    for view in partitions.describe(unit_of_work):
+        table.add_row(view.tenant_id or "(shared)", view.partition, str(view.chunks), view.graph)
+    console.print(table)
+
+
+@partitions_app.command("place")
+def partitions_place(
+    tenant: str | None = typer.Option(
+        None, help="Move this tenant whatever its size (default: every tenant past the threshold)."
+    ),
+) -> None:
+    """Give tenants past CONCORD_TENANT_PARTITION_MIN_CHUNKS a partition and HNSW graph of
+    their own now (the beat does it every CONCORD_PARTITION_INTERVAL_SECONDS)."""
+    from shared.db import unit_of_work
+    from shared.stores import partitions
+
+    placement = partitions.place_tenants(unit_of_work, tenant_id=tenant, progress=console.print)
+    if placement.skipped:
+        console.print("another placement run is under way; try again when it ends")
+        raise typer.Exit(1)
+    if placement.busy:
+        console.print(f"writes kept these tenants from moving, try again: {placement.busy}")
+        raise typer.Exit(1)
+    if not placement.moved and not placement.graphs_built:
+        console.print("nothing to place")
 
 
 def jobs(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Sequence
 from typing import Any, cast
@@ -79,7 +80,7 @@ def upsert_chunks(session: Session, versions: Sequence[VersionChunks]) -> None:
     # SQLAlchemy sends as multi-row VALUES batches.
     session.connection().execute(
         statement.on_conflict_do_update(
-            index_elements=[chunks.c.id],
+            index_elements=[chunks.c.id, chunks.c.tenant_id],
             set_={
                 "version": excluded.version,
                 "ordinal": excluded.ordinal,
@@ -351,3 +352,142 @@ def chunks_after(session: Session, last_id: str, limit: int) -> list[tuple[Chunk
         .limit(limit)
     )
     return [(chunk, doc) for chunk, doc in rows]
+
+
+# ------------------------------------------------------------------ partitions
+
+SHARED_PARTITION = "chunks_shared"
+_PARTITION_BOUND = re.compile(r"^FOR VALUES IN \('((?:[^']|'')*)'\)$")
+
+
+def _literal(value: str) -> str:
+    """A SQL string literal for DDL, which takes no bind parameters (tenant ids are
+    [a-z0-9_-] already; the doubling makes any text safe)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def own_partitions(session: Session) -> dict[str, tuple[str, bool]]:
+    """tenant -> (its partition, whether that partition has a valid HNSW index), for every
+    tenant with a partition of its own (the DEFAULT partition is nobody's own)."""
+    rows = session.execute(
+        text(
+            "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), EXISTS ("
+            "  SELECT 1 FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid"
+            "  JOIN pg_am am ON am.oid = ic.relam"
+            "  WHERE i.indrelid = c.oid AND am.amname = 'hnsw' AND i.indisvalid)"
+            " FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid"
+            " WHERE h.inhparent = 'chunks'::regclass"
+        )
+    ).all()
+    found = {}
+    for name, bound, has_graph in rows:
+        match = _PARTITION_BOUND.match(bound or "")
+        if match:
+            found[match.group(1).replace("''", "'")] = (name, bool(has_graph))
+    return found
+
+
+def has_own_partition(session: Session, partition: str) -> bool:
+    return bool(session.scalar(text("SELECT to_regclass(:name) IS NOT NULL"), {"name": partition}))
+
+
+def shared_partition_sizes(session: Session, at_least: int) -> list[tuple[str, int]]:
+    """(tenant, chunks) of the tenants in the shared partition with at least ``at_least``
+    chunks, largest first."""
+    rows = session.execute(
+        text(
+            f"SELECT tenant_id, count(*) FROM {SHARED_PARTITION} GROUP BY tenant_id"
+            " HAVING count(*) >= :n ORDER BY count(*) DESC"
+        ),
+        {"n": at_least},
+    ).all()
+    return [(tenant, int(n)) for tenant, n in rows]
+
+
+def move_to_own_partition(
+    session: Session, tenant_id: str, partition: str, lock_timeout_ms: int
+) -> int:
+    """Move the tenant's rows out of the shared partition into a new partition of its own, in
+    the caller's transaction; returns how many rows moved.
+
+    Locks, in the order writers take them (documents, then chunks), so the move waits for
+    writes in flight and holds new ones until it commits, and never deadlocks a writer: with
+    ``lock_timeout`` below deadlock_timeout, it is always the move that gives up (the caller
+    tries again later). Readers go on until the ATTACH, which holds the shared partition
+    exclusively while it checks that none of the tenant's rows remain there."""
+    session.execute(
+        text("SELECT set_config('lock_timeout', :ms, true)"), {"ms": f"{int(lock_timeout_ms)}ms"}
+    )
+    # SHARE ROW EXCLUSIVE: the new partition's foreign key needs it at ATTACH.
+    session.execute(text("LOCK TABLE documents IN SHARE ROW EXCLUSIVE MODE"))
+    session.execute(text(f"LOCK TABLE {SHARED_PARTITION} IN EXCLUSIVE MODE"))
+    tenant = _literal(tenant_id)
+    session.execute(text(f"CREATE TABLE {partition} (LIKE chunks INCLUDING DEFAULTS)"))
+    # The partition's bound as a constraint first: ATTACH then skips scanning the new rows.
+    session.execute(
+        text(
+            f"ALTER TABLE {partition} ADD CONSTRAINT {partition}_tenant"
+            f" CHECK (tenant_id = {tenant})"
+        )
+    )
+    result = session.execute(
+        text(
+            f"WITH moved AS (DELETE FROM {SHARED_PARTITION} WHERE tenant_id = :tenant RETURNING *)"
+            f" INSERT INTO {partition} SELECT * FROM moved"
+        ),
+        {"tenant": tenant_id},
+    )
+    moved = getattr(result, "rowcount", 0)
+    session.execute(
+        text(f"ALTER TABLE chunks ATTACH PARTITION {partition} FOR VALUES IN ({tenant})")
+    )
+    return int(moved or 0)
+
+
+# pg_try_advisory_lock's key for placement runs (any fixed bigint: "concpart" in ASCII).
+_PLACEMENT_LOCK = 0x636F6E6370617274
+
+
+def try_placement_lock(session: Session) -> bool:
+    """Puts the session's connection in autocommit (it must be the session's first use) and
+    takes the placement lock on it; False if another run holds it. The lock lasts until
+    ``placement_unlock`` or the connection's end, whichever comes first."""
+    connection = session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+    return bool(
+        connection.scalar(
+            text("SELECT pg_try_advisory_lock(CAST(:key AS bigint))"), {"key": _PLACEMENT_LOCK}
+        )
+    )
+
+
+def placement_unlock(session: Session) -> None:
+    session.connection().execute(
+        text("SELECT pg_advisory_unlock(CAST(:key AS bigint))"), {"key": _PLACEMENT_LOCK}
+    )
+
+
+def build_hnsw_graph(session: Session, partition: str) -> None:
+    """The partition's HNSW index, built CONCURRENTLY (reads and writes go on meanwhile; the
+    tenant's search is an exact scan until it is valid). An invalid one an interrupted build
+    left is dropped first. The session's connection must be in autocommit (the placement
+    lock's): these statements cannot run in a transaction."""
+    connection = session.connection()
+    index = f"{partition}_embedding_hnsw"
+    invalid = connection.scalar(
+        text("SELECT NOT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(:index)"),
+        {"index": index},
+    )
+    if invalid:
+        connection.execute(text(f"DROP INDEX CONCURRENTLY IF EXISTS {index}"))
+    connection.execute(
+        text(
+            f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON {partition}"
+            " USING hnsw (embedding vector_cosine_ops)"
+        )
+    )
+
+
+def rows_per_partition(session: Session) -> dict[str, int]:
+    """partition name -> chunks it holds (a scan of every chunk: for operators, not paths)."""
+    rows = session.execute(text("SELECT tableoid::regclass::text, count(*) FROM chunks GROUP BY 1"))
+    return {name: int(n) for name, n in rows}

@@ -4,8 +4,9 @@ it:
 * writes, in the caller's transaction (so the dense index commits with the truth): versioned
   upserts, where an older version never replaces a newer one, and removal of the chunks a
   newer version or a tombstone superseded;
-* dense search within one tenant, exact for small tenants and HNSW with the iterative scan
-  otherwise, with the request's filters inside the scan;
+* dense search within one tenant: an exact scan for a tenant in the shared partition, a walk
+  of its own HNSW graph (iterative scan) for one with a partition of its own
+  (shared/stores/partitions.py), with the request's filters inside the scan;
 * hydration: the live chunks among a list of ids, with provenance and their cosine to the
   query, and embeddings for the few that need them;
 * reads for reconciliation and reindex: tenants, per-bucket sums, fingerprints, pages of
@@ -31,11 +32,13 @@ from shared.search.filters import sql_conditions
 from shared.search.schemas import Filters
 from shared.settings import Settings, get_settings
 from shared.stores import repository as repo
+from shared.stores.partitions import partition_name
 from shared.stores.schemas import BucketStats, Fingerprints, VersionChunks
 
-# tenant -> (checked at, chunks): the exact-or-HNSW choice needs only a rough size.
-_tenant_sizes: dict[str, tuple[float, int]] = {}
-TENANT_SIZE_TTL_S = 30.0
+# tenant -> (checked at, has a partition of its own). Only speed depends on it: a search of
+# either kind finds the tenant's rows wherever they are.
+_own_partition: dict[str, tuple[float, bool]] = {}
+PARTITION_CHECK_TTL_S = 30.0
 
 
 class VectorStore(Protocol):
@@ -97,9 +100,10 @@ class PgVectorStore:
         self, tenant_id: str, vector: list[float], size: int, filters: Filters | None = None
     ) -> list[tuple[str, float]]:
         """(chunk id, cosine similarity), best first, among the tenant's chunks that pass
-        ``filters``. A tenant of at most ``dense_exact_max_chunks`` chunks is scanned exactly
-        (faster than the HNSW graph all tenants share); a larger one walks HNSW."""
-        exact = self._tenant_size(tenant_id) <= self.settings.dense_exact_max_chunks
+        ``filters``. A tenant in the shared partition is scanned exactly (it is small: there
+        is no graph there, and at its size a scan is faster); one with a partition of its own
+        walks that partition's HNSW graph (an exact scan while the graph is being built)."""
+        exact = not self._has_own_partition(tenant_id)
         rows = repo.nearest_chunks(
             self.session,
             tenant_id,
@@ -152,13 +156,13 @@ class PgVectorStore:
     def count_of_document(self, document_id: uuid.UUID) -> int:
         return repo.count_chunks(self.session, Chunk.document_id == document_id)
 
-    def _tenant_size(self, tenant_id: str) -> int:
-        """The tenant's chunk count, counted again at most every 30 s per process."""
-        checked_at, size = _tenant_sizes.get(tenant_id, (0.0, 0))
-        if time.monotonic() - checked_at > TENANT_SIZE_TTL_S:
-            size = self.count_of_tenant(tenant_id)
-            _tenant_sizes[tenant_id] = (time.monotonic(), size)
-        return size
+    def _has_own_partition(self, tenant_id: str) -> bool:
+        """Looked up again at most every 30 s per process."""
+        checked_at, own = _own_partition.get(tenant_id, (0.0, False))
+        if time.monotonic() - checked_at > PARTITION_CHECK_TTL_S:
+            own = repo.has_own_partition(self.session, partition_name(tenant_id))
+            _own_partition[tenant_id] = (time.monotonic(), own)
+        return own
 
     # -- reconciliation
 

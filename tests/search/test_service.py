@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -75,14 +76,20 @@ def test_rare_code_via_bm25_paraphrase_via_dense_and_trace(client, auth, corpus)
 
 
 @pytest.fixture(params=["exact", "hnsw"])
-def dense_method(request, monkeypatch) -> str:
-    """Run a test with the small-tenant exact scan and with the shared HNSW graph."""
-    from shared.stores import vector_store
+def dense_method(request, monkeypatch, tenant, corpus) -> str:
+    """Run a test with the shared partition's exact scan and, once the tenant has moved to a
+    partition of its own, with its own HNSW graph."""
+    from shared.db import unit_of_work
+    from shared.stores import partitions, vector_store
 
-    monkeypatch.setattr(
-        get_settings(), "dense_exact_max_chunks", 10**9 if request.param == "exact" else 0
-    )
-    monkeypatch.setattr(vector_store, "_tenant_sizes", {})
+    monkeypatch.setattr(vector_store, "_own_partition", {})
+    if request.param == "hnsw":
+        for _ in range(50):  # again while the suite's beat has a placement run under way
+            placement = partitions.place_tenants(unit_of_work, tenant_id=tenant)
+            if not placement.skipped:
+                break
+            time.sleep(0.2)
+        assert tenant in placement.graphs_built
     return str(request.param)
 
 

@@ -21,6 +21,7 @@ tenants, so they are the store's own behaviour and nothing else's.
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,7 +37,8 @@ from shared.documents import repository as documents_repo
 from shared.models import Chunk, Document
 from shared.reconcile.buckets import bucket_of, fingerprint
 from shared.search.schemas import Filters
-from shared.settings import get_settings
+from shared.stores import partitions, vector_store
+from shared.stores import repository as stores_repo
 from shared.stores.chunk_index import ElasticsearchChunkIndex
 from shared.stores.schemas import BucketStats, ChunkRow, Fingerprints, VersionChunks, chunk_id
 from shared.stores.vector_store import PgVectorStore
@@ -317,13 +319,28 @@ class TestPgVectorStore(ChunkStoreContract):
         assert elsewhere == {}  # another tenant's id hydrates to nothing
 
     def test_the_hnsw_walk_keeps_the_contract_for_large_tenants(
-        self, store: PgVectorHarness, monkeypatch: pytest.MonkeyPatch
+        self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """A tenant above ``dense_exact_max_chunks`` is searched through the HNSW graph all
-        tenants share, with the iterative scan: the same tenant filter and metadata filters."""
-        monkeypatch.setattr(get_settings(), "dense_exact_max_chunks", 0)
+        """A tenant in a partition of its own is searched through its own HNSW graph, with
+        the iterative scan: the same tenant filter and metadata filters."""
+        monkeypatch.setattr(vector_store, "_own_partition", {})
+        store = PartitionedPgVectorHarness()
         self.test_search_stays_within_the_tenant_and_ranks_its_source_first(store)
         self.test_a_metadata_filter_means_the_same_in_every_store(store)
+
+
+class PartitionedPgVectorHarness(PgVectorHarness):
+    """Every tenant it writes moves to a partition, and HNSW graph, of its own."""
+
+    def write(self, records: list[Record]) -> None:
+        super().write(records)
+        for tenant in sorted({r.tenant_id for r in records}):
+            for _ in range(50):  # again while the suite's beat has a placement run under way
+                if not partitions.place_tenants(unit_of_work, tenant_id=tenant).skipped:
+                    break
+                time.sleep(0.2)
+            with unit_of_work() as uow:
+                assert stores_repo.own_partitions(uow.session)[tenant][1]  # a valid graph
 
 
 # ------------------------------------------------------------------ Elasticsearch

@@ -14,12 +14,26 @@ def test_models_and_migrations_do_not_drift():
     command.check(alembic_config(get_settings()))  # raises when autogenerate finds a diff
 
 
-def test_pgvector_hnsw_index_exists():
+def test_chunks_are_partitioned_by_tenant_and_the_shared_partition_has_no_graph():
+    """Small tenants share the DEFAULT partition and are scanned exactly; the HNSW graphs
+    are per tenant partition (tests/stores/test_partitions.py)."""
     with get_engine().connect() as conn:
-        indexdef = conn.execute(
-            text("SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_chunks_embedding_hnsw'")
+        strategy = conn.execute(
+            text("SELECT partstrat FROM pg_partitioned_table WHERE partrelid = 'chunks'::regclass")
         ).scalar_one()
-    assert "hnsw" in indexdef and "vector_cosine_ops" in indexdef
+        default = conn.execute(
+            text(
+                "SELECT c.relname FROM pg_partitioned_table p JOIN pg_class c"
+                " ON c.oid = p.partdefid WHERE p.partrelid = 'chunks'::regclass"
+            )
+        ).scalar_one()
+        graphs = conn.execute(
+            text(
+                "SELECT count(*) FROM pg_indexes WHERE tablename = 'chunks_shared'"
+                " AND indexdef LIKE '%hnsw%'"
+            )
+        ).scalar_one()
+    assert (strategy, default, graphs) == ("l", "chunks_shared", 0)
 
 
 def test_the_index_refreshes_on_elasticsearch_defaults_so_idle_shards_skip_refreshes() -> None:
