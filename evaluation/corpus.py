@@ -22,6 +22,7 @@ from shared.models import Chunk
 from shared.outbox.repository import outbox_backlog
 from shared.queue import publish_upload_events
 from shared.stores.chunk_index import ElasticsearchChunkIndex
+from shared.stores.partitions import place_tenants
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 FINAL_STATES = {"indexed", "failed", "dead_lettered"}
@@ -34,6 +35,7 @@ class SyncResult:
     deleted: int = 0
     indexed: int = 0
     failed: dict[str, str] | None = None  # external id -> job state, for the ones not indexed
+    placement: dict[str, Any] | None = None  # what the partition placement run did afterwards
 
 
 def upload_of(tenant_id: str, record: dict[str, Any]) -> Upload:
@@ -85,6 +87,9 @@ def sync_corpus(
         e: states.get(e, "never accepted") for e in wanted if states.get(e) != "indexed"
     }
     wait_elasticsearch(tenant_id, timeout_s)
+    # What the beat does within CONCORD_PARTITION_INTERVAL_SECONDS (a large tenant gets its own
+    # partition and graph): queries are measured where production serves them, not before.
+    result.placement = place_tenants(unit_of_work, wait_s=timeout_s).as_dict()
     return result
 
 

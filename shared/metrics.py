@@ -34,6 +34,12 @@ API_REQUEST_SECONDS = Histogram(
 DEGRADED_QUERIES = Counter(
     "concord_degraded_queries_total", "Queries answered without one of the stores", ["reason"]
 )
+SEARCH_READS = Counter(
+    "concord_search_reads_total",
+    "Where searches read Postgres: replica, primary, or primary_fallback (the replica was "
+    "behind by more than CONCORD_PG_READ_MAX_WAIT_MS, or unreachable)",
+    ["source"],
+)
 STALE_HITS_DROPPED = Counter(
     "concord_stale_hits_dropped_total",
     "Search hits dropped because Postgres does not hold them live (queued for repair)",

@@ -31,6 +31,15 @@ class Settings(BaseSettings):
     # less than one 100k-chunk tenant's rows and HNSW graph, so searches read pages through
     # the kernel on every query.
     pg_shared_buffers: str = "1GB"
+    # Reads of the query path (dense search, hydration) from a streaming replica: its URL
+    # (postgresql://user:password@host:port/db), or, for the local stack's own replica
+    # (`concord stack up --pg-replica`), its port. Empty and 0: every read from the primary.
+    pg_read_url: str = ""
+    pg_replica_port: int = 0
+    # A search reads the replica only once it has replayed every transaction committed before
+    # the search began (so nothing it serves is older than a primary read would be); it waits
+    # for that up to this long, then reads the primary instead.
+    pg_read_max_wait_ms: float = 50.0
 
     # Redis (Celery broker)
     redis_host: str = "127.0.0.1"
@@ -220,6 +229,17 @@ class Settings(BaseSettings):
             f"postgresql+psycopg://{self.pg_user}:{self.pg_password}"
             f"@{self.pg_host}:{self.pg_port}/{self.pg_database}"
         )
+
+    def read_dsn(self) -> str | None:
+        """The replica's URL for the query path's reads, or None (the primary serves them)."""
+        if self.pg_read_url:
+            return self.pg_read_url.replace("postgresql://", "postgresql+psycopg://", 1)
+        if self.pg_replica_port:
+            return (
+                f"postgresql+psycopg://{self.pg_user}:{self.pg_password}"
+                f"@{self.pg_host}:{self.pg_replica_port}/{self.pg_database}"
+            )
+        return None
 
     def redis_url(self) -> str:
         return f"redis://{self.redis_host}:{self.redis_port}/{self.redis_db}"

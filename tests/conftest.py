@@ -91,8 +91,11 @@ def fresh_stores() -> None:
 class CeleryProcess:
     """A real Celery worker (or beat) in its own process group, killable by the tests."""
 
-    def __init__(self, kind: str, log_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, kind: str, log_dir: Path, env: dict[str, str] | None = None, node: str | None = None
+    ) -> None:
         self.kind = kind
+        self.node = node or f"test-{uuid.uuid4().hex[:6]}@%h"  # a worker's Celery node name
         self.log = log_dir / f"{kind}.log"
         self.env = {**os.environ, **(env or {})}  # e.g. a shorter visibility timeout
         self.proc: subprocess.Popen[bytes] | None = None
@@ -100,9 +103,7 @@ class CeleryProcess:
     def argv(self) -> list[str]:
         base = [sys.executable, "-m", "celery", "-A", "workers.celery_app:celery_app"]
         if self.kind == "worker":  # one process takes every queue
-            return celery_worker_command(
-                INGEST_QUEUES + RELAY_QUEUES, 1, f"test-{uuid.uuid4().hex[:6]}@%h"
-            )
+            return celery_worker_command(INGEST_QUEUES + RELAY_QUEUES, 1, self.node)
         return [*base, "beat", "--loglevel=INFO", "-s", str(self.log.parent / "beat-schedule")]
 
     def start(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import typer
@@ -23,9 +24,20 @@ def up(
     infra_only: bool = typer.Option(
         False, "--infra-only", help="Start Postgres, Redis and Elasticsearch only."
     ),
+    pg_replica: bool = typer.Option(
+        False,
+        "--pg-replica",
+        help="Also start a streaming replica of Postgres (CONCORD_PG_REPLICA_PORT, default the "
+        "primary's port + 1) and have the API read the query path from it.",
+    ),
 ) -> None:
     """Start every service (idempotent), migrate the schema and set up the ES index."""
     settings = get_settings()
+    if pg_replica and not settings.pg_replica_port:
+        # The app processes the supervisor starts inherit it: the API then reads the replica.
+        os.environ["CONCORD_PG_REPLICA_PORT"] = str(settings.pg_port + 1)
+        get_settings.cache_clear()
+        settings = get_settings()
     try:
         stack.prepare_state_dir(settings)
         for svc in stack.services(settings, with_app=False):

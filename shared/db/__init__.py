@@ -36,6 +36,27 @@ def _session_factory() -> sessionmaker[Session]:
     return sessionmaker(bind=get_engine(), expire_on_commit=False)
 
 
+@lru_cache
+def get_read_engine() -> Engine | None:
+    """The streaming replica the query path reads from (``Settings.read_dsn``), or None."""
+    dsn = get_settings().read_dsn()
+    if dsn is None:
+        return None
+    return create_engine(
+        dsn, pool_pre_ping=True, pool_size=5, max_overflow=10, connect_args={"connect_timeout": 2}
+    )
+
+
+@lru_cache
+def _read_session_factory() -> sessionmaker[Session] | None:
+    engine = get_read_engine()
+    return None if engine is None else sessionmaker(bind=engine, expire_on_commit=False)
+
+
+def replica_configured() -> bool:
+    return get_read_engine() is not None
+
+
 class UnitOfWork:
     """A session plus work to run only once its transaction has committed (enqueueing tasks:
     a worker must never see pre-commit state) and dropped on rollback."""
@@ -70,6 +91,21 @@ def unit_of_work() -> Iterator[UnitOfWork]:
     uow.run_after_commit()
 
 
+@contextmanager
+def read_unit_of_work() -> Iterator[UnitOfWork]:
+    """One read-only transaction on the replica (see shared/db/replica.py for when a search
+    may use it); nothing is committed there, a replica takes no writes."""
+    factory = _read_session_factory()
+    if factory is None:
+        raise RuntimeError("no read replica is configured (CONCORD_PG_READ_URL)")
+    session = factory()
+    try:
+        yield UnitOfWork(session)
+        session.rollback()
+    finally:
+        session.close()
+
+
 # What a boundary hands a service whose work spans several transactions: ``unit_of_work``.
 Transactions = Callable[[], AbstractContextManager[UnitOfWork]]
 
@@ -78,6 +114,8 @@ def dispose_engine_after_fork() -> None:
     """Drop pooled connections inherited across fork (they belong to the parent)."""
     if get_engine.cache_info().currsize:
         get_engine().dispose(close=False)
+    if get_read_engine.cache_info().currsize and (engine := get_read_engine()) is not None:
+        engine.dispose(close=False)
 
 
 def any_of(column: QueryableAttribute[Any], values: Iterable[Any]) -> ColumnElement[bool]:

@@ -21,6 +21,22 @@ def now(session: Session) -> datetime:
     return session.execute(select(func.now())).scalar_one()
 
 
+def wal_lsn(session: Session) -> str:
+    """The primary's WAL written so far: every transaction committed until now ends at or
+    before it."""
+    return str(session.scalar(text("SELECT pg_current_wal_lsn()::text")))
+
+
+def replayed_past(session: Session, lsn: str) -> bool:
+    """Whether this replica has replayed the WAL up to ``lsn`` (False on a primary)."""
+    return bool(
+        session.scalar(
+            text("SELECT coalesce(pg_last_wal_replay_lsn() >= CAST(:lsn AS pg_lsn), false)"),
+            {"lsn": lsn},
+        )
+    )
+
+
 def schema_revision(session: Session) -> str | None:
     """The Alembic revision the database is at (None before the first migration)."""
     revision = session.scalar(text("SELECT version_num FROM alembic_version"))

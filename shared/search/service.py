@@ -28,10 +28,12 @@ from sqlalchemy.orm import Session
 from shared.answerability import service as answerability
 from shared.answerability.schemas import AnswerabilityTrace
 from shared.db import Transactions
+from shared.db.replica import reads_for_search
 from shared.errors import BadRequest, StoreUnavailable
 from shared.ingest.embedding import get_embedder
 from shared.metrics import (
     DEGRADED_QUERIES,
+    SEARCH_READS,
     SEARCH_SECONDS,
     SEARCH_STAGE_SECONDS,
     STALE_HITS_DROPPED,
@@ -97,14 +99,14 @@ ALL_CORES = max(1, min(2, os.cpu_count() or 1))
 
 
 def dense_arm(
-    transactions: Transactions,
+    reads: Transactions,
     tenant_id: str,
     vector: list[float],
     request: SearchRequest,
     settings: Settings,
 ) -> list[ArmHit]:
     """The pgvector arm, in a transaction of its own (it runs on a thread of its own)."""
-    with transactions() as uow:
+    with reads() as uow:
         hits = PgVectorStore(uow.session, settings).nearest(
             tenant_id, vector, request.candidate_depth.dense, request.filters
         )
@@ -128,12 +130,14 @@ def lexical_arm(tenant_id: str, request: SearchRequest, settings: Settings) -> l
 class _Query:
     """What every stage of one search needs: whose, what, with which settings, and the
     boundary's transactions (each stage that reads Postgres opens its own: the arms run on
-    threads of their own)."""
+    threads of their own): ``reads`` for the query path's reads (the replica's, when it is
+    fresh enough: shared/db/replica.py), ``transactions`` for the primary."""
 
     tenant_id: str
     request: SearchRequest
     settings: Settings
     transactions: Transactions
+    reads: Transactions
     answerability: answerability.LoadedModel | None = None
 
 
@@ -156,7 +160,10 @@ def search(
     tenant_id: str,
     request: SearchRequest,
     settings: Settings | None = None,
+    replica: Transactions | None = None,
 ) -> SearchResponse:
+    """One search; with ``replica``, its dense search and hydration read the replica when it
+    has replayed everything committed before the search began."""
     settings = settings or get_settings()
     trained_reranker: str | None = None
     judge: answerability.LoadedModel | None = None
@@ -184,7 +191,9 @@ def search(
             "paginate follows the fused ranking page by page; rerank and mmr reorder only a "
             "window of the first page: turn them off to paginate"
         )
-    query = _Query(tenant_id, request, settings, transactions, judge)
+    reads, source = reads_for_search(transactions, replica, settings)
+    SEARCH_READS.labels(source).inc()
+    query = _Query(tenant_id, request, settings, transactions, reads, judge)
     return _measured(request, lambda timings: _search(query, timings, trained_reranker))
 
 
@@ -233,7 +242,7 @@ def _retrieve(query: _Query, timings: StageTimes) -> Retrieved:
                 _timed_arm,
                 timings,
                 "dense",
-                lambda: dense_arm(query.transactions, tenant_id, vector, request, settings),
+                lambda: dense_arm(query.reads, tenant_id, vector, request, settings),
             )
         arms: dict[str, list[ArmHit]] = {}
         degraded: list[str] = []
@@ -255,7 +264,7 @@ def _retrieve(query: _Query, timings: StageTimes) -> Retrieved:
 def _boost(query: _Query, fused: list[tuple[str, float]], boost: Boost) -> list[tuple[str, float]]:
     """The fused ranking lifted by a metadata boost (the values read from Postgres for every
     fused candidate, in one query)."""
-    with query.transactions() as uow:
+    with query.reads() as uow:
         values = PgVectorStore(uow.session, query.settings).metadata_values(
             query.tenant_id, [cid for cid, _ in fused], boost.field
         )
@@ -363,7 +372,11 @@ def _next_cursor(
 
 
 def search_next_page(
-    transactions: Transactions, tenant_id: str, cursor: str, settings: Settings | None = None
+    transactions: Transactions,
+    tenant_id: str,
+    cursor: str,
+    settings: Settings | None = None,
+    replica: Transactions | None = None,
 ) -> SearchResponse:
     """The page after the one ``cursor`` came with: from the stored ranking, hydrated now."""
     settings = settings or get_settings()
@@ -373,7 +386,9 @@ def search_next_page(
     if request.policy.score_type == "answerability":
         with transactions() as uow:
             judge = _answerability_model(uow.session, tenant_id, request)
-    query = _Query(tenant_id, request, settings, transactions, judge)
+    reads, source = reads_for_search(transactions, replica, settings)
+    SEARCH_READS.labels(source).inc()
+    query = _Query(tenant_id, request, settings, transactions, reads, judge)
     return _measured(
         request, lambda timings: _respond(query, timings, retrieved, None, offset, cursor_id)
     )
@@ -473,13 +488,16 @@ def _hydrate(
     embeddings_for: list[str],
 ) -> tuple[list[Candidate], int]:
     """The live chunks among one slice of the fused list, as candidates; the hits Postgres
-    does not hold live are dropped and their copies queued for purging, in one transaction."""
+    does not hold live are dropped and their copies queued for purging (on the primary,
+    which checks them again: a copy newer than a replica knows is never purged)."""
     ids = [cid for cid, _ in fused]
-    with query.transactions() as uow:
-        store = PgVectorStore(uow.session, query.settings)
-        live = store.hydrate(query.tenant_id, ids, vector, embeddings_for)
-        stale = [cid for cid in ids if cid not in live]
-        if stale:
+    with query.reads() as uow:
+        live = PgVectorStore(uow.session, query.settings).hydrate(
+            query.tenant_id, ids, vector, embeddings_for
+        )
+    stale = [cid for cid in ids if cid not in live]
+    if stale:
+        with query.transactions() as uow:
             queue_stale_copy_purges(uow.session, query.settings, query.tenant_id, stale)
     candidates = []
     for cid in ids:
@@ -512,7 +530,7 @@ def _attach_embeddings(query: _Query, candidates: list[Candidate]) -> None:
     missing = [c.chunk_id for c in candidates if c.embedding is None]
     if not missing:
         return
-    with query.transactions() as uow:
+    with query.reads() as uow:
         found = PgVectorStore(uow.session, query.settings).embeddings(query.tenant_id, missing)
     for c in candidates:
         if c.embedding is None and c.chunk_id in found:

@@ -63,19 +63,23 @@ def place_tenants(
     settings: Settings | None = None,
     tenant_id: str | None = None,
     progress: Callable[[str], None] | None = None,
+    wait_s: float = 0.0,
 ) -> Placement:
     """Give every tenant of at least ``tenant_partition_min_chunks`` chunks (or just
     ``tenant_id``, whatever its size) a partition of its own, and build the HNSW graph of
     every own partition that lacks a valid one. One run at a time: a run that finds another
-    under way returns at once (``skipped``)."""
+    under way waits for it up to ``wait_s``, then returns (``skipped``)."""
     settings = settings or get_settings()
     placement = Placement()
+    deadline = time.monotonic() + wait_s
     # The guard's connection is in autocommit: it holds the run's lock between statements
     # without holding a transaction open, and builds the graphs (CONCURRENTLY needs that).
     with transactions() as guard:
-        if not repo.try_placement_lock(guard.session):
-            placement.skipped = True
-            return placement
+        while not repo.try_placement_lock(guard.session):
+            if time.monotonic() >= deadline:
+                placement.skipped = True
+                return placement
+            time.sleep(0.2)
         try:
             _place(transactions, guard.session, settings, tenant_id, placement, progress)
         finally:

@@ -449,7 +449,7 @@ _PLACEMENT_LOCK = 0x636F6E6370617274
 
 
 def try_placement_lock(session: Session) -> bool:
-    """Puts the session's connection in autocommit (it must be the session's first use) and
+    """Puts the session's connection in autocommit (the session's first use must be this) and
     takes the placement lock on it; False if another run holds it. The lock lasts until
     ``placement_unlock`` or the connection's end, whichever comes first."""
     connection = session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -84,11 +83,7 @@ def dense_method(request, monkeypatch, tenant, corpus) -> str:
 
     monkeypatch.setattr(vector_store, "_own_partition", {})
     if request.param == "hnsw":
-        for _ in range(50):  # again while the suite's beat has a placement run under way
-            placement = partitions.place_tenants(unit_of_work, tenant_id=tenant)
-            if not placement.skipped:
-                break
-            time.sleep(0.2)
+        placement = partitions.place_tenants(unit_of_work, tenant_id=tenant, wait_s=10)
         assert tenant in placement.graphs_built
     return str(request.param)
 

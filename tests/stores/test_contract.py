@@ -21,7 +21,6 @@ tenants, so they are the store's own behaviour and nothing else's.
 from __future__ import annotations
 
 import hashlib
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -335,10 +334,8 @@ class PartitionedPgVectorHarness(PgVectorHarness):
     def write(self, records: list[Record]) -> None:
         super().write(records)
         for tenant in sorted({r.tenant_id for r in records}):
-            for _ in range(50):  # again while the suite's beat has a placement run under way
-                if not partitions.place_tenants(unit_of_work, tenant_id=tenant).skipped:
-                    break
-                time.sleep(0.2)
+            # (waiting for a run of the suite's beat, if one is under way)
+            partitions.place_tenants(unit_of_work, tenant_id=tenant, wait_s=10)
             with unit_of_work() as uow:
                 assert stores_repo.own_partitions(uow.session)[tenant][1]  # a valid graph
 

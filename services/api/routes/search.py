@@ -9,7 +9,7 @@ from fastapi.responses import Response
 from services.api.deps import NOT_FOUND, PROTECTED_ROUTE_ERRORS, Admin, Reader
 from shared.answerability import service as answerability
 from shared.answerability.schemas import AnswerabilityModelView
-from shared.db import unit_of_work
+from shared.db import Transactions, read_unit_of_work, replica_configured, unit_of_work
 from shared.profiles import service as profiles
 from shared.profiles.schemas import ProfileBody, ProfileView
 from shared.rerankers import service as rerankers
@@ -21,11 +21,18 @@ router = APIRouter(prefix="/v1", tags=["search"], responses=PROTECTED_ROUTE_ERRO
 ProfileName = Annotated[str, Path(pattern=PROFILE_NAME)]
 
 
+def _replica() -> Transactions | None:
+    """The read replica's transactions for the query path, when one is configured."""
+    return read_unit_of_work if replica_configured() else None
+
+
 @router.post("/search", response_model=SearchResponse)
 async def search_route(body: SearchRequest, principal: Reader) -> Response:
     """Hybrid search with fusion, optional rerank, MMR, and the evidence policy's decision.
     The tenant always comes from the API key, never from the request body."""
-    response = await run_in_threadpool(search, unit_of_work, principal.tenant_id, body)
+    response = await run_in_threadpool(
+        search, unit_of_work, principal.tenant_id, body, None, _replica()
+    )
     # The response is a model already: encoded once by pydantic, not validated and walked
     # again by FastAPI (a 100-result response with traces spent 3.7 ms in its encoder).
     # Unset fields (``trace`` and ``timings_ms`` without explain) are left out.
@@ -37,7 +44,7 @@ async def search_next_page_route(body: SearchPage, principal: Reader) -> Respons
     """The next page of a search made with "paginate": true, from the ranking that search
     made (404 once the cursor has expired, or for another tenant's cursor)."""
     response = await run_in_threadpool(
-        search_next_page, unit_of_work, principal.tenant_id, body.cursor
+        search_next_page, unit_of_work, principal.tenant_id, body.cursor, None, _replica()
     )
     return Response(response.model_dump_json(exclude_unset=True), media_type="application/json")
 

@@ -23,7 +23,7 @@ from services.cli.stack.common import (
     _refuse_taken_port,
 )
 from services.cli.stack.elasticsearch import ElasticsearchService, find_java_home
-from services.cli.stack.postgres import PostgresService
+from services.cli.stack.postgres import PostgresReplicaService, PostgresService
 from services.cli.stack.processes import (
     ProjectProcess,
     api_command,
@@ -39,6 +39,7 @@ __all__ = [
     "INGEST_QUEUES",
     "RELAY_QUEUES",
     "ElasticsearchService",
+    "PostgresReplicaService",
     "PostgresService",
     "ProjectProcess",
     "RedisService",
@@ -68,6 +69,11 @@ def services(
         RedisService(settings),
         ElasticsearchService(settings),
     ]
+    replica = PostgresReplicaService(settings)
+    # After its primary (the base backup is taken from it); also when it is running without
+    # the setting now, so that ``down`` stops what an earlier ``up --pg-replica`` started.
+    if settings.pg_replica_port or _pid_alive(replica.pid()):
+        infra.insert(1, replica)
     # The supervisor last: ``down`` goes in reverse, and stopping it stops the app first.
     return infra + ([*app_processes(settings), supervisor_process(settings)] if with_app else [])
 

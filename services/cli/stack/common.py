@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SERVICE_USER = "concord"
-INFRA = ("postgres", "redis", "elasticsearch")
+INFRA = ("postgres", "postgres-replica", "redis", "elasticsearch")
 # The CPU-bound work (embedding, reranker training) and the I/O-bound rest.
 INGEST_QUEUES = ("ingest", "training")
 RELAY_QUEUES = ("relay", "maintenance")

