@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PLACEHOLDER_SECRETS = {"", "changeme", "concord-dev-password"}
@@ -62,8 +62,20 @@ class Settings(BaseSettings):
     # distribution (docker compose) may set CONCORD_ES_TEXT_ANALYZER=english.
     es_text_analyzer: str = "standard"
     es_request_timeout_s: float = 10.0
-    # Replicas of each tenant's index (0 on one node; 1 or more on a cluster).
+    # Replicas of each tenant's index (0 on one node; 1 or more on a cluster, so that losing a
+    # node loses no shard).
     es_replicas: int = 0
+    # Primary shards of each tenant's index: 1, unless one tenant outgrows a shard (tens of
+    # millions of chunks); a change applies to indices made after it (`concord reindex`
+    # rebuilds them all, online).
+    es_shards: int = Field(default=1, ge=1)
+    # A cluster's nodes, comma-separated URLs (the client spreads requests over them and
+    # retries a request on another when one is unreachable). Empty: the local stack's nodes,
+    # es_nodes of them on es_port, es_port + 1, ... (`concord stack up --es-nodes 3`), with
+    # transport ports from es_transport_port.
+    es_urls: str = ""
+    es_nodes: int = 1
+    es_transport_port: int = 19300
     # The local stack's cluster.max_shards_per_node: an index per tenant is a shard per
     # tenant (Elasticsearch's default, 1,000, would refuse the 1,000th tenant).
     es_max_shards_per_node: int = 5000
@@ -245,7 +257,14 @@ class Settings(BaseSettings):
         return f"redis://{self.redis_host}:{self.redis_port}/{self.redis_db}"
 
     def es_url(self) -> str:
-        return f"http://{self.es_host}:{self.es_port}"
+        """The first node's URL (the one a single-node stack has)."""
+        return self.es_hosts()[0]
+
+    def es_hosts(self) -> list[str]:
+        """Every node the client may send a request to."""
+        if self.es_urls:
+            return [u.strip() for u in self.es_urls.split(",") if u.strip()]
+        return [f"http://{self.es_host}:{self.es_port + i}" for i in range(max(1, self.es_nodes))]
 
     def es_chunks_alias(self) -> str:
         return f"{self.es_index_prefix}-chunks"

@@ -24,6 +24,12 @@ def up(
     infra_only: bool = typer.Option(
         False, "--infra-only", help="Start Postgres, Redis and Elasticsearch only."
     ),
+    es_nodes: int = typer.Option(
+        0,
+        "--es-nodes",
+        help="Run Elasticsearch as a local cluster of this many nodes (CONCORD_ES_NODES; "
+        "in a fresh state directory: a single node's data cannot join a cluster).",
+    ),
     pg_replica: bool = typer.Option(
         False,
         "--pg-replica",
@@ -33,6 +39,11 @@ def up(
 ) -> None:
     """Start every service (idempotent), migrate the schema and set up the ES index."""
     settings = get_settings()
+    if es_nodes > 1 and settings.es_nodes != es_nodes:
+        os.environ["CONCORD_ES_NODES"] = str(es_nodes)  # the app processes inherit it
+        os.environ.setdefault("CONCORD_ES_REPLICAS", "1")  # losing a node loses no shard
+        get_settings.cache_clear()
+        settings = get_settings()
     if pg_replica and not settings.pg_replica_port:
         # The app processes the supervisor starts inherit it: the API then reads the replica.
         os.environ["CONCORD_PG_REPLICA_PORT"] = str(settings.pg_port + 1)
@@ -87,5 +98,5 @@ def status() -> None:
             row.where,
         )
     console.print(table)
-    if not all(r.up for r in rows if r.name in stack.INFRA):
+    if not all(r.up for r in rows if stack.is_infra(r.name)):
         raise typer.Exit(1)

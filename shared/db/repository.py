@@ -81,3 +81,9 @@ def ensure_database(connection: psycopg.Connection[Any], name: str) -> None:
     exists = connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
     if not exists:
         connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def is_standby(connection: psycopg.Connection[Any]) -> bool:
+    """Whether the server ``connection`` reaches is a replica replaying a primary's WAL."""
+    row = connection.execute("SELECT pg_is_in_recovery()").fetchone()
+    return bool(row and row[0])

@@ -344,6 +344,9 @@ class ElasticsearchChunkIndex:
                     }
                 },
                 source=False,
+                # Several shards a tenant: their statistics pooled first, so that BM25 scores
+                # are those of all the tenant's documents, as with one shard.
+                search_type="dfs_query_then_fetch" if self.settings.es_shards > 1 else None,
             )
         except NotFoundError:  # no copy of this tenant was ever written
             return []

@@ -55,8 +55,9 @@ RESET_SETTINGS: dict[str, Any] = {
 
 
 def index_settings(settings: Settings) -> dict[str, Any]:
-    # One primary shard: a tenant's BM25 statistics are then those of all its documents.
-    return {"number_of_shards": 1, "number_of_replicas": settings.es_replicas}
+    # One primary shard by default: a tenant's BM25 statistics are then those of all its
+    # documents (with more, the lexical search pools them first: dfs_query_then_fetch).
+    return {"number_of_shards": settings.es_shards, "number_of_replicas": settings.es_replicas}
 
 
 def index_body(settings: Settings) -> dict[str, Any]:

@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 # Below Postgres's deadlock_timeout (1 s): a move waiting on a writer gives up first.
 MOVE_LOCK_TIMEOUT_MS = 500
 MOVE_ATTEMPTS = 3
+# How long a graph build waits for transactions open before it to end (then the next run).
+GRAPH_LOCK_TIMEOUT_MS = 10_000
 
 
 def partition_name(tenant_id: str) -> str:
@@ -51,7 +53,8 @@ class Placement:
 
     moved: dict[str, int] = field(default_factory=dict)  # tenant -> rows moved
     graphs_built: list[str] = field(default_factory=list)  # tenants whose HNSW index was built
-    busy: list[str] = field(default_factory=list)  # tenants whose move met a lock: next run
+    # tenants whose move met a writer, or whose graph build a transaction held: next run
+    busy: list[str] = field(default_factory=list)
     skipped: bool = False  # another run was under way
 
     def as_dict(self) -> dict[str, Any]:
@@ -113,7 +116,12 @@ def _place(
         if has_graph or (tenant_id is not None and tenant != tenant_id):
             continue
         started = time.monotonic()
-        repo.build_hnsw_graph(autocommit, partition)
+        try:
+            repo.build_hnsw_graph(autocommit, partition, GRAPH_LOCK_TIMEOUT_MS)
+        except OperationalError as e:  # a transaction open longer than the timeout
+            log.warning("HNSW graph of tenant %s not built, next run: %s", tenant, e.orig)
+            placement.busy.append(tenant)
+            continue
         placement.graphs_built.append(tenant)
         took = time.monotonic() - started
         log.info("HNSW graph of tenant %s built in %.1f s", tenant, took)

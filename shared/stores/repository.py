@@ -466,12 +466,20 @@ def placement_unlock(session: Session) -> None:
     )
 
 
-def build_hnsw_graph(session: Session, partition: str) -> None:
+def build_hnsw_graph(session: Session, partition: str, lock_timeout_ms: int) -> None:
     """The partition's HNSW index, built CONCURRENTLY (reads and writes go on meanwhile; the
     tenant's search is an exact scan until it is valid). An invalid one an interrupted build
     left is dropped first. The session's connection must be in autocommit (the placement
-    lock's): these statements cannot run in a transaction."""
+    lock's): these statements cannot run in a transaction.
+
+    A concurrent build first waits for every transaction already open to end; one left open
+    (a stuck client) would hold the build, and the worker running it, forever. So the waits
+    have ``lock_timeout_ms``: past it the build fails (OperationalError) and leaves an invalid
+    index, which the next run drops and builds again."""
     connection = session.connection()
+    connection.execute(
+        text("SELECT set_config('lock_timeout', :ms, false)"), {"ms": f"{int(lock_timeout_ms)}ms"}
+    )
     index = f"{partition}_embedding_hnsw"
     invalid = connection.scalar(
         text("SELECT NOT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(:index)"),
@@ -479,12 +487,15 @@ def build_hnsw_graph(session: Session, partition: str) -> None:
     )
     if invalid:
         connection.execute(text(f"DROP INDEX CONCURRENTLY IF EXISTS {index}"))
-    connection.execute(
-        text(
-            f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON {partition}"
-            " USING hnsw (embedding vector_cosine_ops)"
+    try:
+        connection.execute(
+            text(
+                f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON {partition}"
+                " USING hnsw (embedding vector_cosine_ops)"
+            )
         )
-    )
+    finally:
+        connection.execute(text("SELECT set_config('lock_timeout', '0', false)"))
 
 
 def rows_per_partition(session: Session) -> dict[str, int]:

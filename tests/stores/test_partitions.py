@@ -6,6 +6,7 @@ move that meets a writer gives up instead of failing it; migration 0013 keeps ev
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -218,3 +219,47 @@ def test_migration_0013_keeps_every_row_up_and_down(scratch_database: Settings) 
             "SELECT count(*) FROM pg_indexes WHERE indexname = 'ix_chunks_embedding_hnsw'"
         ).fetchone()
         assert hnsw == (1,)
+
+
+def test_a_graph_build_held_by_an_open_transaction_gives_up_and_the_next_run_builds_it(
+    client: TestClient,
+    auth: dict[str, str],
+    tenant: str,
+    worker: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A concurrent index build waits for every transaction open before it; one left open
+    (e.g. a client stopped mid-transaction) must not hold the build, and the worker running
+    it, for ever."""
+    _upload_corpus(client, auth, "doc", 4)
+    before = wait_converged(tenant, timeout=120)
+    monkeypatch.setattr(partitions, "GRAPH_LOCK_TIMEOUT_MS", 500)
+    holding, release = threading.Event(), threading.Event()
+
+    def open_transaction() -> None:
+        with unit_of_work() as uow:  # a snapshot held open: a build must wait for it to end
+            connection = uow.session.connection(
+                execution_options={"isolation_level": "REPEATABLE READ"}
+            )
+            connection.execute(text("SELECT count(*) FROM tenants"))
+            holding.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=open_transaction)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        started = time.monotonic()
+        placement = _placed(tenant, tenant_partition_min_chunks=1)
+        took = time.monotonic() - started
+    finally:
+        release.set()
+        thread.join(30)
+    assert placement.moved == {tenant: len(before)} and placement.graphs_built == []
+    assert placement.busy == [tenant] and took < 10
+    with unit_of_work() as uow:
+        assert stores_repo.own_partitions(uow.session)[tenant][1] is False  # left invalid
+    assert _placed(tenant).graphs_built == [tenant]  # the next run drops it and builds again
+    with unit_of_work() as uow:
+        assert stores_repo.own_partitions(uow.session)[tenant][1] is True
+    assert pg_chunks(tenant) == before

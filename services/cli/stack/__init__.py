@@ -21,6 +21,7 @@ from services.cli.stack.common import (
     _port_in_use,
     _read_pid,
     _refuse_taken_port,
+    is_infra,
 )
 from services.cli.stack.elasticsearch import ElasticsearchService, find_java_home
 from services.cli.stack.postgres import PostgresReplicaService, PostgresService
@@ -53,6 +54,7 @@ __all__ = [
     "app_processes",
     "celery_worker_command",
     "find_java_home",
+    "is_infra",
     "migrate_and_prepare_indices",
     "prepare_state_dir",
     "services",
@@ -67,7 +69,7 @@ def services(
     infra: list[PostgresService | RedisService | ElasticsearchService | ProjectProcess] = [
         PostgresService(settings),
         RedisService(settings),
-        ElasticsearchService(settings),
+        *(ElasticsearchService(settings, node) for node in range(max(1, settings.es_nodes))),
     ]
     replica = PostgresReplicaService(settings)
     # After its primary (the base backup is taken from it); also when it is running without

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SERVICE_USER = "concord"
-INFRA = ("postgres", "postgres-replica", "redis", "elasticsearch")
+# The infrastructure's services, by name: also "postgres-replica" and "elasticsearch-2", ...
+INFRA = ("postgres", "redis", "elasticsearch")
+
+
+def is_infra(name: str) -> bool:
+    return name.split("-")[0] in INFRA
+
+
 # The CPU-bound work (embedding, reranker training) and the I/O-bound rest.
 INGEST_QUEUES = ("ingest", "training")
 RELAY_QUEUES = ("relay", "maintenance")

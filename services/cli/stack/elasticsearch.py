@@ -63,32 +63,65 @@ def _java_major(home: Path) -> int | None:
 
 
 class ElasticsearchService:
-    name = "elasticsearch"
+    """One node: the only one (``es_nodes`` 1, a single-node cluster), or node ``node`` of a
+    local cluster of ``es_nodes`` (`concord stack up --es-nodes 3`): the same distribution,
+    each node with its own config, data and logs, HTTP on es_port + node and transport on
+    es_transport_port + node, discovering the others there. The first node keeps the paths a
+    single node has; a single node's data cannot join a cluster, so grow one in a fresh state
+    directory (then `concord reindex` from Postgres)."""
+
     artifact = "org.elasticsearch.distribution.integ-test-zip:elasticsearch"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, node: int = 0) -> None:
         self.s = settings
+        self.node = node
+        self.nodes = max(1, settings.es_nodes)
+        self.name = "elasticsearch" if node == 0 else f"elasticsearch-{node + 1}"
         root = settings.state_path() / "elasticsearch"
         self.root = root
         self.home = root / f"elasticsearch-{settings.es_version}"
-        self.conf = root / "config"
-        self.data = root / "data"
-        self.logs = root / "logs"
-        self.pidfile = root / "es.pid"
-        self.log = root / "stdout.log"
+        own = root if node == 0 else root / f"node-{node + 1}"
+        self.conf = own / "config"
+        self.data = own / "data"
+        self.logs = own / "logs"
+        self.pidfile = own / "es.pid"
+        self.log = own / "stdout.log"
+        self.port = settings.es_port + node
+        self.url = f"http://{settings.es_host}:{self.port}"
 
     def pid(self) -> int | None:
         return _read_pid(self.pidfile)
 
     def where(self) -> str:
-        return self.s.es_url()
+        return self.url
 
     def healthy(self) -> bool:
+        """This node answers, and its cluster has formed with every node of the stack."""
         try:
-            r = httpx.get(f"{self.s.es_url()}/_cluster/health", timeout=2)
-            return r.status_code == 200 and r.json().get("status") in ("green", "yellow")
-        except httpx.HTTPError:
+            r = httpx.get(f"{self.url}/_cluster/health", timeout=2)
+            body = r.json()
+            return (
+                r.status_code == 200
+                and body.get("status") in ("green", "yellow")
+                and body.get("number_of_nodes", 0) >= self.nodes
+            )
+        except (httpx.HTTPError, ValueError):
             return False
+
+    def _node_name(self, node: int) -> str:
+        return f"concord-local-{node + 1}"
+
+    def _discovery(self) -> list[str]:
+        if self.nodes == 1:
+            return ["discovery.type: single-node", "transport.port: 0"]
+        tp = self.s.es_transport_port
+        seeds = ", ".join(f'"{self.s.es_host}:{tp + i}"' for i in range(self.nodes))
+        masters = ", ".join(f'"{self._node_name(i)}"' for i in range(self.nodes))
+        return [
+            f"transport.port: {tp + self.node}",
+            f"discovery.seed_hosts: [{seeds}]",
+            f"cluster.initial_master_nodes: [{masters}]",
+        ]
 
     def _fetch_distribution(self) -> Path:
         version = self.s.es_version
@@ -148,11 +181,10 @@ class ElasticsearchService:
             "\n".join(
                 [
                     "cluster.name: concord-local",
-                    "node.name: concord-local-1",
-                    "discovery.type: single-node",
+                    f"node.name: {self._node_name(self.node)}",
+                    *self._discovery(),
                     f"network.host: {self.s.es_host}",
-                    f"http.port: {self.s.es_port}",
-                    "transport.port: 0",
+                    f"http.port: {self.port}",
                     f"path.data: {self.data}",
                     f"path.logs: {self.logs}",
                     "xpack.security.enabled: false",
@@ -168,7 +200,9 @@ class ElasticsearchService:
         if _pid_alive(self.pid()):
             return
         java_home = find_java_home()
-        _refuse_taken_port(self.name, self.s.es_port)
+        _refuse_taken_port(self.name, self.port)
+        if self.nodes > 1:
+            _refuse_taken_port(f"{self.name} transport", self.s.es_transport_port + self.node)
         self._install()
         self._write_config()
         for d in (self.data, self.logs):
@@ -195,6 +229,8 @@ class ElasticsearchService:
                 check=False,
             )
         logs = [self.log, self.logs / "concord-local.log"]
+        if self.node < self.nodes - 1:
+            return  # a cluster forms once enough of its nodes run: the last node waits for it
         if launcher.returncode != 0:
             raise StackError(
                 f"Elasticsearch failed to start (launcher exit code {launcher.returncode})"

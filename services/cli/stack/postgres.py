@@ -22,7 +22,7 @@ from services.cli.stack.common import (
     _refuse_taken_port,
     _wait_until,
 )
-from shared.db.repository import ensure_database
+from shared.db.repository import ensure_database, is_standby
 from shared.settings import Settings
 
 # ---------------------------------------------------------------- Postgres
@@ -164,8 +164,7 @@ class PostgresReplicaService(PostgresService):
         """Up, and a standby (a copy promoted to a primary is not a replica any more)."""
         try:
             with self._connect(self.s.pg_database) as conn:
-                row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
-                return bool(row and row[0])
+                return is_standby(conn)
         except psycopg.Error:
             return False
 
