@@ -1,7 +1,8 @@
 """A three-node Elasticsearch cluster on the loopback interface (issue 22), from the same
-distribution the stack runs: every tenant's index has a replica; one node (the client's first)
-is killed during an ingest and the searches running beside it, then started again. Nothing is
-lost, no search answers 5xx, and the stores agree again within 60 s of the node's return.
+distribution the stack runs: every tenant's index has two shards and a replica of each; one
+node (the client's first) is killed during an ingest and the searches running beside it, then
+started again. Nothing is lost, no search answers 5xx, and the stores agree again within 60 s
+of the node's return.
 
 Sized for CI (CONCORD_CLUSTER_TEST_DOCUMENTS, 200 by default, runs it larger)."""
 
@@ -27,7 +28,14 @@ from shared.settings import Settings, get_settings
 from shared.stores.elastic import get_es
 from shared.stores.es_index import ensure_index
 from tests.conftest import CeleryProcess, wait_for
-from tests.helpers import document_count, jobs_in_flight, paused, upload_text, wait_converged
+from tests.helpers import (
+    document_count,
+    jobs_in_flight,
+    paused,
+    tenant_index,
+    upload_text,
+    wait_converged,
+)
 
 NODES = 3
 DOCUMENTS = int(os.environ.get("CONCORD_CLUSTER_TEST_DOCUMENTS", "200"))
@@ -50,6 +58,7 @@ def _cluster_settings(base: Settings, state: Path) -> dict[str, Any]:
         "es_nodes": NODES,
         "es_heap": "256m",
         "es_replicas": 1,
+        "es_shards": 2,
         "es_index_prefix": f"concord-cluster-{uuid.uuid4().hex[:6]}",
     }
 
@@ -90,6 +99,7 @@ def _cluster_env(settings: Settings) -> dict[str, str]:
         "CONCORD_ES_TRANSPORT_PORT": str(settings.es_transport_port),
         "CONCORD_ES_NODES": str(settings.es_nodes),
         "CONCORD_ES_REPLICAS": str(settings.es_replicas),
+        "CONCORD_ES_SHARDS": str(settings.es_shards),
         "CONCORD_ES_INDEX_PREFIX": settings.es_index_prefix,
     }
 
@@ -153,9 +163,13 @@ def test_losing_a_node_mid_ingest_loses_nothing_and_fails_no_search(
             stop.set()
             searcher.join(30)
             cluster_worker.stop()
+    index = get_es().indices.get_settings(index=tenant_index(tenant))
+    [shape] = [v["settings"]["index"] for v in index.values()]
+    assert (shape["number_of_shards"], shape["number_of_replicas"]) == ("2", "1")
     print(
-        f"3 nodes, 1 replica, {DOCUMENTS} documents: one node down {down_s:.1f} s; stores "
-        f"agreed {converged_s:.1f} s after the cluster was green again; searches {dict(statuses)}"
+        f"3 nodes, 2 shards, 1 replica, {DOCUMENTS} documents: one node down {down_s:.1f} s; "
+        f"stores agreed {converged_s:.1f} s after the cluster was green again; "
+        f"searches {dict(statuses)}"
     )
     assert statuses["5xx"] == 0 and statuses["200"] > 0
     assert document_count(tenant) == DOCUMENTS
