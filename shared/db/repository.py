@@ -87,3 +87,20 @@ def is_standby(connection: psycopg.Connection[Any]) -> bool:
     """Whether the server ``connection`` reaches is a replica replaying a primary's WAL."""
     row = connection.execute("SELECT pg_is_in_recovery()").fetchone()
     return bool(row and row[0])
+
+
+def replication_slot_state(connection: psycopg.Connection[Any], slot: str) -> str | None:
+    """The primary's physical replication slot's ``wal_status`` (reserved, extended, unreserved,
+    lost), or None when there is no such slot."""
+    row = connection.execute(
+        "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def drop_replication_slot(connection: psycopg.Connection[Any], slot: str) -> None:
+    connection.execute(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+        " WHERE slot_name = %s AND NOT active",
+        (slot,),
+    )

@@ -54,7 +54,7 @@ def replica(monkeypatch: pytest.MonkeyPatch) -> Iterator[PostgresReplicaService]
         yield service
     finally:
         _reset_read_engine()
-        service.down()
+        service.remove()
         shutil.rmtree(state, ignore_errors=True)
 
 

@@ -22,10 +22,20 @@ from services.cli.stack.common import (
     _refuse_taken_port,
     _wait_until,
 )
-from shared.db.repository import ensure_database, is_standby
+from shared.db.repository import (
+    drop_replication_slot,
+    ensure_database,
+    is_standby,
+    replication_slot_state,
+)
 from shared.settings import Settings
 
 # ---------------------------------------------------------------- Postgres
+
+# What a local replica's physical replication slot on the primary may hold back: the primary
+# keeps the WAL the replica has not received, so a replica stopped with the stack catches up
+# when it starts again instead of finding its WAL recycled.
+MAX_SLOT_WAL = "4GB"
 
 
 class PostgresService:
@@ -88,7 +98,10 @@ class PostgresService:
                     "60",
                     "-o",
                     f"-h {self.s.pg_host} -p {self.port} -k {self.data} "
-                    f"-c shared_buffers={self.s.pg_shared_buffers}",
+                    f"-c shared_buffers={self.s.pg_shared_buffers} "
+                    # What a replication slot may hold back for a replica that is down: past
+                    # it the slot is lost, and the replica is made again from a base backup.
+                    f"-c max_slot_wal_keep_size={MAX_SLOT_WAL}",
                     "start",
                 ]
             ),
@@ -159,6 +172,7 @@ class PostgresReplicaService(PostgresService):
         self.port = settings.pg_replica_port
         self.data = settings.state_path() / "postgres-replica" / "data"
         self.log = settings.state_path() / "postgres-replica" / "postgres.log"
+        self.slot = f"concord_replica_{self.port}"
 
     def healthy(self) -> bool:
         """Up, and a standby (a copy promoted to a primary is not a replica any more)."""
@@ -168,9 +182,20 @@ class PostgresReplicaService(PostgresService):
         except psycopg.Error:
             return False
 
+    def up(self) -> None:
+        """Made again from a base backup when its slot on the primary is gone or lost (it fell
+        more than MAX_SLOT_WAL behind): such a replica could never catch up."""
+        if (self.data / "PG_VERSION").exists() and not _pid_alive(self.pid()):
+            with PostgresService(self.s)._connect("postgres") as primary:
+                if replication_slot_state(primary, self.slot) in (None, "lost"):
+                    shutil.rmtree(self.data)
+        super().up()
+
     def _initdb(self) -> None:
-        """The base backup of the running primary."""
+        """The base backup of the running primary, with a replication slot of its own."""
         _owned_dir(self.data.parent)
+        with PostgresService(self.s)._connect("postgres") as primary:
+            drop_replication_slot(primary, self.slot)  # a lost one, from an earlier copy
         result = subprocess.run(
             _as_service_user(
                 [
@@ -184,6 +209,9 @@ class PostgresReplicaService(PostgresService):
                     "-D",
                     str(self.data),
                     "-R",  # a standby of that primary
+                    "-C",
+                    "-S",
+                    self.slot,
                     "-X",
                     "stream",
                     "-c",
@@ -201,3 +229,10 @@ class PostgresReplicaService(PostgresService):
 
     def _ensure_database(self) -> bool:
         return self.healthy()  # a replica takes no DDL: the primary's databases arrive by WAL
+
+    def remove(self) -> None:
+        """Stop it and drop its slot, so that the primary holds no WAL back for it."""
+        self.down()
+        with PostgresService(self.s)._connect("postgres") as primary:
+            drop_replication_slot(primary, self.slot)
+        shutil.rmtree(self.data, ignore_errors=True)
