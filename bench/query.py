@@ -47,6 +47,7 @@ from shared.stores.chunk_index import ElasticsearchChunkIndex  # noqa: E402
 from shared.stores.elastic import get_es  # noqa: E402
 from shared.stores.english_analysis import analyze  # noqa: E402
 from shared.stores.es_index import tenant_alias  # noqa: E402
+from shared.stores.partitions import place_tenants  # noqa: E402
 from shared.tenants import repository as tenants_repo  # noqa: E402
 from shared.tenants.service import create_key  # noqa: E402
 
@@ -316,6 +317,12 @@ def main() -> None:
                 print(f"embedding {len(texts)} base passages...", flush=True)
                 vectors = get_embedder().embed_passages(texts)
             populate(tenant, size, texts, vectors)
+        # What the beat does within a minute: a tenant past the threshold gets a partition and
+        # an HNSW graph of its own (shared/stores/partitions.py); timed, as it is part of growth.
+        started = time.monotonic()
+        placement = place_tenants(unit_of_work, wait_s=600)
+        placed_s = round(time.monotonic() - started, 1)
+        print(f"{tenant}: placement {placement.as_dict()} in {placed_s} s", flush=True)
         with unit_of_work() as uow:
             _, key = create_key(uow.session, tenant, "bench", ["read"])
         api = start_api(args.port, env)
@@ -330,7 +337,10 @@ def main() -> None:
         finally:
             api.terminate()
             api.wait(timeout=30)
-        report["sizes"][str(size)] = results
+        report["sizes"][str(size)] = {
+            **results,
+            "placement": {**placement.as_dict(), "seconds": placed_s},
+        }
     args.out.write_text(json.dumps(report, indent=2))
     print(f"written to {args.out}")
 

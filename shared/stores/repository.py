@@ -494,6 +494,9 @@ def build_hnsw_graph(session: Session, partition: str, lock_timeout_ms: int) -> 
                 " USING hnsw (embedding vector_cosine_ops)"
             )
         )
+        # A new table has no statistics until autovacuum comes by (a minute or more): until
+        # then the planner took the exact sort over the graph (10,000 chunks: 17.8 ms, not 3).
+        connection.execute(text(f"ANALYZE {partition}"))
     finally:
         connection.execute(text("SELECT set_config('lock_timeout', '0', false)"))
 
