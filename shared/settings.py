@@ -236,10 +236,11 @@ class Settings(BaseSettings):
             )
         return self
 
-    def postgres_dsn(self) -> str:
+    def postgres_dsn(self, port: int | None = None) -> str:
+        """The primary's URL (or, with ``port``, a local server's on that port)."""
         return (
             f"postgresql+psycopg://{self.pg_user}:{self.pg_password}"
-            f"@{self.pg_host}:{self.pg_port}/{self.pg_database}"
+            f"@{self.pg_host}:{port or self.pg_port}/{self.pg_database}"
         )
 
     def read_dsn(self) -> str | None:
@@ -247,10 +248,7 @@ class Settings(BaseSettings):
         if self.pg_read_url:
             return self.pg_read_url.replace("postgresql://", "postgresql+psycopg://", 1)
         if self.pg_replica_port:
-            return (
-                f"postgresql+psycopg://{self.pg_user}:{self.pg_password}"
-                f"@{self.pg_host}:{self.pg_replica_port}/{self.pg_database}"
-            )
+            return self.postgres_dsn(self.pg_replica_port)
         return None
 
     def redis_url(self) -> str:

@@ -44,18 +44,17 @@ from shared.settings import get_settings  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _recreate_database() -> None:
-    import psycopg
+def admin_connection() -> Any:
+    """An autocommit connection to the suite's Postgres server, outside any database of ours
+    (to create and drop databases)."""
+    from services.cli.stack import PostgresService
 
+    return PostgresService(get_settings()).connect("postgres")
+
+
+def _recreate_database() -> None:
     s = get_settings()
-    with psycopg.connect(
-        host=s.pg_host,
-        port=s.pg_port,
-        user=s.pg_user,
-        password=s.pg_password,
-        dbname="postgres",
-        autocommit=True,
-    ) as conn:
+    with admin_connection() as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{s.pg_database}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{s.pg_database}"')
 

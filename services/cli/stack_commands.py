@@ -11,12 +11,20 @@ from rich.table import Table
 
 from services.cli import stack
 from services.cli.output import print_error
-from shared.settings import get_settings
+from shared.settings import Settings, get_settings
 
 app = typer.Typer(
     help="Bring the local stack up or down, or report its status.", no_args_is_help=True
 )
 console = Console()
+
+
+def _with_environment(name: str, value: str) -> Settings:
+    """The settings with ``name`` set, in this process's environment: the app processes the
+    supervisor starts inherit it."""
+    os.environ[name] = value
+    get_settings.cache_clear()
+    return get_settings()
 
 
 @app.command()
@@ -40,15 +48,11 @@ def up(
     """Start every service (idempotent), migrate the schema and set up the ES index."""
     settings = get_settings()
     if es_nodes > 1 and settings.es_nodes != es_nodes:
-        os.environ["CONCORD_ES_NODES"] = str(es_nodes)  # the app processes inherit it
         os.environ.setdefault("CONCORD_ES_REPLICAS", "1")  # losing a node loses no shard
-        get_settings.cache_clear()
-        settings = get_settings()
+        settings = _with_environment("CONCORD_ES_NODES", str(es_nodes))
     if pg_replica and not settings.pg_replica_port:
-        # The app processes the supervisor starts inherit it: the API then reads the replica.
-        os.environ["CONCORD_PG_REPLICA_PORT"] = str(settings.pg_port + 1)
-        get_settings.cache_clear()
-        settings = get_settings()
+        # The API then reads the query path from the replica.
+        settings = _with_environment("CONCORD_PG_REPLICA_PORT", str(settings.pg_port + 1))
     try:
         stack.prepare_state_dir(settings)
         for svc in stack.services(settings, with_app=False):

@@ -191,10 +191,20 @@ def search(
             "paginate follows the fused ranking page by page; rerank and mmr reorder only a "
             "window of the first page: turn them off to paginate"
         )
+    query = _Query(
+        tenant_id, request, settings, transactions, _reads(transactions, replica, settings), judge
+    )
+    return _measured(request, lambda timings: _search(query, timings, trained_reranker))
+
+
+def _reads(
+    transactions: Transactions, replica: Transactions | None, settings: Settings
+) -> Transactions:
+    """The transactions the search's reads use (the replica's when it is fresh enough),
+    counted by where they go."""
     reads, source = reads_for_search(transactions, replica, settings)
     SEARCH_READS.labels(source).inc()
-    query = _Query(tenant_id, request, settings, transactions, reads, judge)
-    return _measured(request, lambda timings: _search(query, timings, trained_reranker))
+    return reads
 
 
 def _measured(
@@ -386,9 +396,9 @@ def search_next_page(
     if request.policy.score_type == "answerability":
         with transactions() as uow:
             judge = _answerability_model(uow.session, tenant_id, request)
-    reads, source = reads_for_search(transactions, replica, settings)
-    SEARCH_READS.labels(source).inc()
-    query = _Query(tenant_id, request, settings, transactions, reads, judge)
+    query = _Query(
+        tenant_id, request, settings, transactions, _reads(transactions, replica, settings), judge
+    )
     return _measured(
         request, lambda timings: _respond(query, timings, retrieved, None, offset, cursor_id)
     )

@@ -10,17 +10,18 @@ import time
 import uuid
 from typing import Any
 
-import psycopg
 import pytest
 from alembic import command
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
+from services.cli.stack import PostgresService
 from shared.db import unit_of_work
 from shared.migrate import alembic_config
 from shared.settings import Settings, get_settings
 from shared.stores import partitions, vector_store
 from shared.stores import repository as stores_repo
+from tests.conftest import admin_connection
 from tests.helpers import key_headers, pg_chunks, search, upload_text, wait_converged
 
 TOPICS = [
@@ -162,36 +163,25 @@ def test_one_placement_run_at_a_time(tenant: str) -> None:
     assert placement.skipped and placement.moved == {}
 
 
-def _admin(settings: Settings) -> psycopg.Connection[Any]:
-    return psycopg.connect(
-        host=settings.pg_host,
-        port=settings.pg_port,
-        user=settings.pg_user,
-        password=settings.pg_password,
-        dbname="postgres",
-        autocommit=True,
-    )
-
-
 @pytest.fixture
 def scratch_database() -> Any:
     """A database of its own, for migrating up and down without touching the suite's."""
     settings = get_settings().model_copy(
         update={"pg_database": f"concord_mig_{uuid.uuid4().hex[:8]}"}
     )
-    with _admin(settings) as conn:
+    with admin_connection() as conn:
         conn.execute(f'CREATE DATABASE "{settings.pg_database}"')
     yield settings
-    with _admin(settings) as conn:
+    with admin_connection() as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{settings.pg_database}" WITH (FORCE)')
 
 
 def test_migration_0013_keeps_every_row_up_and_down(scratch_database: Settings) -> None:
     settings, config = scratch_database, alembic_config(scratch_database)
     command.upgrade(config, "0012")
-    dsn = settings.postgres_dsn().replace("postgresql+psycopg://", "postgresql://")
+    scratch = PostgresService(settings)  # the suite's server, the scratch database
     document = uuid.uuid4()
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with scratch.connect(settings.pg_database) as conn:
         conn.execute("INSERT INTO tenants (id, name, created_at) VALUES ('mig', 'mig', now())")
         conn.execute(
             "INSERT INTO documents (id, tenant_id, external_id, title, metadata, version,"
@@ -207,13 +197,13 @@ def test_migration_0013_keeps_every_row_up_and_down(scratch_database: Settings) 
                 (f"{document}:{i}", document, i, str([0.1] * 384)),
             )
     command.upgrade(config, "head")
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with scratch.connect(settings.pg_database) as conn:
         rows = conn.execute("SELECT tableoid::regclass::text, count(*) FROM chunks GROUP BY 1")
         assert rows.fetchall() == [("chunks_shared", 3)]
         kind = conn.execute("SELECT relkind FROM pg_class WHERE relname = 'chunks'").fetchone()
         assert kind == ("p",)  # partitioned
     command.downgrade(config, "0012")
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with scratch.connect(settings.pg_database) as conn:
         assert conn.execute("SELECT count(*) FROM chunks").fetchone() == (3,)
         hnsw = conn.execute(
             "SELECT count(*) FROM pg_indexes WHERE indexname = 'ix_chunks_embedding_hnsw'"

@@ -60,7 +60,8 @@ class PostgresService:
     def where(self) -> str:
         return f"{self.s.pg_host}:{self.port}"
 
-    def _connect(self, dbname: str) -> psycopg.Connection[tuple[object, ...]]:
+    def connect(self, dbname: str) -> psycopg.Connection[tuple[object, ...]]:
+        """An autocommit connection to one of this server's databases."""
         return psycopg.connect(
             host=self.s.pg_host,
             port=self.port,
@@ -73,7 +74,7 @@ class PostgresService:
 
     def healthy(self) -> bool:
         try:
-            with self._connect(self.s.pg_database):
+            with self.connect(self.s.pg_database):
                 return True
         except psycopg.Error:
             return False
@@ -142,7 +143,7 @@ class PostgresService:
 
     def _ensure_database(self) -> bool:
         try:
-            with self._connect("postgres") as conn:
+            with self.connect("postgres") as conn:
                 ensure_database(conn, self.s.pg_database)
                 return True
         except psycopg.Error:
@@ -174,10 +175,13 @@ class PostgresReplicaService(PostgresService):
         self.log = settings.state_path() / "postgres-replica" / "postgres.log"
         self.slot = f"concord_replica_{self.port}"
 
+    def _primary(self) -> psycopg.Connection[tuple[object, ...]]:
+        return PostgresService(self.s).connect("postgres")
+
     def healthy(self) -> bool:
         """Up, and a standby (a copy promoted to a primary is not a replica any more)."""
         try:
-            with self._connect(self.s.pg_database) as conn:
+            with self.connect(self.s.pg_database) as conn:
                 return is_standby(conn)
         except psycopg.Error:
             return False
@@ -186,7 +190,7 @@ class PostgresReplicaService(PostgresService):
         """Made again from a base backup when its slot on the primary is gone or lost (it fell
         more than MAX_SLOT_WAL behind): such a replica could never catch up."""
         if (self.data / "PG_VERSION").exists() and not _pid_alive(self.pid()):
-            with PostgresService(self.s)._connect("postgres") as primary:
+            with self._primary() as primary:
                 if replication_slot_state(primary, self.slot) in (None, "lost"):
                     shutil.rmtree(self.data)
         super().up()
@@ -194,7 +198,7 @@ class PostgresReplicaService(PostgresService):
     def _initdb(self) -> None:
         """The base backup of the running primary, with a replication slot of its own."""
         _owned_dir(self.data.parent)
-        with PostgresService(self.s)._connect("postgres") as primary:
+        with self._primary() as primary:
             drop_replication_slot(primary, self.slot)  # a lost one, from an earlier copy
         result = subprocess.run(
             _as_service_user(
@@ -233,6 +237,6 @@ class PostgresReplicaService(PostgresService):
     def remove(self) -> None:
         """Stop it and drop its slot, so that the primary holds no WAL back for it."""
         self.down()
-        with PostgresService(self.s)._connect("postgres") as primary:
+        with self._primary() as primary:
             drop_replication_slot(primary, self.slot)
         shutil.rmtree(self.data, ignore_errors=True)
