@@ -229,6 +229,14 @@ class Settings(BaseSettings):
                 "task_time_limit_s must be below broker_visibility_timeout_s, or Redis "
                 "redelivers tasks that are still running"
             )
+        if self.pg_read_url and not self.pg_read_url.startswith(
+            ("postgresql://", "postgresql+psycopg://")
+        ):
+            # Refused at start-up rather than failing every search once the API serves them.
+            raise ValueError(
+                "CONCORD_PG_READ_URL must be a postgresql:// URL "
+                "(postgresql://user:password@host:port/database)"
+            )
         if self.job_heartbeat_seconds * 3 > self.job_lease_seconds:
             raise ValueError(
                 "job_lease_seconds must be at least three job_heartbeat_seconds, or one late "

@@ -9,6 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from services.cli.output import print_error
+
 console = Console()
 dlq_app = typer.Typer(help="List, show, replay or discard dead letters.", no_args_is_help=True)
 partitions_app = typer.Typer(
@@ -155,9 +157,14 @@ def partitions_place(
     """Give tenants past CONCORD_TENANT_PARTITION_MIN_CHUNKS a partition and HNSW graph of
     their own now (the beat does it every CONCORD_PARTITION_INTERVAL_SECONDS)."""
     from shared.db import unit_of_work
+    from shared.errors import NotFound
     from shared.stores import partitions
 
-    placement = partitions.place_tenants(unit_of_work, tenant_id=tenant, progress=console.print)
+    try:
+        placement = partitions.place_tenants(unit_of_work, tenant_id=tenant, progress=console.print)
+    except NotFound as e:
+        print_error(console, e, label="error:")
+        raise typer.Exit(2) from e
     if placement.skipped:
         console.print("another placement run is under way; try again when it ends")
         raise typer.Exit(1)

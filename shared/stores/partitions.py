@@ -29,8 +29,10 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from shared.db import Transactions
+from shared.errors import NotFound
 from shared.settings import Settings, get_settings
 from shared.stores import repository as repo
+from shared.tenants import repository as tenants_repo
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,9 @@ def _place(
     progress: Callable[[str], None] | None,
 ) -> None:
     if tenant_id is not None:
+        if not tenants_repo.tenant_exists(autocommit, tenant_id):
+            # A typo must not leave a partition behind for a tenant that does not exist.
+            raise NotFound(f"no tenant {tenant_id!r}")
         own = repo.own_partitions(autocommit)
         to_move = [] if tenant_id in own else [tenant_id]
     else:

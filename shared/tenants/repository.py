@@ -27,6 +27,10 @@ def ensure_tenants(session: Session, tenant_ids: Sequence[str]) -> None:
         session.execute(insert(Tenant).values(rows).on_conflict_do_nothing())
 
 
+def tenant_exists(session: Session, tenant_id: str) -> bool:
+    return session.get(Tenant, tenant_id) is not None
+
+
 def add_key(session: Session, key: ApiKey) -> None:
     session.add(key)
     session.flush()

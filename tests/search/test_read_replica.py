@@ -150,3 +150,5 @@ def test_without_a_replica_every_read_is_the_primary(monkeypatch: pytest.MonkeyP
     assert ":5999/" in (Settings(pg_replica_port=5999).read_dsn() or "")
     url = Settings(pg_read_url="postgresql://u:p@replica:5432/concord").read_dsn()
     assert url == "postgresql+psycopg://u:p@replica:5432/concord"
+    with pytest.raises(ValueError, match="CONCORD_PG_READ_URL must be a postgresql:// URL"):
+        Settings(pg_read_url="replica:5432")

@@ -253,3 +253,25 @@ def test_a_graph_build_held_by_an_open_transaction_gives_up_and_the_next_run_bui
     with unit_of_work() as uow:
         assert stores_repo.own_partitions(uow.session)[tenant][1] is True
     assert pg_chunks(tenant) == before
+
+
+def test_placing_an_unknown_tenant_is_refused_and_leaves_the_others_alone(
+    client: TestClient, auth: dict[str, str], tenant: str, worker: Any
+) -> None:
+    """`concord partitions place --tenant` with a typo: a clear error, exit 2, and no
+    partition made for it; the tenant that does exist is placed by the next call as usual."""
+    from typer.testing import CliRunner
+
+    from services.cli.main import app
+
+    _upload_corpus(client, auth, "doc", 3)
+    before = wait_converged(tenant, timeout=120)
+    typo = f"{tenant}-typo"
+    result = CliRunner().invoke(app, ["partitions", "place", "--tenant", typo])
+    assert result.exit_code == 2, result.output
+    assert f"no tenant '{typo}'" in result.output
+    with unit_of_work() as uow:
+        own = stores_repo.own_partitions(uow.session)
+    assert typo not in own and tenant not in own
+    assert _placed(tenant).moved == {tenant: len(before)}
+    assert pg_chunks(tenant) == before
