@@ -29,8 +29,9 @@ from typing import Any
 
 import httpx
 import numpy as np
+import psutil
 from elasticsearch import helpers
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, insert, select, text
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -47,7 +48,8 @@ from shared.stores.chunk_index import ElasticsearchChunkIndex  # noqa: E402
 from shared.stores.elastic import get_es  # noqa: E402
 from shared.stores.english_analysis import analyze  # noqa: E402
 from shared.stores.es_index import tenant_alias  # noqa: E402
-from shared.stores.partitions import place_tenants  # noqa: E402
+from shared.stores.partitions import partition_name, place_tenants  # noqa: E402
+from shared.stores.repository import placement_unlock, try_placement_lock  # noqa: E402
 from shared.tenants import repository as tenants_repo  # noqa: E402
 from shared.tenants.service import create_key  # noqa: E402
 
@@ -107,9 +109,32 @@ def drop_tenant(tenant: str) -> None:
 
 
 def populate(tenant: str, size: int, texts: list[str], vectors: np.ndarray) -> None:
-    """Write ``size`` synthetic chunks to Postgres and Elasticsearch (both stores agree)."""
+    """Write ``size`` synthetic chunks to Postgres and Elasticsearch (both stores agree),
+    holding the placement lock: a placement run meanwhile (the beat, or a `concord eval` or
+    training run syncing its own tenant) would give the half-filled tenant its graph, and
+    every later row would then pay an HNSW insert (at 40,000 of a million rows: the fill went
+    from 1,800 to 100 chunks/s). Placement waits, and places the full tenant afterwards."""
+    with unit_of_work() as guard:
+        while not try_placement_lock(guard.session):
+            time.sleep(1.0)
+        try:
+            # A tenant filled again after a partial run may have its own partition already:
+            # its graph goes too, and the placement after the fill builds it again.
+            graph = f"{partition_name(tenant)}_embedding_hnsw"
+            guard.session.execute(text(f"DROP INDEX IF EXISTS {graph}"))
+            _fill(tenant, size, texts, vectors)
+        finally:
+            placement_unlock(guard.session)
+
+
+def _fill(tenant: str, size: int, texts: list[str], vectors: np.ndarray) -> None:
     rng = np.random.default_rng(size)
+    # A synthetic chunk is two base passages joined by a space; word-piece tokens and stemmed
+    # terms never cross whitespace, so its counts and terms are the sums of the two passages'
+    # (computed once, not per chunk: at a million chunks that is most of the populate time).
     tokenizer = get_embedder().model().tokenizer
+    token_counts = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    stems = [analyze(t) for t in texts]
     es = get_es()
     alias = tenant_alias(get_settings(), tenant)  # the tenant's own index
     assert ElasticsearchChunkIndex().prepare([tenant]) == {}
@@ -145,7 +170,7 @@ def populate(tenant: str, size: int, texts: list[str], vectors: np.ndarray) -> N
             )
             for ordinal in range(min(CHUNKS_PER_DOCUMENT, size - n)):
                 i, j = rng.integers(len(texts), size=2)
-                text = f"{texts[i]} {texts[j]}"
+                text, stemmed = f"{texts[i]} {texts[j]}", f"{stems[i]} {stems[j]}"
                 vector = vectors[i] + 0.5 * vectors[j] + rng.normal(0, 0.02, vectors.shape[1])
                 vector /= np.linalg.norm(vector)
                 cid = f"{doc_id}:{ordinal}"
@@ -161,7 +186,7 @@ def populate(tenant: str, size: int, texts: list[str], vectors: np.ndarray) -> N
                     "section": "",
                     "metadata": {"bucket": n % 10},
                 }
-                tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+                tokens = token_counts[i] + token_counts[j]
                 chunks.append(
                     {
                         "id": cid,
@@ -191,7 +216,7 @@ def populate(tenant: str, size: int, texts: list[str], vectors: np.ndarray) -> N
                             **copied,
                             "text": text,
                             # The BM25 arm matches these (shared/stores/chunk_document.py).
-                            "stemmed": {"title": "", "section": "", "text": analyze(text)},
+                            "stemmed": {"title": "", "section": "", "text": stemmed},
                             "metadata_ranges": range_terms({"bucket": n % 10}),
                             "bucket": bucket_of(cid),
                             "fingerprint": fingerprint(**copied),
@@ -208,6 +233,34 @@ def populate(tenant: str, size: int, texts: list[str], vectors: np.ndarray) -> N
         print(f"\rpopulating {tenant}: {done}/{size} chunks ({rate:.0f}/s)", end="", flush=True)
     es.indices.refresh(index=alias)
     print()
+
+
+def storage(tenant: str) -> dict[str, float]:
+    """What the tenant's chunks take in each store (MB), and Elasticsearch's heap in use."""
+    partition = partition_name(tenant)
+    with unit_of_work() as uow:
+        table, total, graph = uow.session.execute(
+            text(  # 0 for what does not exist (a tenant left in the shared partition)
+                "SELECT coalesce(pg_relation_size(to_regclass(:p)), 0),"
+                " coalesce(pg_total_relation_size(to_regclass(:p)), 0),"
+                " coalesce(pg_relation_size(to_regclass(:g)), 0)"
+            ),
+            {"p": partition, "g": f"{partition}_embedding_hnsw"},
+        ).one()
+    es = get_es()
+    index_stats = es.indices.stats(index=tenant_alias(get_settings(), tenant), metric="store")
+    heap = sum(
+        node["jvm"]["mem"]["heap_used_in_bytes"]
+        for node in es.nodes.stats(metric="jvm")["nodes"].values()
+    )
+    mb = 1024 * 1024
+    return {
+        "pg_rows_mb": round(table / mb),
+        "pg_hnsw_mb": round(graph / mb),
+        "pg_total_mb": round(total / mb),
+        "es_store_mb": round(index_stats["_all"]["primaries"]["store"]["size_in_bytes"] / mb),
+        "es_heap_used_mb": round(heap / mb),
+    }
 
 
 def start_api(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -334,12 +387,16 @@ def main() -> None:
                 queries = all_queries[i * args.queries : (i + 1) * args.queries]
                 results[mode] = run_mode(args.port, key, queries, options)
                 print(f"{size:>7} chunks {mode:<14} {json.dumps(results[mode])}", flush=True)
+            api_rss_mb = round(psutil.Process(api.pid).memory_info().rss / 1024 / 1024)
         finally:
             api.terminate()
             api.wait(timeout=30)
+        footprint = {**storage(tenant), "api_rss_mb": api_rss_mb}
+        print(f"{size:>7} chunks storage {json.dumps(footprint)}", flush=True)
         report["sizes"][str(size)] = {
             **results,
             "placement": {**placement.as_dict(), "seconds": placed_s},
+            "storage": footprint,
         }
     args.out.write_text(json.dumps(report, indent=2))
     print(f"written to {args.out}")

@@ -12,6 +12,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from evaluation import abstain as abstain_eval
 from evaluation import beir, peer, report
 from evaluation.corpus import sync_corpus
@@ -244,20 +246,36 @@ def _abstain(
 def _abstain_policies(
     dataset: beir.Dataset, variant_tenant: str, options: EvalOptions
 ) -> list[tuple[str, dict[str, Any]]]:
-    """The other policies compared on the variant: the rerank score (with the rerank stage,
-    when a cross-encoder is configured) and the dataset tenant's answerability model, which
-    the variant's tenant gets a copy of (a model belongs to a tenant, as a profile does)."""
+    """The other policies compared on the variant: the rerank score (with the rerank stage:
+    a configured cross-encoder's, and the trained ``--reranker``'s) and the dataset tenant's
+    answerability model. The variant's tenant gets a copy of the models it uses (a model
+    belongs to a tenant, as a profile does; a reranker's copy points at the same files)."""
     policies: list[tuple[str, dict[str, Any]]] = []
+    rerank = {"enabled": True, "window": options.rerank_window}
     if options.rerank and get_settings().rerank_kind != "none":  # a configured cross-encoder
-        policies.append(
-            ("rerank score", {"rerank": {"enabled": True}, "policy": {"score_type": "rerank"}})
-        )
+        policies.append(("rerank score", {"rerank": rerank, "policy": {"score_type": "rerank"}}))
+    source_tenant = eval_tenant(dataset)
     with unit_of_work() as uow:
+        if options.reranker:
+            _share_reranker(uow.session, source_tenant, variant_tenant, options.reranker)
+            policies.append(
+                (
+                    f"rerank score:{options.reranker}",
+                    {
+                        "rerank": {**rerank, "model": options.reranker},
+                        "policy": {"score_type": "rerank"},
+                    },
+                )
+            )
         name = options.answerability or answerability.DEFAULT_MODEL
-        entries = answerability.list_for_tenant(uow.session, eval_tenant(dataset))
+        entries = answerability.list_for_tenant(uow.session, source_tenant)
         source = next((e for e in entries if e.name == name), None)
         if source is not None:
             answerability.register(uow.session, variant_tenant, name, source.model, source.card)
+            if source.model.get("reranker"):
+                _share_reranker(
+                    uow.session, source_tenant, variant_tenant, source.model["reranker"]
+                )
             policies.append(
                 (
                     f"answerability:{name}",
@@ -265,6 +283,14 @@ def _abstain_policies(
                 )
             )
     return policies
+
+
+def _share_reranker(session: Session, source_tenant: str, tenant: str, name: str) -> None:
+    """Register ``source_tenant``'s reranker for the eval's variant tenant too, pointing at the
+    same files (the variant exists for the eval; `concord reranker delete` of its copy would
+    remove the source's files, so remove the variant tenant instead)."""
+    entry = rerankers.get(session, source_tenant, name)
+    rerankers.register(session, tenant, name, Path(entry.path), entry.base_model, entry.card)
 
 
 def targets(result: dict[str, Any]) -> list[dict[str, Any]]:

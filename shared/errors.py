@@ -37,6 +37,11 @@ class NotFound(ConcordError):
     code = "not_found"
 
 
+class Conflict(ConcordError):
+    status_code = 409
+    code = "conflict"
+
+
 class PayloadTooLarge(ConcordError):
     status_code = 413
     code = "payload_too_large"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -189,6 +190,11 @@ class Settings(BaseSettings):
     tenant_partition_min_chunks: int = 5_000
     # How often the beat places tenants (moves those past the threshold, builds graphs).
     partition_interval_seconds: float = 60.0
+    # maintenance_work_mem of a tenant's HNSW graph build (one build at a time). A graph that
+    # outgrows it is finished on disk, much slower. A 384-dimension graph takes about 2.1 kB
+    # per chunk, so Postgres' 64 MB default holds 30,000 chunks and 3 GB 1.4 million. Memory is
+    # taken as the graph grows: a small tenant's build uses little of it.
+    pg_graph_build_memory: str = "3GB"
     # multi_match best_fields over title, section and text; the tie breaker adds that share of
     # the other fields' scores. Chosen on SciFact's train split (concord tune searches both).
     lexical_field_boosts: dict[str, float] = {"title": 1.0, "section": 1.0, "text": 1.0}
@@ -236,6 +242,12 @@ class Settings(BaseSettings):
             raise ValueError(
                 "CONCORD_PG_READ_URL must be a postgresql:// URL "
                 "(postgresql://user:password@host:port/database)"
+            )
+        if not re.fullmatch(r"\d+(kB|MB|GB|TB)", self.pg_graph_build_memory):
+            # Postgres would refuse it at every graph build, a minute apart, in the worker log.
+            raise ValueError(
+                "CONCORD_PG_GRAPH_BUILD_MEMORY must be a Postgres memory size such as 512MB or "
+                f"3GB (units kB, MB, GB, TB), not {self.pg_graph_build_memory!r}"
             )
         if self.job_heartbeat_seconds * 3 > self.job_lease_seconds:
             raise ValueError(

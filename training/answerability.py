@@ -5,7 +5,11 @@ Labels come from the simulation ``concord tune`` uses: each judged query runs on
 service's own dense and BM25 arms (the search's default request), and gives two examples: the
 arms as they are (the index holds an answer: answerable) and the same arms with every chunk
 of the query's relevant documents removed (the index without its answer: unanswerable).
-Features are the ones a search computes (shared/answerability/features.py). The model class
+Features are the ones a search computes (shared/answerability/features.py); with
+``--reranker NAME`` also that trained reranker's scores of the first results. A reranker has
+learned its own training queries' documents, so its scores of them would be better than any
+it gives a new query: the model then trains only on the judged queries the reranker never saw
+(those after the ones its training used). The model class
 and penalty are chosen on held-out training queries (5 folds, a query's two examples in the
 same fold), calibrated by Platt scaling on the out-of-fold scores, and the abstain threshold
 is the one with the highest abstain recall at <= 5 % false abstains on those scores."""
@@ -28,12 +32,18 @@ from shared.answerability import service as registry
 from shared.answerability.features import (
     FEATURE_DEPTH,
     FEATURE_NAMES,
+    RERANK_FEATURE_NAMES,
+    RERANK_WINDOW,
     answerability_features,
     per_document,
+    rerank_features,
 )
 from shared.db import unit_of_work
+from shared.rerankers import service as rerankers
+from shared.rerankers.scoring import Reranker, get_trained_reranker, rerank_passage
+from shared.search.fusion import ArmHit, fuse
 from shared.search.schemas import SearchRequest
-from shared.search.service import dense_arm, lexical_arm, query_vector
+from shared.search.service import dense_arm, lexical_arm, query_vector, search
 from shared.settings import get_settings
 from shared.stores.schemas import document_of_chunk
 from training import repository as repo
@@ -52,6 +62,7 @@ class AnswerabilityOptions:
     max_queries: int | None = None
     max_false_abstain: float = 0.05
     seed: int = 13
+    reranker: str | None = None  # a trained reranker of the dataset's tenant whose scores it reads
 
 
 def train_answerability(
@@ -65,12 +76,28 @@ def train_answerability(
         raise TrainingRefused(f"{len(queries)} judged {options.split} queries: need {FOLDS}+")
     tenant = eval_tenant(dataset)
     sync_corpus(tenant, dataset.corpus, progress, 3600)
+    reranker: Reranker | None = None
+    reranker_files: str | None = None
+    seen_by_reranker = 0
     with unit_of_work() as uow:
         external_of = repo.external_ids_by_document(uow.session, tenant)
+        if options.reranker is not None:
+            entry = rerankers.get(uow.session, tenant, options.reranker)
+            reranker, reranker_files = get_trained_reranker(entry.path), entry.path
+            seen_by_reranker = _queries_seen(entry.card, options.split)
+    if seen_by_reranker:
+        queries = dataset.queries_outside_test(options.split)[0][seen_by_reranker:]
+        queries = queries[: options.max_queries]
+        if len(queries) < FOLDS:
+            raise TrainingRefused(
+                f"reranker {options.reranker!r} was trained on the first {seen_by_reranker} "
+                f"judged {options.split} queries, which leaves {len(queries)} it never saw; "
+                f"need {FOLDS}+: train it with --max-queries to leave some"
+            )
 
-    x, y, groups = _examples(tenant, queries, qrels, external_of, progress)
+    x, y, groups = _examples(tenant, queries, qrels, external_of, reranker, progress)
     folds = learn.folds_by_group(groups, FOLDS, options.seed)
-    names = list(FEATURE_NAMES)
+    names = list(FEATURE_NAMES) + (list(RERANK_FEATURE_NAMES) if reranker else [])
     candidates = []
     for i, variant in enumerate(learn.VARIANTS, start=1):
         logits = learn.out_of_fold_logits(x, y, folds, variant, names)
@@ -91,12 +118,18 @@ def train_answerability(
         "model": final.to_json(),
         "thresholds": {"abstain": abstain["threshold"], "answer": answer},
         "feature_depth": FEATURE_DEPTH,
+        "reranker": options.reranker,
+        # The training run of that reranker (each writes a directory of its own): a reranker
+        # retrained under the same name gives other scores, which this model never saw.
+        "reranker_files": reranker_files,
     }
     card = {
         "dataset": dataset.name,
         "split": options.split,
         "tenant": tenant,
         "queries": len(queries),
+        "reranker": options.reranker,
+        "queries_skipped_as_seen_by_the_reranker": seen_by_reranker,
         "examples": {"answerable": int(y.sum()), "unanswerable": int(len(y) - y.sum())},
         "labels": "each query with its arms as retrieved (answerable) and with its relevant "
         "documents removed (unanswerable)",
@@ -135,11 +168,21 @@ def train_answerability(
     return {"name": name, **card}
 
 
+def _queries_seen(card: dict[str, Any], split: str) -> int:
+    """How many of the split's judged queries (in the order training reads them) the
+    reranker with this card trained or validated on: the first ones."""
+    data = card["data"]
+    if data["split"] != split:
+        return 0
+    return int(data["queries_used_for_training"]) + int(data["queries_held_out_for_validation"])
+
+
 def _examples(
     tenant: str,
     queries: list[tuple[str, str]],
     qrels: beir.Qrels,
     external_of: dict[str, str],
+    reranker: Reranker | None,
     progress: Progress,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     settings = get_settings()
@@ -153,19 +196,47 @@ def _examples(
         relevant = {d for d, r in qrels[qid].items() if r > 0}
 
         unanswered = (
-            [h for h in dense if external_of.get(document_of(h.chunk_id)) not in relevant],
-            [h for h in lexical if external_of.get(document_of(h.chunk_id)) not in relevant],
+            _without(dense, relevant, external_of),
+            _without(lexical, relevant, external_of),
         )
-        for label, d, lex in ((1, dense, lexical), (0, *unanswered)):
-            rows.append(
-                answerability_features(
-                    text, per_document(d, document_of), per_document(lex, document_of)
-                )
+        first: tuple[list[str], list[str]] = ([], [])
+        if reranker is not None:
+            first = _first_results(tenant, request, unanswered)
+        for label, d, lex, results in (
+            (1, dense, lexical, first[0]),
+            (0, *unanswered, first[1]),
+        ):
+            row = answerability_features(
+                text, per_document(d, document_of), per_document(lex, document_of)
             )
+            if reranker is not None:
+                scores = reranker.score(text, results) if results else []
+                row = np.concatenate([row, rerank_features(scores)])
+            rows.append(row)
             labels.append(label)
             groups.append(i)
         progress("retrieve (train queries)", i, len(queries))
     return np.asarray(rows), np.asarray(labels, dtype=np.float64), np.asarray(groups)
+
+
+def _without(hits: list[ArmHit], relevant: set[str], external_of: dict[str, str]) -> list[ArmHit]:
+    """The arm's hits without the chunks of the ``relevant`` documents (external ids)."""
+    return [h for h in hits if external_of.get(document_of_chunk(h.chunk_id)) not in relevant]
+
+
+def _first_results(
+    tenant: str, request: SearchRequest, unanswered: tuple[list[ArmHit], list[ArmHit]]
+) -> tuple[list[str], list[str]]:
+    """The reranker passages of the first RERANK_WINDOW live results in fused order (what a
+    search's judgement reads): as the search serves them, and as the index without the
+    query's relevant documents would (both arms without them, fused again)."""
+    served = search(unit_of_work, tenant, request.model_copy(update={"top_k": 100})).results
+    passage_of = {r.chunk_id: rerank_passage(r.title, r.text) for r in served}
+    without = fuse({"dense": unanswered[0], "lexical": unanswered[1]}, request.fusion)
+    return (
+        [passage_of[r.chunk_id] for r in served[:RERANK_WINDOW]],
+        [passage_of[cid] for cid, _ in without if cid in passage_of][:RERANK_WINDOW],
+    )
 
 
 def _curve(probability: np.ndarray, answerable: np.ndarray) -> list[dict[str, float]]:

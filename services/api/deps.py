@@ -83,6 +83,10 @@ PROTECTED_ROUTE_ERRORS: dict[int | str, dict[str, Any]] = {
     503: _error("A store Concord needs is unavailable; retry later"),
 }
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: _error("No such object for the caller's tenant")}
+# A search's answerability model was trained on an earlier training of the reranker it reads.
+MODEL_OUT_OF_DATE: dict[int | str, dict[str, Any]] = {
+    409: _error("The selected answerability model is out of date with its reranker: train it again")
+}
 UPLOAD_ERRORS: dict[int | str, dict[str, Any]] = {
     400: _error("The upload is malformed (e.g. a bad filename or metadata)"),
     413: _error("The upload is larger than CONCORD_MAX_UPLOAD_BYTES"),

@@ -28,17 +28,22 @@ def train(
     ),
     max_queries: int = typer.Option(None, min=5, help="Use only the first N judged queries."),
     seed: int = typer.Option(13),
+    reranker: str = typer.Option(
+        None,
+        help="Also read this trained reranker's scores of the first results (trains on the "
+        "judged queries the reranker never saw: train it with --max-queries to leave some).",
+    ),
 ) -> None:
     """Learn from the split's judgements when the dataset's tenant cannot answer a query, and
     register the model (search with "policy": {"score_type": "answerability"})."""
     from training.answerability import AnswerabilityOptions, train_answerability
     from training.reranker import TrainingRefused
 
-    options = AnswerabilityOptions(split, max_queries, max_false_abstain, seed)
+    options = AnswerabilityOptions(split, max_queries, max_false_abstain, seed, reranker)
     try:
         with stage_progress() as progress:
             card = train_answerability(dataset, name, options, progress)
-    except (DatasetError, TrainingRefused) as e:
+    except (DatasetError, TrainingRefused, NotFound) as e:
         print_error(console, e)
         raise typer.Exit(2) from e
     console.print_json(data=card)

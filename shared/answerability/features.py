@@ -7,6 +7,11 @@ two arms agree, not at one score: when the answer is in the index, dense and BM2
 find the same document first and the top score stands out of the list (the post-retrieval
 predictors NQC, WIG and the arms' agreement; see ../shared/notes/answerability.md).
 
+A model trained with one of the tenant's rerankers (``concord answerability train --reranker``)
+also reads that cross-encoder's scores of the first ``RERANK_WINDOW`` results in fused order
+(:func:`rerank_features`): the shape features cannot tell a passage *about* the claim from one
+that answers it; a cross-encoder trained on the tenant's judgements reads both texts.
+
 The same function computes them at training time (from the arms with and without the
 query's relevant documents) and at search time (from the arms the search already ran), so a
 model never sees features computed any other way. Lists are read per document (a document's
@@ -42,6 +47,17 @@ FEATURE_NAMES = (
     "dense_rank_of_lexical_top1",  # 1 / rank (0 when the dense arm did not find it)
     "lexical_rank_of_dense_top1",
     "query_log_words",
+)
+
+# The reranker's scores (raw logits) of the first RERANK_WINDOW results in fused order.
+RERANK_WINDOW = 10
+RERANK_FEATURE_NAMES = (
+    "rerank_top1",  # the best passage's score
+    "rerank_of_fused_top1",  # the score of the fused ranking's first result
+    "rerank_gap_1_2",  # best minus second-best score
+    "rerank_mean3",  # mean of the three best
+    "rerank_mean",  # mean and spread over the window
+    "rerank_std",
 )
 
 _WORD = re.compile(r"\w+")
@@ -91,6 +107,26 @@ def answerability_features(
         math.log(words),
     ]
     return np.asarray(features, dtype=np.float64)
+
+
+def rerank_features(scores: Sequence[float]) -> np.ndarray:
+    """The features (in RERANK_FEATURE_NAMES order) from the reranker's scores of the first
+    results in fused order (at most RERANK_WINDOW of them)."""
+    window = np.asarray(list(scores)[:RERANK_WINDOW], dtype=np.float64)
+    if not len(window):  # nothing retrieved: scores far below any passage's, no spread
+        return np.asarray([-10.0, -10.0, 0.0, -10.0, -10.0, 0.0])
+    best = np.sort(window)[::-1]
+    return np.asarray(
+        [
+            best[0],
+            window[0],
+            best[0] - _at(best, 1, float(best[0])),
+            float(best[:3].mean()),
+            float(window.mean()),
+            _std(window),
+        ],
+        dtype=np.float64,
+    )
 
 
 def _at(values: np.ndarray, i: int, default: float) -> float:

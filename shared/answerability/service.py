@@ -4,14 +4,19 @@ prediction a search asks of one. Every lookup is scoped to the caller's tenant."
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import numpy as np
 from sqlalchemy.orm import Session
 
-from shared.answerability.features import FEATURE_NAMES, answerability_features, per_document
+from shared.answerability.features import (
+    answerability_features,
+    per_document,
+    rerank_features,
+)
 from shared.answerability.model import AnswerabilityModel
 from shared.answerability.schemas import AnswerabilityModelView, AnswerabilityTrace
 from shared.db.repository import now
@@ -29,6 +34,10 @@ class LoadedModel:
     model: AnswerabilityModel
     abstain_below: float
     verify_below: float
+    # The tenant's reranker whose scores of the first results the model reads (None: it reads
+    # the arms' scores only), and the files of the training run it was trained with.
+    reranker: str | None = None
+    reranker_files: str | None = None
 
     def judge(
         self,
@@ -38,10 +47,17 @@ class LoadedModel:
         document_of: Callable[[str], str],
         abstain_below: float | None = None,
         verify_below: float | None = None,
+        rerank_scores: Sequence[float] | None = None,
     ) -> AnswerabilityTrace:
+        """``rerank_scores``: the reranker's scores of the first results in fused order
+        (required when the model has a reranker)."""
         features = answerability_features(
             query, per_document(dense, document_of), per_document(lexical, document_of)
         )
+        if self.reranker is not None:
+            if rerank_scores is None:
+                raise ValueError(f"model {self.name!r} reads reranker {self.reranker!r} scores")
+            features = np.concatenate([features, rerank_features(rerank_scores)])
         contributions = self.model.contributions(features)
         abstain = self.abstain_below if abstain_below is None else abstain_below
         return AnswerabilityTrace(
@@ -49,7 +65,10 @@ class LoadedModel:
             probability=round(float(self.model.probability(features)[0]), 6),
             abstain_below=abstain,
             verify_below=max(abstain, self.verify_below if verify_below is None else verify_below),
-            features={n: round(float(v), 4) for n, v in zip(FEATURE_NAMES, features, strict=True)},
+            features={
+                n: round(float(v), 4)
+                for n, v in zip(self.model.feature_names, features, strict=True)
+            },
             contributions=dict(sorted(contributions.items(), key=lambda kv: -abs(kv[1]))),
         )
 
@@ -93,6 +112,8 @@ def load(entry: TrainedAnswerability) -> LoadedModel:
             AnswerabilityModel.from_json(entry.model["model"]),
             float(thresholds["abstain"]),
             float(thresholds["answer"]),
+            entry.model.get("reranker"),
+            entry.model.get("reranker_files"),
         )
         if len(_parsed) >= _PARSED_MAX:
             _parsed.clear()

@@ -26,10 +26,11 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from shared.answerability import service as answerability
+from shared.answerability.features import RERANK_WINDOW
 from shared.answerability.schemas import AnswerabilityTrace
 from shared.db import Transactions
 from shared.db.replica import reads_for_search
-from shared.errors import BadRequest, StoreUnavailable
+from shared.errors import BadRequest, Conflict, NotFound, StoreUnavailable
 from shared.ingest.embedding import get_embedder
 from shared.metrics import (
     DEGRADED_QUERIES,
@@ -144,15 +145,31 @@ class _Query:
 def _answerability_model(
     session: Session, tenant_id: str, request: SearchRequest
 ) -> answerability.LoadedModel:
-    """The tenant's answerability model the request names (404 if it has none by that name);
-    its features are both arms' scores, so only a hybrid search can use it."""
+    """The tenant's answerability model the request names (404 if it has none by that name,
+    or if the reranker it reads is gone; 409 if that reranker was trained again since); its
+    features are both arms' scores, so only a hybrid search can use it."""
     if request.mode != "hybrid":
         raise BadRequest(
             'policy.score_type "answerability" needs mode "hybrid": the model judges both '
             f"arms' scores, and a {request.mode} search runs one"
         )
     name = request.policy.answerability_model or answerability.DEFAULT_MODEL
-    return answerability.load(answerability.get(session, tenant_id, name))
+    judge = answerability.load(answerability.get(session, tenant_id, name))
+    if judge.reranker is None:
+        return judge
+    try:
+        files = rerankers.get(session, tenant_id, judge.reranker).path
+    except NotFound as e:
+        raise NotFound(
+            f"answerability model {name!r} reads the scores of reranker {judge.reranker!r}, "
+            "which this tenant no longer has: train the model again"
+        ) from e
+    if files != judge.reranker_files:
+        raise Conflict(
+            f"answerability model {name!r} was trained on the scores of an earlier training "
+            f"of reranker {judge.reranker!r}: train the model again"
+        )
+    return judge
 
 
 def search(
@@ -294,13 +311,9 @@ def _respond(
     request, settings = query.request, query.settings
     arms, vector, fused = retrieved.arms, retrieved.vector, retrieved.fused
     degraded = list(retrieved.degraded)
-    judged = (
-        timings.timed("answerability", lambda: _judge(query, arms))
-        if query.answerability is not None
-        else None
-    )
     with timings.stage("hydrate"):
         candidates, dropped = _hydrate_enough(query, fused[offset:], vector)
+    hydrated = candidates  # in fused order, before a rerank reorders them
     by_arm = {arm: {h.chunk_id: h for h in hits} for arm, hits in arms.items()}
     fused_rank = {cid: (rank, score) for rank, (cid, score) in enumerate(fused, start=1)}
 
@@ -312,6 +325,14 @@ def _respond(
             )
         if rerank_error:
             degraded.append("rerank_unavailable")
+    judged = (
+        timings.timed(
+            "answerability",
+            lambda: _judge(query, retrieved, hydrated, offset, trained_reranker, rerank_info),
+        )
+        if query.answerability is not None
+        else None
+    )
     if request.mmr is not None:
         with timings.stage("mmr"):
             # Diversify within a window of the best candidates, not all of them.
@@ -422,20 +443,77 @@ def group_by_document(results: list[SearchResult]) -> list[DocumentGroup]:
     return list(groups.values())
 
 
-def _judge(query: _Query, arms: dict[str, list[ArmHit]]) -> AnswerabilityTrace | None:
-    """The model's judgement of the query from both arms' scores; None if an arm was down
-    (the policy then asks for verification rather than guess)."""
-    if query.answerability is None or set(arms) != {"dense", "lexical"}:
+def _judge(
+    query: _Query,
+    retrieved: Retrieved,
+    hydrated: list[Candidate],
+    offset: int,
+    trained_reranker: str | None,
+    rerank_info: dict[str, tuple[float, int]],
+) -> AnswerabilityTrace | None:
+    """The model's judgement of the query from both arms' scores (and, for a model that reads
+    a reranker, that reranker's scores of the first results in fused order); None if an arm
+    or the reranker was unavailable (the policy then asks for verification, not a guess)."""
+    model, arms = query.answerability, retrieved.arms
+    if model is None or set(arms) != {"dense", "lexical"}:
         return None
+    rerank_scores: list[float] | None = None
+    if model.reranker is not None:
+        first = _first_live_results(query, retrieved, hydrated if offset == 0 else [])
+        rerank_scores = _first_results_scores(query, first, trained_reranker, rerank_info)
+        if rerank_scores is None:
+            return None
     o = query.request.policy
-    return query.answerability.judge(
+    return model.judge(
         query.request.query,
         arms["dense"],
         arms["lexical"],
         document_of_chunk,
         abstain_below=o.min_score,
         verify_below=o.verify_below,
+        rerank_scores=rerank_scores,
     )
+
+
+def _first_live_results(
+    query: _Query, retrieved: Retrieved, hydrated: list[Candidate]
+) -> list[Candidate]:
+    """The first RERANK_WINDOW live chunks of the ranking the search serves from (fused, then
+    boosted or, for a paginated search, capped per document, as the request asks): the same
+    on every page and for any top_k. Taken from the page's hydrated candidates when they hold
+    them all, else hydrated here. The model trained on those of a default request."""
+    window = [cid for cid, _ in retrieved.fused[:RERANK_WINDOW]]
+    by_id = {c.chunk_id: c for c in hydrated}
+    if all(cid in by_id for cid in window):
+        return [by_id[cid] for cid in window]
+    # Twice the window: room for stale hits, which are dropped as the page's own are.
+    live, _ = _hydrate(query, retrieved.fused[: 2 * RERANK_WINDOW], retrieved.vector, [])
+    return live[:RERANK_WINDOW]
+
+
+def _first_results_scores(
+    query: _Query,
+    first_results: list[Candidate],
+    trained_reranker: str | None,
+    rerank_info: dict[str, tuple[float, int]],
+) -> list[float] | None:
+    """The answerability model's reranker's scores of ``first_results``: the rerank stage's
+    when it ran that reranker over all of them, else scored here (within the rerank budget)."""
+    assert query.answerability is not None and query.answerability.reranker_files is not None
+    files = query.answerability.reranker_files  # checked against the registry: the live one
+    if trained_reranker == files and all(c.chunk_id in rerank_info for c in first_results):
+        return [rerank_info[c.chunk_id][0] for c in first_results]
+    try:
+        reranker = get_trained_reranker(files, query.settings)
+        return rerank_within_budget(
+            reranker,
+            query.request.query,
+            [rerank_passage(c.title, c.text) for c in first_results],
+            query.request.rerank.budget_ms,
+        )
+    except Exception as e:  # a reranker that cannot load or score must not fail the search
+        log.warning("answerability reranker unavailable: %s: %s", type(e).__name__, e)
+        return None
 
 
 def _timed_arm(timings: StageTimes, name: str, fn: Callable[[], T]) -> T:

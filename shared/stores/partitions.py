@@ -122,7 +122,9 @@ def _place(
             continue
         started = time.monotonic()
         try:
-            repo.build_hnsw_graph(autocommit, partition, GRAPH_LOCK_TIMEOUT_MS)
+            repo.build_hnsw_graph(
+                autocommit, partition, GRAPH_LOCK_TIMEOUT_MS, settings.pg_graph_build_memory
+            )
         except OperationalError as e:  # a transaction open longer than the timeout
             log.warning("HNSW graph of tenant %s not built, next run: %s", tenant, e.orig)
             placement.busy.append(tenant)

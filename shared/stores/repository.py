@@ -466,7 +466,9 @@ def placement_unlock(session: Session) -> None:
     )
 
 
-def build_hnsw_graph(session: Session, partition: str, lock_timeout_ms: int) -> None:
+def build_hnsw_graph(
+    session: Session, partition: str, lock_timeout_ms: int, build_memory: str
+) -> None:
     """The partition's HNSW index, built CONCURRENTLY (reads and writes go on meanwhile; the
     tenant's search is an exact scan until it is valid). An invalid one an interrupted build
     left is dropped first. The session's connection must be in autocommit (the placement
@@ -475,19 +477,27 @@ def build_hnsw_graph(session: Session, partition: str, lock_timeout_ms: int) -> 
     A concurrent build first waits for every transaction already open to end; one left open
     (a stuck client) would hold the build, and the worker running it, forever. So the waits
     have ``lock_timeout_ms``: past it the build fails (OperationalError) and leaves an invalid
-    index, which the next run drops and builds again."""
+    index, which the next run drops and builds again. ``build_memory`` is the build's
+    maintenance_work_mem (settings.pg_graph_build_memory)."""
     connection = session.connection()
-    connection.execute(
-        text("SELECT set_config('lock_timeout', :ms, false)"), {"ms": f"{int(lock_timeout_ms)}ms"}
-    )
     index = f"{partition}_embedding_hnsw"
-    invalid = connection.scalar(
-        text("SELECT NOT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(:index)"),
-        {"index": index},
-    )
-    if invalid:
-        connection.execute(text(f"DROP INDEX CONCURRENTLY IF EXISTS {index}"))
-    try:
+    try:  # the pooled connection gets its settings back whatever fails
+        connection.execute(
+            text("SELECT set_config('lock_timeout', :ms, false)"),
+            {"ms": f"{int(lock_timeout_ms)}ms"},
+        )
+        connection.execute(
+            text("SELECT set_config('maintenance_work_mem', :memory, false)"),
+            {"memory": build_memory},
+        )
+        invalid = connection.scalar(
+            text(
+                "SELECT NOT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(:index)"
+            ),
+            {"index": index},
+        )
+        if invalid:
+            connection.execute(text(f"DROP INDEX CONCURRENTLY IF EXISTS {index}"))
         connection.execute(
             text(
                 f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON {partition}"
@@ -499,6 +509,7 @@ def build_hnsw_graph(session: Session, partition: str, lock_timeout_ms: int) -> 
         connection.execute(text(f"ANALYZE {partition}"))
     finally:
         connection.execute(text("SELECT set_config('lock_timeout', '0', false)"))
+        connection.execute(text("RESET maintenance_work_mem"))
 
 
 def rows_per_partition(session: Session) -> dict[str, int]:

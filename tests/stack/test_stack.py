@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from services.cli.stack import _pid_alive, _read_pid
 
@@ -126,6 +127,30 @@ def test_docker_compose_file_is_valid():
     assert result.returncode == 0, result.stderr
     for service in ("postgres", "redis", "elasticsearch", "api", "worker", "relay-worker", "beat"):
         assert f"{service}:" in result.stdout
+
+
+def test_the_scaled_out_compose_layout_merges_over_the_single_node_one():
+    command = _compose_command()
+    if command is None:
+        pytest.skip("no docker compose client on this machine")
+    files = ("docker-compose.yml", "docker-compose.scale.yml")
+    result = subprocess.run(
+        [*command, *(a for f in files for a in ("-f", str(ROOT / f))), "config"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    merged = yaml.safe_load(result.stdout)["services"]
+    assert {"postgres-replica", "es02", "es03"} <= set(merged)
+    assert merged["elasticsearch"]["environment"]["discovery.type"] == "multi-node"
+    for service in ("api", "worker", "relay-worker", "beat", "migrate"):
+        env = merged[service]["environment"]
+        # The single-node settings are still there; the scaled ones are added to them.
+        assert env["CONCORD_PG_HOST"] == "postgres"
+        assert env["CONCORD_ES_URLS"].count("http://") == 3
+        assert env["CONCORD_ES_REPLICAS"] == "1"
+        assert env["CONCORD_PG_READ_URL"].endswith("@postgres-replica:5432/concord")
 
 
 def test_the_supervisor_restarts_a_killed_worker_and_beat_and_counts_it(state_root: Path):

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from alembic import command
 from fastapi.testclient import TestClient
-from sqlalchemy import text
+from sqlalchemy import event, text
+from sqlalchemy.exc import DBAPIError
 
 from services.cli.stack import PostgresService
 from shared.db import unit_of_work
@@ -275,3 +276,44 @@ def test_placing_an_unknown_tenant_is_refused_and_leaves_the_others_alone(
     assert typo not in own and tenant not in own
     assert _placed(tenant).moved == {tenant: len(before)}
     assert pg_chunks(tenant) == before
+
+
+def test_a_graph_build_memory_postgres_would_refuse_is_refused_at_start_up() -> None:
+    assert Settings(pg_graph_build_memory="512MB").pg_graph_build_memory == "512MB"
+    for wrong in ("3gb", "3 GB", "lots", ""):
+        with pytest.raises(ValueError, match="CONCORD_PG_GRAPH_BUILD_MEMORY must be"):
+            Settings(pg_graph_build_memory=wrong)
+
+
+def test_a_graph_build_sets_its_memory_and_gives_the_connection_back_as_it_was(
+    client: TestClient, auth: dict[str, str], tenant: str, worker: Any
+) -> None:
+    """The build runs with the build memory (a pooled connection must not keep it, nor the
+    lock timeout), also when it fails."""
+    _upload_corpus(client, auth, "doc", 2)
+    wait_converged(tenant, timeout=120)
+    assert _placed(tenant, tenant_partition_min_chunks=1).moved
+    partition = partitions.partition_name(tenant)
+    with unit_of_work() as uow:
+        connection = uow.session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+        seen: list[str] = []
+
+        def watch(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+            if statement.startswith("CREATE INDEX"):
+                seen.append(conn.exec_driver_sql("SHOW maintenance_work_mem").scalar())
+
+        event.listen(connection, "before_cursor_execute", watch)
+        try:
+            connection.execute(text(f"DROP INDEX IF EXISTS {partition}_embedding_hnsw"))
+            stores_repo.build_hnsw_graph(uow.session, partition, 10_000, "777MB")
+            assert seen == ["777MB"]
+            assert connection.exec_driver_sql("SHOW maintenance_work_mem").scalar() == "64MB"
+            assert connection.exec_driver_sql("SHOW lock_timeout").scalar() == "0"
+            with pytest.raises(DBAPIError):  # Postgres refuses the size: nothing stays behind
+                stores_repo.build_hnsw_graph(uow.session, partition, 10_000, "3 parsecs")
+            assert connection.exec_driver_sql("SHOW maintenance_work_mem").scalar() == "64MB"
+            assert connection.exec_driver_sql("SHOW lock_timeout").scalar() == "0"
+        finally:
+            event.remove(connection, "before_cursor_execute", watch)
+    with unit_of_work() as uow:
+        assert stores_repo.own_partitions(uow.session)[tenant][1] is True

@@ -7,6 +7,7 @@ verify or answer, with the probability and features in the decision), compared b
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +18,23 @@ from fastapi.testclient import TestClient
 from evaluation import beir
 from evaluation.harness import EvalOptions, eval_tenant, run_eval
 from shared.answerability import model as learn
-from shared.answerability.features import FEATURE_NAMES, answerability_features
+from shared.answerability.features import (
+    FEATURE_NAMES,
+    RERANK_FEATURE_NAMES,
+    RERANK_WINDOW,
+    answerability_features,
+    rerank_features,
+)
 from shared.answerability.schemas import AnswerabilityTrace
+from shared.db import unit_of_work
+from shared.errors import NotFound
+from shared.rerankers import service as rerankers
+from shared.search import service as search_service
 from shared.search.policy import Candidate, PolicyConfig, apply_policy
 from tests.evaluation.test_evaluation import TINY, poster
 from tests.helpers import key_headers
 from training.answerability import AnswerabilityOptions, train_answerability
-from training.reranker import TrainingRefused
+from training.reranker import TrainingOptions, TrainingRefused, train_reranker
 
 
 def _quiet(stage: str, done: int, total: int) -> None:
@@ -97,6 +108,18 @@ def test_features_name_every_value_and_read_each_list_per_document() -> None:
     assert features["lexical_rank_of_dense_top1"] == 1.0
     empty = answerability_features("q", [], [])
     assert np.all(np.isfinite(empty))
+
+
+def test_rerank_features_read_the_window_in_fused_order() -> None:
+    features = dict(zip(RERANK_FEATURE_NAMES, rerank_features([1.0, 3.0, 2.0]), strict=True))
+    assert features["rerank_top1"] == 3.0 and features["rerank_of_fused_top1"] == 1.0
+    assert features["rerank_gap_1_2"] == 1.0 and features["rerank_mean3"] == 2.0
+    assert features["rerank_mean"] == 2.0 and features["rerank_std"] > 0
+    # Only the window counts: a score past it changes nothing.
+    window = [0.5] * RERANK_WINDOW
+    assert np.array_equal(rerank_features(window), rerank_features([*window, 9.0]))
+    nothing = rerank_features([])
+    assert len(nothing) == len(RERANK_FEATURE_NAMES) and nothing[0] < -5
 
 
 # --- the policy's decisions (pure) ------------------------------------------------------
@@ -269,3 +292,79 @@ def test_trained_registered_served_and_used_by_search_and_eval(
     removed = CliRunner().invoke(app, ["answerability", "delete", "default", "--tenant", tenant])
     assert removed.exit_code == 0, removed.output
     assert client.get("/v1/answerability-models", headers=headers).json() == []
+
+
+@pytest.mark.usefixtures("worker")
+def test_a_model_reading_a_trained_reranker_trains_on_queries_the_reranker_never_saw(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tiny dataset has 8 judged train queries: a reranker trained on the first 3 leaves 5
+    (one per fold); one trained on the first 4 leaves too few, and training says so."""
+    few_steps = TrainingOptions(max_steps=2, batch_size=8, rerank_window=5, mining_depth=10)
+    train_reranker(TINY, "ce-first-3", replace(few_steps, max_queries=3), _quiet)
+    train_reranker(TINY, "ce-first-4", replace(few_steps, max_queries=4, max_steps=1), _quiet)
+    with pytest.raises(TrainingRefused, match="leaves 4 it never saw"):
+        train_answerability(TINY, "never", AnswerabilityOptions(reranker="ce-first-4"), _quiet)
+
+    card = train_answerability(TINY, "with-ce", AnswerabilityOptions(reranker="ce-first-3"), _quiet)
+    assert card["reranker"] == "ce-first-3"
+    assert card["queries_skipped_as_seen_by_the_reranker"] == 3 and card["queries"] == 5
+    assert set(card["linear_weights"]) == set(FEATURE_NAMES) | set(RERANK_FEATURE_NAMES)
+
+    tenant = eval_tenant(beir.load(TINY))
+    headers = key_headers(tenant, ["read"])
+    body = {
+        "query": "rivers of ice carving valleys",
+        "policy": {"score_type": "answerability", "answerability_model": "with-ce"},
+    }
+    judged_alone = client.post("/v1/search", json=body, headers=headers)
+    assert judged_alone.status_code == 200, judged_alone.text
+    decision = judged_alone.json()["decision"]
+    judged = decision["answerability"]
+    assert set(judged["features"]) == set(FEATURE_NAMES) | set(RERANK_FEATURE_NAMES)
+    assert decision["top_score"] == judged["probability"]
+    assert (
+        "answerability"
+        in client.post("/v1/search", json={**body, "explain": True}, headers=headers).json()[
+            "timings_ms"
+        ]
+    )
+    # The judgement reorders nothing.
+    plain = client.post("/v1/search", json={"query": body["query"]}, headers=headers).json()
+    assert [r["chunk_id"] for r in plain["results"]] == [
+        r["chunk_id"] for r in judged_alone.json()["results"]
+    ]
+    # A search that reranks with the same model over the window reuses its scores (the model
+    # runs once, in the rerank stage): the same judgement as scoring the first results apart.
+    scorings: list[int] = []
+    score = search_service.rerank_within_budget
+
+    def counted(*args: Any, **kwargs: Any) -> list[float]:
+        scorings.append(1)
+        return score(*args, **kwargs)
+
+    monkeypatch.setattr(search_service, "rerank_within_budget", counted)
+    reranked = {**body, "rerank": {"enabled": True, "model": "ce-first-3", "window": 10}}
+    reused = client.post("/v1/search", json=reranked, headers=headers)
+    assert reused.status_code == 200, reused.text
+    assert len(scorings) == 1
+    assert client.post("/v1/search", json=body, headers=headers).status_code == 200
+    assert len(scorings) == 2  # without the rerank stage, the judgement scores them itself
+    reused_judged = reused.json()["decision"]["answerability"]
+    for name in RERANK_FEATURE_NAMES:
+        assert reused_judged["features"][name] == pytest.approx(judged["features"][name], abs=1e-3)
+    assert reused_judged["probability"] == pytest.approx(judged["probability"], abs=1e-3)
+
+    with pytest.raises(NotFound):
+        train_answerability(TINY, "never", AnswerabilityOptions(reranker="no-such"), _quiet)
+    # The reranker trained again under its name gives other scores: the model says it is out
+    # of date rather than judge with scores it never saw.
+    train_reranker(TINY, "ce-first-3", replace(few_steps, max_queries=3, max_steps=1), _quiet)
+    stale = client.post("/v1/search", json=body, headers=headers)
+    assert stale.status_code == 409 and "train the model again" in stale.text
+    # Without the reranker it reads, the model cannot judge: a clear 404, not a guess.
+    with unit_of_work() as uow:
+        rerankers.delete(uow.session, tenant, "ce-first-3")
+    gone = client.post("/v1/search", json=body, headers=headers)
+    assert gone.status_code == 404
+    assert "reranker 'ce-first-3'" in gone.json()["error"]["message"]

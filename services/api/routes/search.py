@@ -6,7 +6,13 @@ from fastapi import APIRouter, Path
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
-from services.api.deps import NOT_FOUND, PROTECTED_ROUTE_ERRORS, Admin, Reader
+from services.api.deps import (
+    MODEL_OUT_OF_DATE,
+    NOT_FOUND,
+    PROTECTED_ROUTE_ERRORS,
+    Admin,
+    Reader,
+)
 from shared.answerability import service as answerability
 from shared.answerability.schemas import AnswerabilityModelView
 from shared.db import Transactions, read_unit_of_work, replica_configured, unit_of_work
@@ -17,7 +23,9 @@ from shared.rerankers.schemas import RerankerView
 from shared.search.schemas import PROFILE_NAME, SearchPage, SearchRequest, SearchResponse
 from shared.search.service import search, search_next_page
 
-router = APIRouter(prefix="/v1", tags=["search"], responses=PROTECTED_ROUTE_ERRORS | NOT_FOUND)
+router = APIRouter(
+    prefix="/v1", tags=["search"], responses=PROTECTED_ROUTE_ERRORS | NOT_FOUND | MODEL_OUT_OF_DATE
+)
 ProfileName = Annotated[str, Path(pattern=PROFILE_NAME)]
 
 
