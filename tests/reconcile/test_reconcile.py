@@ -4,6 +4,7 @@ finds nothing; dead letters can be replayed."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -29,6 +30,7 @@ from tests.helpers import (
     key_headers,
     paused,
     pg_chunks,
+    search,
     tenant_index,
     upload_text,
     wait_converged,
@@ -242,6 +244,72 @@ def test_reindex_switches_atomically_while_searches_keep_answering(client, auth,
     up = upload_text(client, auth, "atlas-new", "Atlas page nine: river crossings.")
     wait_job(client, auth, up["job_id"])
     assert len(wait_converged(tenant)) == 9
+
+
+def test_reindex_changes_the_shard_count_online_and_bm25_scores_stay_the_same(
+    client, auth, tenant, worker
+):
+    """An operator sets CONCORD_ES_SHARDS=2 and runs `concord reindex`: the tenant's index
+    comes back with two shards while searches keep answering, and lexical scores stay those
+    of one shard (statistics pooled over both). Put back to one shard for the tests after."""
+    from shared.reconcile.reindex import reindex
+
+    texts = ["sextant and stars", "stars over the harbour", "a sextant in the chart room"]
+    for i in range(12):
+        upload_text(client, auth, f"deck-{i}", f"Deck log {i}: {texts[i % 3]}, entry {i}.")
+    wait_converged(tenant)
+    es, alias = get_es(), tenant_index(tenant)
+
+    def shards() -> int:
+        [index] = es.indices.get_alias(name=alias)
+        index_settings = es.indices.get_settings(index=index)[index]["settings"]["index"]
+        return int(index_settings["number_of_shards"])
+
+    def lexical_scores() -> dict[str, float]:
+        results = search(client, auth, "sextant stars", mode="lexical", top_k=12, explain=True)[
+            "results"
+        ]
+        return {r["chunk_id"]: r["trace"]["lexical"]["score"] for r in results}
+
+    assert shards() == 1
+    before = lexical_scores()
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def keep_searching() -> None:
+        while not stop.is_set():
+            response = client.post(
+                "/v1/search", headers=auth, json={"query": "sextant", "mode": "lexical"}
+            )
+            if response.status_code != 200 or not response.json()["results"]:
+                failures.append(f"{response.status_code}: {response.text[:200]}")
+
+    searcher = threading.Thread(target=keep_searching)
+    searcher.start()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "services.cli.main", "reindex"],
+            env={**os.environ, "CONCORD_ES_SHARDS": "2"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    finally:
+        stop.set()
+        searcher.join()
+    try:
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert failures == []
+        assert shards() == 2
+        assert es_chunks(tenant) == pg_chunks(tenant)
+        after = lexical_scores()
+        assert set(after) == set(before)
+        for chunk_id, score in before.items():
+            assert after[chunk_id] == pytest.approx(score, rel=1e-5)
+    finally:
+        reindex(unit_of_work)  # this process's settings: one shard, as the other tests expect
+    assert shards() == 1
 
 
 def test_an_interrupted_reindex_resumes_where_it_stopped(client, auth, tenant, worker):
