@@ -7,6 +7,7 @@ verify or answer, with the probability and features in the decision), compared b
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from fastapi.testclient import TestClient
 from evaluation import beir
 from evaluation.harness import EvalOptions, eval_tenant, run_eval
 from shared.answerability import model as learn
+from shared.answerability import service as answerability
 from shared.answerability.features import (
     FEATURE_NAMES,
     RERANK_FEATURE_NAMES,
@@ -294,7 +296,22 @@ def test_trained_registered_served_and_used_by_search_and_eval(
     assert client.get("/v1/answerability-models", headers=headers).json() == []
 
 
-@pytest.mark.usefixtures("worker")
+@pytest.fixture
+def models_removed_afterwards() -> Iterator[None]:
+    """The tiny dataset's tenant is shared with the reranker tests, which list its models:
+    what the test registers there goes again afterwards, whether it passed or not."""
+    yield
+    tenant = eval_tenant(beir.load(TINY))
+    with unit_of_work() as uow:
+        for entry in rerankers.list_for_tenant(uow.session, tenant):
+            if entry.name in ("ce-first-3", "ce-first-4"):
+                rerankers.remove_files(rerankers.delete(uow.session, tenant, entry.name))
+        for model in answerability.list_for_tenant(uow.session, tenant):
+            if model.name == "with-ce":
+                answerability.delete(uow.session, tenant, model.name)
+
+
+@pytest.mark.usefixtures("worker", "models_removed_afterwards")
 def test_a_model_reading_a_trained_reranker_trains_on_queries_the_reranker_never_saw(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
