@@ -204,19 +204,19 @@ def test_dlq_replay_reruns_a_dead_lettered_job(client, auth, tenant, worker):
         assert uow.session.get(DeadLetter, letter_id) is None
 
 
-def test_reindex_switches_atomically_while_searches_keep_answering(client, auth, tenant, worker):
-    for i in range(8):
-        upload_text(client, auth, f"atlas-{i}", f"Atlas page {i}: maps of mountain passes.")
-    wait_converged(tenant)
-    es, alias = get_es(), tenant_index(tenant)
-    [old_index] = es.indices.get_alias(name=alias)
+def _reindex_while_searching(
+    client: TestClient, auth: dict[str, str], query: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """`concord reindex` as an operator runs it (with ``env`` added), while lexical searches
+    for ``query`` keep going: the command's result, and every search that failed or found
+    nothing."""
     failures: list[str] = []
     stop = threading.Event()
 
     def keep_searching() -> None:
         while not stop.is_set():
             response = client.post(
-                "/v1/search", headers=auth, json={"query": "mountain passes", "mode": "lexical"}
+                "/v1/search", headers=auth, json={"query": query, "mode": "lexical"}
             )
             if response.status_code != 200 or not response.json()["results"]:
                 failures.append(f"{response.status_code}: {response.text[:200]}")
@@ -226,6 +226,7 @@ def test_reindex_switches_atomically_while_searches_keep_answering(client, auth,
     try:
         result = subprocess.run(
             [sys.executable, "-m", "services.cli.main", "reindex"],
+            env={**os.environ, **(env or {})},
             capture_output=True,
             text=True,
             timeout=300,
@@ -234,6 +235,16 @@ def test_reindex_switches_atomically_while_searches_keep_answering(client, auth,
     finally:
         stop.set()
         searcher.join()
+    return result, failures
+
+
+def test_reindex_switches_atomically_while_searches_keep_answering(client, auth, tenant, worker):
+    for i in range(8):
+        upload_text(client, auth, f"atlas-{i}", f"Atlas page {i}: maps of mountain passes.")
+    wait_converged(tenant)
+    es, alias = get_es(), tenant_index(tenant)
+    [old_index] = es.indices.get_alias(name=alias)
+    result, failures = _reindex_while_searching(client, auth, "mountain passes")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "drift after the switch: 0" in result.stdout
     assert failures == []
@@ -273,31 +284,7 @@ def test_reindex_changes_the_shard_count_online_and_bm25_scores_stay_the_same(
 
     assert shards() == 1
     before = lexical_scores()
-    failures: list[str] = []
-    stop = threading.Event()
-
-    def keep_searching() -> None:
-        while not stop.is_set():
-            response = client.post(
-                "/v1/search", headers=auth, json={"query": "sextant", "mode": "lexical"}
-            )
-            if response.status_code != 200 or not response.json()["results"]:
-                failures.append(f"{response.status_code}: {response.text[:200]}")
-
-    searcher = threading.Thread(target=keep_searching)
-    searcher.start()
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "services.cli.main", "reindex"],
-            env={**os.environ, "CONCORD_ES_SHARDS": "2"},
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-    finally:
-        stop.set()
-        searcher.join()
+    result, failures = _reindex_while_searching(client, auth, "sextant", {"CONCORD_ES_SHARDS": "2"})
     try:
         assert result.returncode == 0, result.stdout + result.stderr
         assert failures == []
