@@ -94,7 +94,14 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[ElasticsearchServi
 
 
 def _cluster_env(settings: Settings) -> dict[str, str]:
+    """The cluster worker's environment: the cluster's nodes, and the shipped relay interval
+    and task time limits (the suite shortens them; this scenario's figures are the defaults')."""
+    shipped = {
+        f"CONCORD_{name.upper()}": str(Settings.model_fields[name].default)
+        for name in ("relay_interval_seconds", "task_soft_time_limit_s", "task_time_limit_s")
+    }
     return {
+        **shipped,
         "CONCORD_ES_PORT": str(settings.es_port),
         "CONCORD_ES_TRANSPORT_PORT": str(settings.es_transport_port),
         "CONCORD_ES_NODES": str(settings.es_nodes),
