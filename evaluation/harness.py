@@ -322,6 +322,17 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         checks.append(_check("hybrid p95 ≤ 0.5 x Haystack hybrid p95",
                              f"{ours} ms vs {theirs} ms (ratio {ours / theirs:.2f})",
                              ours <= 0.5 * theirs))  # fmt: skip
+    for mode in ("lexical", "dense", "hybrid_rrf"):  # every mode as fast as the peer's or faster
+        concord_run, peer_run = by_name.get(mode), by_name.get(f"haystack:{mode}")
+        if concord_run is None or peer_run is None:
+            continue
+        for p in ("p50", "p95"):
+            ms, peer_ms = concord_run["latency_ms"][p], peer_run["latency_ms"][p]
+            checks.append(
+                _check(
+                    f"{mode} {p} ≤ Haystack {mode} {p}", f"{ms} ms vs {peer_ms} ms", ms <= peer_ms
+                )
+            )
     return checks
 
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from shared.db import unit_of_work
 from shared.settings import Settings, get_settings
 from shared.tenants import ratelimit
-from shared.tenants.service import Principal, authenticate
+from shared.tenants.service import Principal, authenticate_recent
 
 # Declared as security schemes, so the OpenAPI document says which routes need a key and
 # clients (and schemathesis) know how to send one. auto_error=False: a missing or malformed
@@ -24,8 +24,8 @@ def current_principal(
     bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     api_key: Annotated[str | None, Depends(_api_key)],
 ) -> Principal:
-    with unit_of_work() as uow:
-        principal = authenticate(uow.session, (bearer.credentials if bearer else None) or api_key)
+    secret = (bearer.credentials if bearer else None) or api_key
+    principal = authenticate_recent(unit_of_work, secret, get_settings().auth_cache_seconds)
     ratelimit.enforce(principal.key_id)
     return principal
 

@@ -14,6 +14,7 @@ instruction to a language model is flagged, never acted on.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Literal, Protocol
@@ -126,13 +127,22 @@ def _has_provenance(c: Candidate) -> bool:
     )
 
 
+# How many candidates' embeddings to read at once when the packer reaches one without.
+EMBEDDINGS_PER_READ = 16
+LoadEmbeddings = Callable[[list[Candidate]], None]
+
+
 def apply_policy(
     candidates: list[Candidate],
     config: PolicyConfig,
     count_tokens: TokenCounter,
     *,
     dropped_before: int = 0,
+    load_embeddings: LoadEmbeddings | None = None,
 ) -> PolicyResult:
+    """``load_embeddings`` fills in ``embedding`` for those of the given candidates it can
+    (the search reads them from Postgres): near-duplicate suppression calls it only for
+    candidates it compares, those it reaches while the budget lasts."""
     result = PolicyResult(
         "abstain", None, config.score_type, config.min_score, None, token_budget=config.token_budget
     )
@@ -140,7 +150,7 @@ def apply_policy(
         result.reason = "all_filtered" if dropped_before else "no_hits"
         return result
     if config.score_type == "answerability":
-        return _judge_query(candidates, config, count_tokens, result)
+        return _judge_query(candidates, config, count_tokens, result, load_embeddings)
 
     scored: list[Candidate] = []
     for c in candidates:
@@ -164,7 +174,7 @@ def apply_policy(
         )
         return result
 
-    _pack(scored, config, count_tokens, result)
+    _pack(scored, config, count_tokens, result, load_embeddings)
     _decide_on_evidence(result)
     return result
 
@@ -174,6 +184,7 @@ def _judge_query(
     config: PolicyConfig,
     count_tokens: TokenCounter,
     result: PolicyResult,
+    load_embeddings: LoadEmbeddings | None,
 ) -> PolicyResult:
     """The answerability model judges the query, not each result: below its abstain
     threshold nothing is packed; otherwise every result with provenance may be."""
@@ -195,7 +206,7 @@ def _judge_query(
     if not packable:
         result.reason = "missing_provenance"
         return result
-    _pack(packable, config, count_tokens, result)
+    _pack(packable, config, count_tokens, result, load_embeddings)
     _decide_on_evidence(result)
     if result.status == "answerable":
         if judged is None:
@@ -226,23 +237,19 @@ def _pack(
     config: PolicyConfig,
     count_tokens: TokenCounter,
     result: PolicyResult,
+    load_embeddings: LoadEmbeddings | None,
 ) -> None:
     per_document: dict[str, int] = {}
     packed_vectors: list[np.ndarray] = []
     packed: np.ndarray | None = None  # the same, as one matrix (stacked when one is added)
-    for c in candidates:
+    loaded_before = 0  # candidates before this index have been offered to load_embeddings
+    for i, c in enumerate(candidates):
         if per_document.get(c.document_id, 0) >= config.max_chunks_per_document:
             _omit(result, c, "per_document_cap")
             continue
-        if (
-            c.embedding is not None
-            and packed is not None
-            # one product with every packed vector at once (a Python loop over them was
-            # most of the policy's time on a 100-result list)
-            and float(np.max(packed @ c.embedding)) >= config.near_duplicate_threshold
-        ):
-            _omit(result, c, "near_duplicate")
-            continue
+        # Whether it fits comes first: it is cheap (most chunks' token counts are stored), and
+        # once the budget is nearly spent it ends most of a long result list, whose
+        # embeddings then are neither read nor compared.
         remaining = config.token_budget - result.tokens_used
         text, start, end = c.text, c.char_start or 0, c.char_end or 0
         tokens = c.token_count or count_tokens(text)  # 0: a row from before counts
@@ -254,6 +261,18 @@ def _pack(
                 continue
             end = start + len(text)
             truncated = True
+        if c.embedding is None and packed is not None and i >= loaded_before and load_embeddings:
+            load_embeddings(candidates[i : i + EMBEDDINGS_PER_READ])
+            loaded_before = i + EMBEDDINGS_PER_READ
+        if (
+            c.embedding is not None
+            and packed is not None
+            # one product with every packed vector at once (a Python loop over them was
+            # most of the policy's time on a 100-result list)
+            and float(np.max(packed @ c.embedding)) >= config.near_duplicate_threshold
+        ):
+            _omit(result, c, "near_duplicate")
+            continue
         result.tokens_used += tokens
         per_document[c.document_id] = per_document.get(c.document_id, 0) + 1
         if c.embedding is not None:

@@ -12,6 +12,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     StringConstraints,
     create_model,
     field_validator,
@@ -403,6 +404,11 @@ class DocumentGroup(BaseModel):
 
 
 class SearchResponse(BaseModel):
+    # Every search's stage timings (ms), also without explain: the API sends them in a
+    # Server-Timing header, so a caller can see where the time went without asking for the
+    # per-result traces (which cost about 1 ms of a 100-result search).
+    _stage_ms: dict[str, float] = PrivateAttr(default_factory=dict)
+
     query: str
     mode: Mode
     degraded: list[str] = Field(
@@ -419,6 +425,14 @@ class SearchResponse(BaseModel):
         description="with paginate: pass to POST /v1/search/next for the next page; null at "
         "the end",
     )
+
+    @property
+    def stage_ms(self) -> dict[str, float]:
+        return self._stage_ms
+
+    def server_timing(self) -> str:
+        """The stage timings as a Server-Timing header value: ``embed;dur=4.6, dense;dur=4.5``."""
+        return ", ".join(f"{stage};dur={ms}" for stage, ms in self._stage_ms.items())
 
 
 class SearchPage(Strict):

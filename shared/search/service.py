@@ -13,12 +13,12 @@ import logging
 import os
 import time
 from bisect import bisect_left
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 from elasticsearch import ApiError, TransportError
@@ -77,6 +77,10 @@ log = logging.getLogger(__name__)
 
 _pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="search-arm")
 T = TypeVar("T")
+EMPTY_SCORES: Mapping[str, float] = {}
+# Results hydrated with their embeddings: more than a default token budget packs; the policy
+# reads the rest's only if it gets to them (reading all 100 of a 100-result search cost 1 ms).
+EMBEDDINGS_UP_FRONT = 24
 
 
 @lru_cache(maxsize=1)
@@ -231,6 +235,7 @@ def _measured(
     timings = StageTimes(scale=1e3, digits=3)  # milliseconds
     with SEARCH_SECONDS.labels(request.mode).time():
         response = run(timings)
+    response._stage_ms = timings.totals
     for stage, ms in timings.totals.items():
         SEARCH_STAGE_SECONDS.labels(stage).observe(ms / 1e3)
     for reason in response.degraded:
@@ -253,7 +258,7 @@ def _search(query: _Query, timings: StageTimes, trained_reranker: str | None) ->
 def _retrieve(query: _Query, timings: StageTimes) -> Retrieved:
     """Both arms (concurrently, each degrading alone) and their fused ranking."""
     tenant_id, request, settings = query.tenant_id, query.request, query.settings
-    futures = {}
+    futures: dict[str, Future[list[ArmHit]]] = {}
     with timings.stage("retrieve"):
         # BM25 needs no vector: Elasticsearch works on it while this thread embeds the query.
         # That pays on 2 cores because the ONNX query encoder keeps to one thread (torch on
@@ -311,8 +316,9 @@ def _respond(
     request, settings = query.request, query.settings
     arms, vector, fused = retrieved.arms, retrieved.vector, retrieved.fused
     degraded = list(retrieved.degraded)
+    cosines = {hit.chunk_id: hit.score for hit in arms.get("dense", [])}
     with timings.stage("hydrate"):
-        candidates, dropped = _hydrate_enough(query, fused[offset:], vector)
+        candidates, dropped = _hydrate_enough(query, fused[offset:], vector, cosines)
     hydrated = candidates  # in fused order, before a rerank reorders them
     by_arm = {arm: {h.chunk_id: h for h in hits} for arm, hits in arms.items()}
     fused_rank = {cid: (rank, score) for rank, (cid, score) in enumerate(fused, start=1)}
@@ -340,8 +346,6 @@ def _respond(
             _attach_embeddings(query, window)
             candidates = _mmr(window, request.mmr.lambda_, request.top_k, request.per_document_cap)
     results = _cap_per_document(candidates, request.per_document_cap)[: request.top_k]
-    # The policy's near-duplicate suppression compares the results' embeddings.
-    timings.timed("hydrate", lambda: _attach_embeddings(query, results))
 
     with timings.stage("policy"):
         policy = apply_policy(
@@ -349,6 +353,9 @@ def _respond(
             _policy_config(request, settings, bool(rerank_info), judged),
             _TokenizerCounter(),
             dropped_before=dropped,
+            # Near-duplicate suppression compares the embeddings of the results it considers
+            # while the budget lasts; those not hydrated with them are read when it gets there.
+            load_embeddings=lambda some: _attach_embeddings(query, some),
         )
     items = []
     terms = query_terms(request.query) if request.highlight else frozenset()
@@ -521,7 +528,10 @@ def _timed_arm(timings: StageTimes, name: str, fn: Callable[[], T]) -> T:
 
 
 def _hydrate_enough(
-    query: _Query, fused: list[tuple[str, float]], vector: list[float]
+    query: _Query,
+    fused: list[tuple[str, float]],
+    vector: list[float],
+    cosines: Mapping[str, float] = EMPTY_SCORES,
 ) -> tuple[list[Candidate], int]:
     """Hydrate the fused list in slices until the final list can be filled: twice top_k (room
     for stale drops) or the rerank window at first, more only while a per-document cap leaves
@@ -532,9 +542,10 @@ def _hydrate_enough(
     deadline = time.monotonic() + settings.search_hydrate_budget_ms / 1000
     step = max(request.top_k * 2, request.rerank.window if request.rerank.enabled else 0, 20)
     # Without rerank or MMR reordering them, the results are (unless some are stale) the first
-    # top_k fused chunks within the per-document cap: their embeddings, which the policy
-    # compares, come in the same query. Chunk ids name their document (invariant: chunk ids
-    # are "<document id>:<ordinal>"), so the cap applies before hydration.
+    # top_k fused chunks within the per-document cap. Chunk ids name their document
+    # (invariant: chunk ids are "<document id>:<ordinal>"), so the cap applies before
+    # hydration. The first of them come with their embeddings, which the policy compares
+    # while its token budget lasts (1,024 tokens: about 8 SciFact results).
     likely_results: list[str] = []
     if not request.rerank.enabled and request.mmr is None:
         fused_ids = [cid for cid, _ in fused]
@@ -548,14 +559,18 @@ def _hydrate_enough(
         # past them needs its text read (a 100-result search read 200 rows before).
         wanted = set(likely_results)
         candidates, dropped = _hydrate(
-            query, [hit for hit in fused if hit[0] in wanted], vector, likely_results
+            query,
+            [hit for hit in fused if hit[0] in wanted],
+            vector,
+            likely_results[:EMBEDDINGS_UP_FRONT],
+            cosines,
         )
         hydrated = wanted
         if len(candidates) == len(likely_results):  # none stale: nothing else can be a result
             return candidates, dropped
     for start in range(0, len(fused), step):
         part = [hit for hit in fused[start : start + step] if hit[0] not in hydrated]
-        more, stale = _hydrate(query, part, vector, likely_results)
+        more, stale = _hydrate(query, part, vector, likely_results[:EMBEDDINGS_UP_FRONT], cosines)
         candidates += more
         dropped += stale
         capped = _cap_per_document(candidates, request.per_document_cap)
@@ -574,14 +589,19 @@ def _hydrate(
     fused: list[tuple[str, float]],
     vector: list[float],
     embeddings_for: list[str],
+    cosines: Mapping[str, float] = EMPTY_SCORES,
 ) -> tuple[list[Candidate], int]:
     """The live chunks among one slice of the fused list, as candidates; the hits Postgres
     does not hold live are dropped and their copies queued for purging (on the primary,
-    which checks them again: a copy newer than a replica knows is never purged)."""
+    which checks them again: a copy newer than a replica knows is never purged).
+
+    ``cosines``: the dense arm's, by chunk id. Postgres computes the cosine again only when
+    some hit lacks one (a hit of the lexical arm alone)."""
     ids = [cid for cid, _ in fused]
+    known = all(cid in cosines for cid in ids)
     with query.reads() as uow:
         live = PgVectorStore(uow.session, query.settings).hydrate(
-            query.tenant_id, ids, vector, embeddings_for
+            query.tenant_id, ids, None if known else vector, embeddings_for
         )
     stale = [cid for cid in ids if cid not in live]
     if stale:
@@ -607,7 +627,7 @@ def _hydrate(
                 token_count=row.token_count,
                 # The rest are loaded for the candidates that need them (_attach_embeddings).
                 embedding=(None if row.embedding is None else vector_from_bytes(row.embedding)),
-                scores={"dense_cosine": round(float(row.cosine), 6)},
+                scores={"dense_cosine": round(float(cosines[cid] if known else row.cosine), 6)},
                 flags=list(row.flags),
             )
         )
@@ -764,16 +784,30 @@ class _TokenizerCounter:
     """The policy's token counts, from the embedder's tokenizer (see policy.TokenCounter)."""
 
     def __init__(self) -> None:
-        self.tokenizer = get_embedder().model().tokenizer
+        self.tokenizer = _counting_tokenizer()
 
     def __call__(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False))
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
     def prefix_counts(self, text: str, ends: list[int]) -> list[int]:
         # A prefix ending at a sentence end holds exactly the tokens that start before it.
-        offsets = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        starts = [start for start, _ in offsets["offset_mapping"]]
+        starts = [
+            start for start, _ in self.tokenizer.encode(text, add_special_tokens=False).offsets
+        ]
         return [bisect_left(starts, end) for end in ends]
+
+
+@lru_cache(maxsize=1)
+def _counting_tokenizer() -> Any:
+    """A copy of the embedder's fast tokenizer, for counting only: without truncation or
+    padding (the encoders set those on their own per call), and called directly (through the
+    transformers wrapper, each count cost 0.1 ms: a fifth of the policy's time)."""
+    from tokenizers import Tokenizer
+
+    counting = Tokenizer.from_str(get_embedder().model().tokenizer.backend_tokenizer.to_str())
+    counting.no_truncation()
+    counting.no_padding()
+    return counting
 
 
 def _result(

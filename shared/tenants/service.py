@@ -6,11 +6,15 @@ import hashlib
 import hmac
 import re
 import secrets
+import threading
+import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
+from shared.db import Transactions
 from shared.db.repository import now
 from shared.errors import BadRequest, Forbidden, NotFound, Unauthorized
 from shared.models import ApiKey
@@ -78,6 +82,42 @@ def authenticate(session: Session, secret: str | None) -> Principal:
     if key is None or key.revoked_at is not None or not hmac.compare_digest(key.key_hash, digest):
         raise Unauthorized("invalid or revoked API key")
     return Principal(key.id, key.tenant_id, frozenset(key.scopes))
+
+
+# Keys verified recently, by hash: digest -> (valid until, on the monotonic clock; principal).
+_recent: OrderedDict[str, tuple[float, Principal]] = OrderedDict()
+_recent_lock = threading.Lock()
+RECENT_KEYS_MAX = 10_000
+
+
+def authenticate_recent(transactions: Transactions, secret: str | None, ttl_s: float) -> Principal:
+    """:func:`authenticate`, looking a key up at most once every ``ttl_s`` seconds (0: every
+    time). Only keys that passed are remembered, so a new key works at once and a wrong one
+    is always looked up; :func:`forget_key` drops a revoked one."""
+    if not secret or ttl_s <= 0:
+        with transactions() as uow:
+            return authenticate(uow.session, secret)
+    digest = _hash(secret)
+    with _recent_lock:
+        entry = _recent.get(digest)
+        if entry is not None and entry[0] > time.monotonic():
+            return entry[1]
+    with transactions() as uow:
+        principal = authenticate(uow.session, secret)
+    with _recent_lock:
+        _recent[digest] = (time.monotonic() + ttl_s, principal)
+        _recent.move_to_end(digest)
+        while len(_recent) > RECENT_KEYS_MAX:
+            _recent.popitem(last=False)
+    return principal
+
+
+def forget_key(key_id: uuid.UUID) -> None:
+    """This process looks the key up again at its next use (call it once its revocation has
+    committed: a lookup before that would remember the key as valid)."""
+    with _recent_lock:
+        for digest in [d for d, (_, p) in _recent.items() if p.key_id == key_id]:
+            del _recent[digest]
 
 
 def list_keys(session: Session, tenant_id: str | None = None) -> list[KeyView]:

@@ -80,6 +80,21 @@ def test_percentiles_use_nearest_rank() -> None:
     assert metrics.percentiles([])["p95"] == 0.0
 
 
+def test_latency_targets_compare_every_mode_with_the_peer() -> None:
+    from evaluation.harness import targets
+
+    def row(name: str, p50: float, p95: float) -> dict[str, Any]:
+        return {"name": name, "metrics": {"ndcg@10": 0.7}, "latency_ms": {"p50": p50, "p95": p95}}
+
+    configs = [row("dense", 15.0, 22.0), row("haystack:dense", 17.0, 21.0)]
+    configs += [row("hybrid_rrf", 20.0, 30.0), row("haystack:hybrid_rrf", 70.0, 120.0)]
+    checks = {t["target"]: t["met"] for t in targets({"configs": configs, "anchors": []})}
+    assert checks["dense p50 ≤ Haystack dense p50"] is True
+    assert checks["dense p95 ≤ Haystack dense p95"] is False
+    assert checks["hybrid_rrf p95 ≤ Haystack hybrid_rrf p95"] is True
+    assert not any(target.startswith("lexical") for target in checks)  # no lexical rows ran
+
+
 def test_withholding_makes_exactly_the_chosen_half_unanswerable() -> None:
     qrels = {"q1": {"a": 1}, "q2": {"b": 1}, "q3": {"a": 1, "c": 1}, "q4": {"d": 1}}
     queries = [(q, q) for q in qrels]
@@ -144,6 +159,8 @@ def test_eval_end_to_end_on_a_tiny_dataset(client: TestClient, tmp_path: Path) -
         assert rows[name]["metrics"]["ndcg@10"] > 0.5, (name, rows[name]["metrics"])
         if name != "lexical":  # BM25 cannot find a document that shares no term with the query
             assert rows[name]["metrics"]["recall@100"] == 1.0, name
+        # Stage timings come from each plain request's Server-Timing header.
+        assert {"hydrate", "policy"} <= set(rows[name]["stage_ms_mean"]), name
     # No reranker is configured in the test settings: those rows say so instead of faking it.
     assert "reranker" in rows["hybrid_rrf+rerank"]["unavailable"]
     exact = rows["exact_dense (sequential scan)"]["metrics"]["ndcg@10"]

@@ -74,6 +74,25 @@ def test_rare_code_via_bm25_paraphrase_via_dense_and_trace(client, auth, corpus)
     assert set(hybrid["timings_ms"]) >= {"embed", "dense", "lexical", "fuse", "hydrate", "policy"}
 
 
+def test_every_search_reports_its_stage_timings_in_a_server_timing_header(client, auth, corpus):
+    """Also without explain (no traces, no timings_ms in the body): the eval times plain
+    requests and reads their stages from the header."""
+    from evaluation.runner import parse_server_timing
+
+    for mode, stages in (("dense", {"embed", "dense"}), ("lexical", {"lexical"})):
+        response = client.post("/v1/search", headers=auth, json={"query": "okapi", "mode": mode})
+        assert response.status_code == 200
+        assert "timings_ms" not in response.json()
+        assert "trace" not in response.json()["results"][0]
+        timings = parse_server_timing(response.headers["server-timing"])
+        assert set(timings) >= stages | {"hydrate", "policy"}
+        assert all(ms >= 0 for ms in timings.values())
+    assert parse_server_timing("embed;dur=4.6, dense;desc=x;dur=1, bad") == {
+        "embed": 4.6,
+        "dense": 1.0,
+    }
+
+
 @pytest.fixture(params=["exact", "hnsw"])
 def dense_method(request, monkeypatch, tenant, corpus) -> str:
     """Run a test with the shared partition's exact scan and, once the tenant has moved to a

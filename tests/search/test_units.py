@@ -67,6 +67,21 @@ def test_tokenizer_prefix_counts_equal_counting_each_prefix() -> None:
     assert counter.prefix_counts(text, ends) == [counter(text[:end]) for end in ends]
 
 
+def test_token_counts_are_the_embedders_tokenizer_counts_of_any_length() -> None:
+    """The policy counts with its own copy of the tokenizer: the same counts as the model's
+    tokenizer, and no truncation at the model's maximum length."""
+    from shared.ingest.embedding import get_embedder
+    from shared.search.service import _TokenizerCounter
+
+    tokenizer = get_embedder().model().tokenizer
+    counter = _TokenizerCounter()
+    texts = ["", "Résumé: IL-6 rose 2.5-fold in CD4+ cells; see Fig. 3.", "\u200b\U0001f600 é"]
+    texts.append(" ".join(["tokenization of a long text"] * 400))  # past 512 tokens
+    for text in texts:
+        assert counter(text) == len(tokenizer.encode(text, add_special_tokens=False))
+    assert counter(texts[-1]) > 1000
+
+
 def test_onnx_query_encoder_matches_the_sentence_transformers_model(tmp_path) -> None:
     import numpy as np
 
@@ -181,7 +196,7 @@ def test_hydration_for_a_per_document_cap_stops_at_the_candidate_window(monkeypa
 
     hydrated: list[int] = []
 
-    def fake_hydrate(query, fused, vector, likely):
+    def fake_hydrate(query, fused, vector, likely, cosines):
         hydrated.append(len(fused))
         return _candidates(len(fused), documents=1), 0
 

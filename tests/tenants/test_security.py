@@ -79,6 +79,39 @@ def test_a_canary_key_never_reaches_logs_or_error_bodies(
     assert get_settings().pg_password not in caplog.text
 
 
+def test_a_key_revoked_by_another_process_is_refused_within_the_shipped_cache_time(
+    client: TestClient,
+) -> None:
+    """The API remembers a verified key for CONCORD_AUTH_CACHE_SECONDS (shipped: 5 s). A key
+    revoked where this process cannot see it (the CLI, another API process: here, a
+    transaction of its own) is refused once that time has passed since its last lookup; a
+    wrong key is looked up every time and never remembered."""
+    import time
+
+    from shared.db import unit_of_work
+    from shared.tenants.service import revoke_key
+
+    ttl = get_settings().auth_cache_seconds
+    assert ttl == 5.0  # the shipped default, not a test's
+    tenant = f"t-{uuid.uuid4().hex[:10]}"
+    headers = key_headers(tenant, ["read"])
+    assert client.get("/v1/profiles", headers=headers).status_code == 200  # looked up now
+    key_id = next(
+        uuid.UUID(k["id"])
+        for k in client.get("/v1/admin/keys", headers=key_headers(tenant, ["admin"])).json()
+        if k["scopes"] == ["read"]
+    )
+    with unit_of_work() as uow:
+        assert revoke_key(uow.session, key_id)
+    revoked_at = time.monotonic()
+    while client.get("/v1/profiles", headers=headers).status_code == 200:
+        assert time.monotonic() - revoked_at < ttl + 1.0, "still accepted past the cache time"
+        time.sleep(0.2)
+    assert client.get("/v1/profiles", headers=headers).status_code == 401  # and stays refused
+    wrong = {"Authorization": headers["Authorization"] + "x"}
+    assert client.get("/v1/profiles", headers=wrong).status_code == 401
+
+
 def test_admin_key_endpoints_create_list_and_revoke_for_their_own_tenant(
     client: TestClient,
 ) -> None:

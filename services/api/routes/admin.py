@@ -28,7 +28,7 @@ from shared.jobs.schemas import DeadLetterView, JobRow
 from shared.models import JobState
 from shared.reconcile.service import reconcile, reconcile_and_verify
 from shared.tenants.schemas import CreatedKey, KeyRequest, KeyView
-from shared.tenants.service import create_key, list_keys, revoke_key
+from shared.tenants.service import create_key, forget_key, list_keys, revoke_key
 from shared.webhooks import service as webhooks
 from shared.webhooks.schemas import CreatedEndpoint, DeliveryView, EndpointRequest, EndpointView
 
@@ -140,6 +140,7 @@ def revoke_key_route(key_id: uuid.UUID, principal: Admin) -> None:
     with unit_of_work() as uow:
         if not revoke_key(uow.session, key_id, principal.tenant_id):
             raise NotFound(f"no key {key_id}")
+    forget_key(key_id)  # committed: this process refuses it from now on
 
 
 @router.post("/webhooks", status_code=201)
