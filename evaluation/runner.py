@@ -90,7 +90,10 @@ class SearchClient:
 
     def __init__(self, api_key: str, http: HttpPoster | None = None) -> None:
         self.http = http or httpx.Client(base_url=get_settings().api_url(), timeout=120)
-        self.headers = {"Authorization": f"Bearer {api_key}"}
+        # no-cache: every query is encoded, as the peer's are. The API's query cache would
+        # otherwise serve a configuration the vectors an earlier one computed for the same
+        # queries (hybrid after lexical), which flatters its latency.
+        self.headers = {"Authorization": f"Bearer {api_key}", "Cache-Control": "no-cache"}
 
     def search(self, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
         answer, elapsed_ms, _ = self.search_with_stages(body)

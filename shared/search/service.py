@@ -92,8 +92,14 @@ def _query_cache(size: int) -> Callable[[str, int], tuple[float, ...]]:
     return embed
 
 
-def query_vector(query: str, settings: Settings, threads: int = 1) -> list[float]:
-    """Query embeddings are cached in a bounded LRU (repeated queries skip the encoder)."""
+def query_vector(
+    query: str, settings: Settings, threads: int = 1, cached: bool = True
+) -> list[float]:
+    """Query embeddings are cached in a bounded LRU (repeated queries skip the encoder);
+    ``cached=False`` encodes the query whatever the cache holds (a caller measuring the
+    encoder's share, as concord eval does, asks for that with Cache-Control: no-cache)."""
+    if not cached:
+        return get_embedder().embed_query(query, threads).tolist()  # type: ignore[no-any-return]
     return list(_query_cache(settings.query_cache_size)(query, threads))
 
 
@@ -144,6 +150,7 @@ class _Query:
     transactions: Transactions
     reads: Transactions
     answerability: answerability.LoadedModel | None = None
+    embedding_cache: bool = True  # False: the query is encoded even when the cache holds it
 
 
 def _answerability_model(
@@ -182,9 +189,11 @@ def search(
     request: SearchRequest,
     settings: Settings | None = None,
     replica: Transactions | None = None,
+    embedding_cache: bool = True,
 ) -> SearchResponse:
     """One search; with ``replica``, its dense search and hydration read the replica when it
-    has replayed everything committed before the search began."""
+    has replayed everything committed before the search began; without ``embedding_cache``,
+    the query is encoded even if the query cache holds its vector."""
     settings = settings or get_settings()
     trained_reranker: str | None = None
     judge: answerability.LoadedModel | None = None
@@ -213,7 +222,13 @@ def search(
             "window of the first page: turn them off to paginate"
         )
     query = _Query(
-        tenant_id, request, settings, transactions, _reads(transactions, replica, settings), judge
+        tenant_id,
+        request,
+        settings,
+        transactions,
+        _reads(transactions, replica, settings),
+        judge,
+        embedding_cache,
     )
     return _measured(request, lambda timings: _search(query, timings, trained_reranker))
 
@@ -268,13 +283,19 @@ def _retrieve(query: _Query, timings: StageTimes) -> Retrieved:
                 _timed_arm, timings, "lexical", lambda: lexical_arm(tenant_id, request, settings)
             )
         threads = ALL_CORES if request.mode == "dense" else 1
-        vector = timings.timed("embed", lambda: query_vector(request.query, settings, threads))
+        vector = timings.timed(
+            "embed",
+            lambda: query_vector(request.query, settings, threads, query.embedding_cache),
+        )
         if request.mode in ("dense", "hybrid"):
-            futures["dense"] = _pool.submit(
-                _timed_arm,
-                timings,
-                "dense",
-                lambda: dense_arm(query.reads, tenant_id, vector, request, settings),
+            # On this thread, which would only wait meanwhile (handing it to the pool and
+            # back cost a dense search a thread wake-up each way).
+            futures["dense"] = _run_here(
+                lambda: _timed_arm(
+                    timings,
+                    "dense",
+                    lambda: dense_arm(query.reads, tenant_id, vector, request, settings),
+                )
             )
         arms: dict[str, list[ArmHit]] = {}
         degraded: list[str] = []
@@ -525,6 +546,17 @@ def _first_results_scores(
 
 def _timed_arm(timings: StageTimes, name: str, fn: Callable[[], T]) -> T:
     return timings.timed(name, fn)
+
+
+def _run_here(fn: Callable[[], T]) -> Future[T]:
+    """``fn`` run on this thread, as a future: an arm run here is collected (and degrades)
+    as one run on the pool is."""
+    future: Future[T] = Future()
+    try:
+        future.set_result(fn())
+    except Exception as e:
+        future.set_exception(e)
+    return future
 
 
 def _hydrate_enough(

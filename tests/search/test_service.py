@@ -74,6 +74,34 @@ def test_rare_code_via_bm25_paraphrase_via_dense_and_trace(client, auth, corpus)
     assert set(hybrid["timings_ms"]) >= {"embed", "dense", "lexical", "fuse", "hydrate", "policy"}
 
 
+def test_cache_control_no_cache_encodes_the_query_even_when_the_cache_holds_it(
+    client, auth, corpus, monkeypatch
+):
+    """concord eval sends it, so one configuration is not served the vectors an earlier one
+    computed for the same queries."""
+    import uuid
+
+    from shared.ingest.embedding import Embedder
+
+    encoded: list[str] = []
+    real = Embedder.embed_query
+
+    def counting(self, text, threads=1):
+        encoded.append(text)
+        return real(self, text, threads)
+
+    monkeypatch.setattr(Embedder, "embed_query", counting)
+    query = f"okapi stripes {uuid.uuid4().hex}"  # in no cache yet
+    search(client, auth, query)
+    search(client, auth, query)
+    assert len(encoded) == 1  # the second came from the cache
+    response = client.post(
+        "/v1/search", headers={**auth, "Cache-Control": "no-cache"}, json={"query": query}
+    )
+    assert response.status_code == 200 and len(encoded) == 2
+    assert response.json()["results"][0]["external_id"] == "okapi"
+
+
 def test_every_search_reports_its_stage_timings_in_a_server_timing_header(client, auth, corpus):
     """Also without explain (no traces, no timings_ms in the body): the eval times plain
     requests and reads their stages from the header."""

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Header, Path
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
@@ -35,11 +35,19 @@ def _replica() -> Transactions | None:
 
 
 @router.post("/search", response_model=SearchResponse)
-async def search_route(body: SearchRequest, principal: Reader) -> Response:
+async def search_route(
+    body: SearchRequest,
+    principal: Reader,
+    cache_control: Annotated[
+        str | None,
+        Header(description="no-cache: encode the query even if the query cache holds it"),
+    ] = None,
+) -> Response:
     """Hybrid search with fusion, optional rerank, MMR, and the evidence policy's decision.
     The tenant always comes from the API key, never from the request body."""
+    embedding_cache = "no-cache" not in (cache_control or "").lower()
     response = await run_in_threadpool(
-        search, unit_of_work, principal.tenant_id, body, None, _replica()
+        search, unit_of_work, principal.tenant_id, body, None, _replica(), embedding_cache
     )
     # The response is a model already: encoded once by pydantic, not validated and walked
     # again by FastAPI (a 100-result response with traces spent 3.7 ms in its encoder).
