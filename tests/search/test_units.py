@@ -275,3 +275,46 @@ def test_the_metadata_boost_lifts_recent_or_large_values_and_leaves_the_rest() -
     negative = [("a", 0.5), ("b", -0.2), ("c", -1.0)]
     lifted = dict(boosted(negative, {"b": 2026, "c": 2016}, numeric, now))
     assert lifted["b"] == pytest.approx(-0.2 + 1.5) and lifted["c"] == -1.0 and lifted["a"] == 0.5
+
+
+def test_the_packer_reads_embeddings_only_for_results_it_reaches_while_the_budget_lasts() -> None:
+    """A search hydrates the first results with their embeddings; the policy asks for the
+    rest's only when it reaches one that could still be packed. A result that cannot fit is
+    over budget without being compared, and a near-duplicate read late is still found."""
+    from dataclasses import replace
+
+    from shared.search.policy import EMBEDDINGS_PER_READ, PolicyConfig, apply_policy
+
+    candidates = []
+    for c in _candidates(60, documents=60):
+        text = "A sentence of ten words that the counter counts one by one."
+        candidates.append(
+            replace(c, external_id=c.document_id, text=text, char_end=len(text), token_count=10)
+        )
+    kept = {c.chunk_id: c.embedding for c in candidates}
+    candidates[3].embedding = kept[candidates[3].chunk_id] = kept[candidates[1].chunk_id]
+    for c in candidates[2:]:  # only the first two came hydrated with theirs
+        c.embedding = None
+    asked: list[str] = []
+
+    def load(some: list[Any]) -> None:
+        for c in some:
+            asked.append(c.chunk_id)
+            c.embedding = kept[c.chunk_id]
+
+    class Words:
+        def __call__(self, text: str) -> int:
+            return len(text.split())
+
+        def prefix_counts(self, text: str, ends: list[int]) -> list[int]:
+            return [len(text[:e].split()) for e in ends]
+
+    config = PolicyConfig("dense_cosine", 0.0, 50, 3, 0.95)  # room for five results
+    result = apply_policy(candidates, config, Words(), load_embeddings=load)
+    reasons = result.per_result
+    assert [e.chunk_id for e in result.evidence] == [
+        candidates[i].chunk_id for i in (0, 1, 2, 4, 5)
+    ]
+    assert reasons[candidates[3].chunk_id] == "near_duplicate"
+    assert all(reasons[c.chunk_id] == "over_budget" for c in candidates[6:])
+    assert asked == [c.chunk_id for c in candidates[2 : 2 + EMBEDDINGS_PER_READ]]  # one read
