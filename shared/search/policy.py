@@ -53,9 +53,16 @@ INJECTION_PATTERNS = [
     r"<\s*/?\s*(system|assistant|instructions?)\s*>",
 ]
 _INJECTION = re.compile("|".join(INJECTION_PATTERNS), re.IGNORECASE)
+# Every pattern above needs one of these words; a text with none of them (casefolded, as
+# IGNORECASE matches) cannot match, and skips the regex (66 us a 1 kB chunk).
+_INJECTION_WORDS = ("ignore", "disregard", "forget", "you", "prompt", "instruction", "user",
+                    "system", "assistant")  # fmt: skip
 
 
 def looks_like_prompt_injection(text: str) -> bool:
+    folded = text.casefold()
+    if not any(word in folded for word in _INJECTION_WORDS):
+        return False
     return bool(_INJECTION.search(text))
 
 
