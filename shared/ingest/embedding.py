@@ -18,6 +18,7 @@ from shared.settings import Settings, get_settings
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
+    from tokenizers import Tokenizer
 
     from shared.ingest.onnx_encoder import OnnxEncoder, Precision
 
@@ -32,6 +33,7 @@ class Embedder:
         self._query_encoders: dict[int, OnnxEncoder | None] = {}  # by thread count
         self._passage_encoder: OnnxEncoder | None = None
         self._passage_encoder_tried = False
+        self._counting_tokenizer: Tokenizer | None = None
         self._lock = threading.Lock()
 
     @property
@@ -69,6 +71,24 @@ class Embedder:
                     )
                 self._model = model
             return self._model
+
+    def token_offsets(self, text: str) -> list[tuple[int, int]]:
+        """The (start, end) character offsets of the model's tokens in ``text``, without
+        special tokens: what chunk sizes and the policy's token budget count. From a copy of
+        the fast tokenizer with neither truncation nor padding (the encoders set those per
+        call on the model's own), called directly: through the transformers wrapper each
+        call cost 0.1 ms, a fifth of a 100-result search's policy."""
+        if self._counting_tokenizer is None:
+            from tokenizers import Tokenizer
+
+            counting = Tokenizer.from_str(self.model().tokenizer.backend_tokenizer.to_str())
+            counting.no_truncation()
+            counting.no_padding()
+            self._counting_tokenizer = counting
+        offsets: list[tuple[int, int]] = self._counting_tokenizer.encode(
+            text, add_special_tokens=False
+        ).offsets
+        return offsets
 
     def embed_passages(self, texts: list[str], token_counts: list[int] | None = None) -> np.ndarray:
         """``token_counts``, where the caller already knows them, spare tokenizing every text

@@ -84,16 +84,11 @@ class Claim:
 
 
 def _chunker(settings: Settings, embedder: Embedder) -> Chunker:
-    tokenizer = embedder.model().tokenizer
-
-    def offsets(text: str) -> list[tuple[int, int]]:
-        encoded = tokenizer(
-            text, add_special_tokens=False, return_offsets_mapping=True, verbose=False
-        )
-        return list(encoded["offset_mapping"])
-
     return Chunker(
-        offsets, settings.chunk_max_tokens, settings.chunk_overlap_tokens, settings.chunk_max_chars
+        embedder.token_offsets,
+        settings.chunk_max_tokens,
+        settings.chunk_overlap_tokens,
+        settings.chunk_max_chars,
     )
 
 

@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 from elasticsearch import ApiError, TransportError
@@ -288,14 +288,11 @@ def _retrieve(query: _Query, timings: StageTimes) -> Retrieved:
             lambda: query_vector(request.query, settings, threads, query.embedding_cache),
         )
         if request.mode in ("dense", "hybrid"):
-            # On this thread, which would only wait meanwhile (handing it to the pool and
-            # back cost a dense search a thread wake-up each way).
-            futures["dense"] = _run_here(
-                lambda: _timed_arm(
-                    timings,
-                    "dense",
-                    lambda: dense_arm(query.reads, tenant_id, vector, request, settings),
-                )
+            futures["dense"] = _pool.submit(
+                _timed_arm,
+                timings,
+                "dense",
+                lambda: dense_arm(query.reads, tenant_id, vector, request, settings),
             )
         arms: dict[str, list[ArmHit]] = {}
         degraded: list[str] = []
@@ -546,17 +543,6 @@ def _first_results_scores(
 
 def _timed_arm(timings: StageTimes, name: str, fn: Callable[[], T]) -> T:
     return timings.timed(name, fn)
-
-
-def _run_here(fn: Callable[[], T]) -> Future[T]:
-    """``fn`` run on this thread, as a future: an arm run here is collected (and degrades)
-    as one run on the pool is."""
-    future: Future[T] = Future()
-    try:
-        future.set_result(fn())
-    except Exception as e:
-        future.set_exception(e)
-    return future
 
 
 def _hydrate_enough(
@@ -813,33 +799,19 @@ def _policy_config(
 
 
 class _TokenizerCounter:
-    """The policy's token counts, from the embedder's tokenizer (see policy.TokenCounter)."""
+    """The policy's token counts: the embedder's tokens, as chunk sizes count them (see
+    policy.TokenCounter)."""
 
     def __init__(self) -> None:
-        self.tokenizer = _counting_tokenizer()
+        self.token_offsets = get_embedder().token_offsets
 
     def __call__(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        return len(self.token_offsets(text))
 
     def prefix_counts(self, text: str, ends: list[int]) -> list[int]:
         # A prefix ending at a sentence end holds exactly the tokens that start before it.
-        starts = [
-            start for start, _ in self.tokenizer.encode(text, add_special_tokens=False).offsets
-        ]
+        starts = [start for start, _ in self.token_offsets(text)]
         return [bisect_left(starts, end) for end in ends]
-
-
-@lru_cache(maxsize=1)
-def _counting_tokenizer() -> Any:
-    """A copy of the embedder's fast tokenizer, for counting only: without truncation or
-    padding (the encoders set those on their own per call), and called directly (through the
-    transformers wrapper, each count cost 0.1 ms: a fifth of the policy's time)."""
-    from tokenizers import Tokenizer
-
-    counting = Tokenizer.from_str(get_embedder().model().tokenizer.backend_tokenizer.to_str())
-    counting.no_truncation()
-    counting.no_padding()
-    return counting
 
 
 def _result(
