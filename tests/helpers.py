@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
+from sqlalchemy import text as sql_text
 
 from shared.db import unit_of_work
 from shared.models import Chunk, Document, EsOutbox
@@ -148,19 +149,50 @@ def long_text(topic: str, sentences: int = 60) -> str:
     )
 
 
+PAUSE_TRIES = 20
+
+
 @contextmanager
 def paused(worker: Any) -> Iterator[None]:
     """SIGSTOP the worker (all its processes) so the test decides what runs, and in what order.
 
     A worker stopped while its BRPOP waits on Redis would still be handed the next message
     published within that BRPOP's timeout (kombu's 1 s) and sit on it until it is resumed:
-    so the block starts only once any such wait has run out."""
-    os.killpg(worker.proc.pid, signal.SIGSTOP)
-    time.sleep(BRPOP_TIMEOUT_S + 0.3)
+    so the block starts only once any such wait has run out.
+
+    A worker stopped inside a Postgres transaction would keep its locks until resumed: a
+    partition move holds ``documents`` in SHARE ROW EXCLUSIVE mode, so every upload the
+    block sends would wait on it, and the block would never end. So the worker is stopped
+    only between transactions: if some other backend has one open, it runs on a moment
+    and is stopped again."""
+    for _ in range(PAUSE_TRIES):
+        os.killpg(worker.proc.pid, signal.SIGSTOP)
+        time.sleep(BRPOP_TIMEOUT_S + 0.3)
+        if not _open_transactions_of([worker.proc.pid, *worker.child_pids()]):
+            break
+        os.killpg(worker.proc.pid, signal.SIGCONT)
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"the worker was inside a transaction at each of {PAUSE_TRIES} tries")
     try:
         yield
     finally:
         os.killpg(worker.proc.pid, signal.SIGCONT)
+
+
+def _open_transactions_of(pids: list[int]) -> int:
+    """Transactions open in Postgres for these processes (each connection names its process:
+    shared/db._name_connection)."""
+    with unit_of_work() as uow:
+        return int(
+            uow.session.execute(
+                sql_text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE application_name = ANY(:names) AND xact_start IS NOT NULL"
+                ),
+                {"names": [f"concord-{pid}" for pid in pids]},
+            ).scalar_one()
+        )
 
 
 def exhaust_attempts(job_id: str, last_error: str | None = None) -> None:

@@ -6,12 +6,13 @@ the few statements that belong to no domain are in ``shared/db/repository.py``."
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, any_, bindparam, create_engine
+from sqlalchemy import ColumnElement, Engine, any_, bindparam, create_engine, event
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import QueryableAttribute, Session, sessionmaker
 
@@ -22,13 +23,22 @@ from shared.settings import get_settings
 def get_engine() -> Engine:
     """Created on first use in each process, never at import (Celery prefork safe)."""
     settings = get_settings()
-    return create_engine(
+    engine = create_engine(
         settings.postgres_dsn(),
         pool_pre_ping=True,
         pool_size=5,
         max_overflow=10,
         connect_args={"connect_timeout": 5},
     )
+    event.listen(engine, "do_connect", _name_connection)
+    return engine
+
+
+def _name_connection(dialect: Any, record: Any, args: Any, params: dict[str, Any]) -> None:
+    """Each connection names the process that opened it (``concord-<pid>``, as the OS knows
+    it when the connection opens: a Celery pool child's own), so pg_stat_activity and
+    pg_locks tell an operator which process holds a transaction or a lock."""
+    params["application_name"] = f"concord-{os.getpid()}"
 
 
 @lru_cache
@@ -42,9 +52,11 @@ def get_read_engine() -> Engine | None:
     dsn = get_settings().read_dsn()
     if dsn is None:
         return None
-    return create_engine(
+    engine = create_engine(
         dsn, pool_pre_ping=True, pool_size=5, max_overflow=10, connect_args={"connect_timeout": 2}
     )
+    event.listen(engine, "do_connect", _name_connection)
+    return engine
 
 
 @lru_cache

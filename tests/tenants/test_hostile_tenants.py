@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
@@ -336,6 +336,10 @@ _UPLOADS = st.one_of(
     max_examples=6,
     deadline=None,
     derandomize=True,
+    # No shrinking: each example waits on the real worker for up to minutes, and a failure
+    # (pytest-timeout's included, which Hypothesis counts as one) would otherwise be shrunk
+    # example after example with no end in sight. The failing example is reported as it is.
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(uploads=st.lists(_UPLOADS, min_size=4, max_size=10))
