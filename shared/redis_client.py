@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from functools import lru_cache
 
 import redis
+import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -26,3 +29,27 @@ def redis_client(timeout_s: float) -> redis.Redis:
         socket_connect_timeout=timeout_s,
         retry=Retry(NoBackoff(), 0),
     )
+
+
+# One asyncio client per event loop: its connections belong to the loop that opened them (the
+# API has one loop; each of the tests' clients runs its own).
+_async_clients: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[float, redis.asyncio.Redis]
+] = weakref.WeakKeyDictionary()
+
+
+def async_redis_client(timeout_s: float) -> redis.asyncio.Redis:
+    """:func:`redis_client` for coroutines on the running event loop (the API answers a
+    request's rate limit without leaving its loop for a thread)."""
+    clients = _async_clients.setdefault(asyncio.get_running_loop(), {})
+    if timeout_s not in clients:
+        settings = get_settings()
+        clients[timeout_s] = redis.asyncio.Redis(
+            host=settings.redis_host,
+            port=settings.redis_port,
+            db=settings.redis_db,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=redis.asyncio.retry.Retry(NoBackoff(), 0),
+        )
+    return clients[timeout_s]

@@ -201,7 +201,7 @@ def nearest_chunks(
     Otherwise HNSW: with filters, an HNSW walk can run out of candidates before it finds
     ``limit`` matches; the iterative scan keeps walking until it does (up to
     hnsw.max_scan_tuples). Relaxed order is cheaper, so the result is re-sorted exactly."""
-    distance = Chunk.embedding.cosine_distance(vector).label("distance")
+    distance = Chunk.embedding.cosine_distance(_binary(vector)).label("distance")
     if exact:
         # Plain index scans off: the HNSW index cannot serve the ORDER BY; the tenant index
         # still finds the rows (as a bitmap scan).
@@ -232,6 +232,12 @@ def nearest_chunks(
     ).all()
 
 
+def _binary(vector: list[float]) -> np.ndarray:
+    """The query vector as numpy, so it is sent in pgvector's binary form (shared/vector_type:
+    formatting 384 floats as text cost 0.36 ms a search, and Postgres parsed them again)."""
+    return np.asarray(vector, dtype=np.float32)
+
+
 def live_chunks(
     session: Session,
     tenant_id: str,
@@ -260,7 +266,7 @@ def live_chunks(
         Document.title,
     ]
     if vector is not None:
-        columns.append((1 - Chunk.embedding.cosine_distance(vector)).label("cosine"))
+        columns.append((1 - Chunk.embedding.cosine_distance(_binary(vector))).label("cosine"))
     # NULL except for ``embeddings_for`` (an empty list matches no id).
     columns.append(
         case((_id_among(embeddings_for), vector_bytes(Chunk.embedding))).label("embedding")

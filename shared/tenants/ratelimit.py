@@ -12,12 +12,11 @@ import logging
 import math
 import time
 import uuid
-from functools import lru_cache
 
 import redis
 
 from shared.errors import TooManyRequests
-from shared.redis_client import redis_client
+from shared.redis_client import async_redis_client
 from shared.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -39,20 +38,23 @@ return {allowed, tostring(wait)}
 """
 
 
-@lru_cache(maxsize=1)
-def _script() -> redis.commands.core.Script:
-    # Half a second at most per request; the limiter fails open at once after that.
-    return redis_client(0.5).register_script(_TOKEN_BUCKET)
-
-
-def enforce(key_id: uuid.UUID) -> None:
+async def enforce(key_id: uuid.UUID) -> None:
+    """Take one token of the key's bucket, or raise TooManyRequests. A coroutine: the API
+    calls it on its event loop, so a request's limit costs one Redis round trip and no
+    thread."""
     settings = get_settings()
     if settings.rate_limit_per_second <= 0:
         return
+    # Half a second at most per request; the limiter fails open at once after that.
+    client = async_redis_client(0.5)
     try:
-        allowed, wait = _script()(
-            keys=[f"concord:ratelimit:{key_id}"],
-            args=[settings.rate_limit_per_second, settings.rate_limit_burst, time.time()],
+        allowed, wait = await client.eval(
+            _TOKEN_BUCKET,
+            1,
+            f"concord:ratelimit:{key_id}",
+            settings.rate_limit_per_second,
+            settings.rate_limit_burst,
+            time.time(),
         )
     except redis.RedisError as e:
         log.warning("rate limiter unavailable, request let through: %s", type(e).__name__)

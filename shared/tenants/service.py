@@ -90,25 +90,32 @@ _recent_lock = threading.Lock()
 RECENT_KEYS_MAX = 10_000
 
 
+def recently_authenticated(secret: str | None, ttl_s: float) -> Principal | None:
+    """The principal of a key verified within the last ``ttl_s`` seconds, from memory (no
+    database, no thread: the API answers it on its event loop), else None."""
+    if not secret or ttl_s <= 0:
+        return None
+    with _recent_lock:
+        entry = _recent.get(_hash(secret))
+    return entry[1] if entry is not None and entry[0] > time.monotonic() else None
+
+
 def authenticate_recent(transactions: Transactions, secret: str | None, ttl_s: float) -> Principal:
     """:func:`authenticate`, looking a key up at most once every ``ttl_s`` seconds (0: every
     time). Only keys that passed are remembered, so a new key works at once and a wrong one
     is always looked up; :func:`forget_key` drops a revoked one."""
-    if not secret or ttl_s <= 0:
-        with transactions() as uow:
-            return authenticate(uow.session, secret)
-    digest = _hash(secret)
-    with _recent_lock:
-        entry = _recent.get(digest)
-        if entry is not None and entry[0] > time.monotonic():
-            return entry[1]
+    remembered = recently_authenticated(secret, ttl_s)
+    if remembered is not None:
+        return remembered
     with transactions() as uow:
         principal = authenticate(uow.session, secret)
-    with _recent_lock:
-        _recent[digest] = (time.monotonic() + ttl_s, principal)
-        _recent.move_to_end(digest)
-        while len(_recent) > RECENT_KEYS_MAX:
-            _recent.popitem(last=False)
+    if ttl_s > 0 and secret:  # it passed: remember it
+        with _recent_lock:
+            digest = _hash(secret)
+            _recent[digest] = (time.monotonic() + ttl_s, principal)
+            _recent.move_to_end(digest)
+            while len(_recent) > RECENT_KEYS_MAX:
+                _recent.popitem(last=False)
     return principal
 
 
