@@ -156,6 +156,10 @@ class Chunk(Base):
     # little or no text layer); the evidence policy asks for verification of such evidence.
     # Postgres only: search reads it at hydration, Elasticsearch never needs it.
     flags: Mapped[list[str]] = mapped_column(ARRAY(Text), nullable=False, server_default="{}")
+    # In the embedder's tokens, the chunk's first sentence (NULL for chunks written before
+    # migration 0014): the evidence policy omits a chunk whose first sentence cannot fit what
+    # is left of its token budget without reading the chunk's text.
+    first_sentence_tokens: Mapped[int | None] = mapped_column(Integer)
     # Reconciliation compares the stores bucket by bucket (see shared/reconcile).
     bucket: Mapped[int] = mapped_column(SmallInteger, nullable=False, server_default="0")
     # A hash of the id and every field Elasticsearch copies (shared/reconcile/buckets.py).

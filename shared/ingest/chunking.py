@@ -35,6 +35,9 @@ class TextChunk:
     section: str
     token_count: int
     flags: tuple[str, ...] = ()  # from parsing: e.g. its page's text layer is doubtful
+    # Tokens of its first sentence (first_sentence_end): the evidence policy tells from it
+    # alone that a chunk cannot fit what is left of a token budget.
+    first_sentence_tokens: int | None = None
 
 
 # What a chunk is embedded as: the chunk alone, or after its document's title (and its
@@ -119,6 +122,7 @@ class Chunker:
                 text, sentence_spans(text, region_start, region_end), token_starts, tokens_in
             )
             for start, end in self._pack(sentences, tokens_in):
+                first = first_sentence_end(text[start:end])
                 chunks.append(
                     TextChunk(
                         ordinal=len(chunks),
@@ -128,6 +132,9 @@ class Chunker:
                         section=doc.section_at(start),
                         token_count=tokens_in(start, end),
                         flags=doc.flags_at(start),
+                        first_sentence_tokens=None
+                        if first is None
+                        else tokens_in(start, start + first),
                     )
                 )
         return chunks

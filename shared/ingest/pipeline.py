@@ -524,6 +524,7 @@ def _chunk_rows(claim: Claim) -> list[ChunkRow]:
             token_count=p.token_count,
             embedding=v,
             flags=list(p.flags),
+            first_sentence_tokens=p.first_sentence_tokens,
         )
         for p, h, v in zip(claim.pieces, claim.hashes, claim.vectors, strict=True)
     ]

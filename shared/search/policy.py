@@ -94,6 +94,7 @@ class Candidate:
     embedding: np.ndarray | None
     scores: dict[str, float]
     flags: list[str] = field(default_factory=list)  # from ingest, e.g. doubtful_extraction
+    first_sentence_tokens: int | None = None  # from ingest; None: counted here if needed
 
 
 @dataclass
@@ -262,6 +263,11 @@ def _pack(
         tokens = c.token_count or count_tokens(text)  # 0: a row from before counts
         truncated = False
         if tokens > remaining:
+            if c.first_sentence_tokens is not None and c.first_sentence_tokens > remaining:
+                # Known from ingest: not even its first sentence fits (most of a long list
+                # once the budget is nearly spent), without reading its text.
+                _omit(result, c, "over_budget")
+                continue
             text, tokens = _whole_sentences_within(text, remaining, count_tokens)
             if not text:
                 _omit(result, c, "over_budget")

@@ -647,6 +647,7 @@ def _hydrate(
                 embedding=(None if row.embedding is None else vector_from_bytes(row.embedding)),
                 scores={"dense_cosine": round(float(cosines[cid] if known else row.cosine), 6)},
                 flags=list(row.flags),
+                first_sentence_tokens=row.first_sentence_tokens,
             )
         )
     return candidates, len(stale)

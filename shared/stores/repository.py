@@ -52,6 +52,7 @@ def upsert_chunks(session: Session, versions: Sequence[VersionChunks]) -> None:
             "title": v.title,
             "token_count": r.token_count,
             "flags": r.flags,
+            "first_sentence_tokens": r.first_sentence_tokens,
             "bucket": bucket_of(r.id),
             "fingerprint": fingerprint(
                 chunk_id=r.id,
@@ -92,6 +93,7 @@ def upsert_chunks(session: Session, versions: Sequence[VersionChunks]) -> None:
                 "title": excluded.title,
                 "token_count": excluded.token_count,
                 "flags": excluded.flags,
+                "first_sentence_tokens": excluded.first_sentence_tokens,
                 "fingerprint": excluded.fingerprint,
                 "embedding": excluded.embedding,
                 "metadata": excluded.metadata,
@@ -261,6 +263,7 @@ def live_chunks(
         Chunk.char_end,
         Chunk.token_count,
         Chunk.flags,
+        Chunk.first_sentence_tokens,
         Chunk.updated_at,
         Document.external_id,
         Document.title,

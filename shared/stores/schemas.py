@@ -49,6 +49,7 @@ class ChunkRow:
     token_count: int
     embedding: np.ndarray
     flags: list[str] = field(default_factory=list)  # e.g. doubtful_extraction (Postgres only)
+    first_sentence_tokens: int | None = None  # Postgres only: see TextChunk
 
 
 @dataclass(frozen=True)

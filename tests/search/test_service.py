@@ -7,8 +7,12 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
+from shared.db import unit_of_work
+from shared.ingest.chunking import first_sentence_end
+from shared.models import Chunk
 from shared.search import service as search_service
 from shared.settings import get_settings
 from shared.stores import repository as stores_repo
@@ -435,6 +439,13 @@ def test_packing_cuts_only_at_sentence_ends_and_reports_over_budget(client, auth
     upload_text(client, auth, "fjord-a", text)
     upload_text(client, auth, "fjord-b", "Fjords are flooded glacial valleys in Norway.")
     wait_converged(tenant)
+    # Each chunk holds its first sentence's token count from ingest, as the policy counts it.
+    counter = search_service._TokenizerCounter()
+    with unit_of_work() as uow:
+        stored = uow.session.execute(
+            select(Chunk.text, Chunk.first_sentence_tokens).where(Chunk.tenant_id == tenant)
+        ).all()
+    assert stored and all(n == counter(t[: first_sentence_end(t)]) for t, n in stored), stored
     body = search(
         client,
         auth,

@@ -343,3 +343,74 @@ def test_the_injection_prefilter_never_hides_a_match() -> None:
         assert bool(_INJECTION.search(text)) == looks_like_prompt_injection(text) is True, text
     ordinary = "Vitamin D levels were known to fall in winter (p < 0.05) in 1,234 patients."
     assert not looks_like_prompt_injection(ordinary)
+
+
+def test_the_first_sentence_counts_from_ingest_are_what_the_policy_would_count() -> None:
+    """Chunks carry their first sentence's token count from chunking (document-wide token
+    offsets); it must be the count the policy's tokenizer gives that sentence on its own."""
+    from shared.ingest.chunking import Chunker, first_sentence_end
+    from shared.ingest.embedding import get_embedder
+    from shared.ingest.parsing import parse
+    from shared.search.service import _TokenizerCounter
+
+    counter = _TokenizerCounter()
+    text = "\n\n".join(
+        "Vitamin D deficiency (VDD) affects 1,234 patients. Was it caused by e.g. diet? "
+        f"R\u00e9sum\u00e9: IL-{i} rose 2.5-fold in CD4+ cells; see Fig. 3. Done. "
+        + "Tokenization of uncharacteristically long words goes on. "
+        * (i % 4)
+        for i in range(40)
+    )
+    doc = parse(text.encode(), "text/plain")
+    chunks = Chunker(get_embedder().token_offsets, 48, 8).chunk(doc)
+    assert len(chunks) > 10
+    for chunk in chunks:
+        first = first_sentence_end(chunk.text)
+        assert first is not None
+        assert chunk.first_sentence_tokens == counter(chunk.text[:first]), chunk
+
+
+def test_a_result_whose_first_sentence_cannot_fit_is_omitted_without_counting_it() -> None:
+    """With its first sentence's count from ingest, a result that cannot fit what is left of
+    the budget is over budget without a tokenizer call; the decision is the one counting it
+    would give."""
+    from dataclasses import replace
+
+    from shared.search.policy import PolicyConfig, apply_policy
+
+    text = "A first sentence of exactly nine words here now. Then more."
+
+    class TwoPerWord:  # tokens >= words, as the policy's word-count shortcut assumes
+        calls = 0
+
+        def __call__(self, text: str) -> int:
+            TwoPerWord.calls += 1
+            return 2 * len(text.split())
+
+        def prefix_counts(self, text: str, ends: list[int]) -> list[int]:
+            TwoPerWord.calls += 1
+            return [2 * len(text[:end].split()) for end in ends]
+
+    def candidates(first_sentence_tokens: int | None) -> list[Any]:
+        return [
+            replace(
+                c,
+                external_id=c.document_id,
+                text=text,
+                char_end=len(text),
+                token_count=22,
+                first_sentence_tokens=first_sentence_tokens,
+            )
+            for c in _candidates(30, documents=30)
+        ]
+
+    # Two results fit whole (44 tokens); the 10 left hold the first sentence's nine words
+    # but not its 18 tokens: only counting them tells.
+    config = PolicyConfig("dense_cosine", 0.0, 54, 3, 0.999)
+    counted = apply_policy(candidates(None), config, TwoPerWord())
+    counted_calls, TwoPerWord.calls = TwoPerWord.calls, 0
+    known = apply_policy(candidates(18), config, TwoPerWord())
+    assert TwoPerWord.calls == 0 and counted_calls >= 28  # every late result was counted
+    assert [e.chunk_id for e in known.evidence] == [e.chunk_id for e in counted.evidence]
+    assert len(known.evidence) == 2 and known.per_result == counted.per_result
+    assert list(known.per_result.values()).count("over_budget") == 28
