@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from functools import lru_cache
+from typing import Any
 
 import redis
 import redis.asyncio
@@ -20,15 +21,18 @@ def redis_client(timeout_s: float) -> redis.Redis:
     answer, and tries once: redis-py retries 3 times with backoff by default, which made a
     silent Redis cost 9 s per call. Callers decide what to do when it fails (the rate limiter
     fails open, the sweep waits for its next run). One client per timeout per process."""
+    return redis.Redis(**_options(timeout_s), retry=Retry(NoBackoff(), 0))
+
+
+def _options(timeout_s: float) -> dict[str, Any]:
     settings = get_settings()
-    return redis.Redis(
-        host=settings.redis_host,
-        port=settings.redis_port,
-        db=settings.redis_db,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 0),
-    )
+    return {
+        "host": settings.redis_host,
+        "port": settings.redis_port,
+        "db": settings.redis_db,
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+    }
 
 
 # One asyncio client per event loop: its connections belong to the loop that opened them (the
@@ -43,13 +47,7 @@ def async_redis_client(timeout_s: float) -> redis.asyncio.Redis:
     request's rate limit without leaving its loop for a thread)."""
     clients = _async_clients.setdefault(asyncio.get_running_loop(), {})
     if timeout_s not in clients:
-        settings = get_settings()
         clients[timeout_s] = redis.asyncio.Redis(
-            host=settings.redis_host,
-            port=settings.redis_port,
-            db=settings.redis_db,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=redis.asyncio.retry.Retry(NoBackoff(), 0),
+            **_options(timeout_s), retry=redis.asyncio.retry.Retry(NoBackoff(), 0)
         )
     return clients[timeout_s]

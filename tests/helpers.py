@@ -163,7 +163,7 @@ def paused(worker: Any) -> Iterator[None]:
     A worker stopped inside a Postgres transaction would keep its locks until resumed: a
     partition move holds ``documents`` in SHARE ROW EXCLUSIVE mode, so every upload the
     block sends would wait on it, and the block would never end. So the worker is stopped
-    only between transactions: if some other backend has one open, it runs on a moment
+    only between transactions: if one of its processes has one open, it runs on a moment
     and is stopped again."""
     for _ in range(PAUSE_TRIES):
         os.killpg(worker.proc.pid, signal.SIGSTOP)

@@ -22,13 +22,16 @@ from shared.settings import get_settings
 @lru_cache
 def get_engine() -> Engine:
     """Created on first use in each process, never at import (Celery prefork safe)."""
-    settings = get_settings()
+    return _engine(get_settings().postgres_dsn(), connect_timeout_s=5)
+
+
+def _engine(dsn: str, connect_timeout_s: int) -> Engine:
     engine = create_engine(
-        settings.postgres_dsn(),
+        dsn,
         pool_pre_ping=True,
         pool_size=5,
         max_overflow=10,
-        connect_args={"connect_timeout": 5},
+        connect_args={"connect_timeout": connect_timeout_s},
     )
     event.listen(engine, "do_connect", _name_connection)
     return engine
@@ -52,11 +55,7 @@ def get_read_engine() -> Engine | None:
     dsn = get_settings().read_dsn()
     if dsn is None:
         return None
-    engine = create_engine(
-        dsn, pool_pre_ping=True, pool_size=5, max_overflow=10, connect_args={"connect_timeout": 2}
-    )
-    event.listen(engine, "do_connect", _name_connection)
-    return engine
+    return _engine(dsn, connect_timeout_s=2)
 
 
 @lru_cache

@@ -263,12 +263,14 @@ def _pack(
         tokens = c.token_count or count_tokens(text)  # 0: a row from before counts
         truncated = False
         if tokens > remaining:
-            if c.first_sentence_tokens is not None and c.first_sentence_tokens > remaining:
-                # Known from ingest: not even its first sentence fits (most of a long list
-                # once the budget is nearly spent), without reading its text.
-                _omit(result, c, "over_budget")
-                continue
-            text, tokens = _whole_sentences_within(text, remaining, count_tokens)
+            # Known from ingest that not even its first sentence fits (most of a long list
+            # once the budget is nearly spent): its text is not read.
+            first_too_long = (c.first_sentence_tokens or 0) > remaining
+            text, tokens = (
+                ("", 0)
+                if first_too_long
+                else _whole_sentences_within(text, remaining, count_tokens)
+            )
             if not text:
                 _omit(result, c, "over_budget")
                 continue
