@@ -6,13 +6,13 @@ which torch's eager mode pays op by op. The same weights exported to ONNX encode
 query in 3.8 ms on one thread instead of 6.8 ms with torch on two (vectors within 2e-7), and
 leave the other core to Elasticsearch, which works on the lexical arm at the same time.
 
-Passages: batches of similar length (shared/ingest/embedding.length_batches), each padded to
-its longest text and mean-pooled over its real tokens, as sentence-transformers pools them.
-``onnx`` runs the exported graph as it is (fp32, the same vectors as torch to ~1e-6);
-``onnx-int8`` runs a copy whose linear layers' weights are quantized to int8 (dynamic
-quantization: activations are quantized per batch at run time), which is faster on CPU and
-close to the fp32 vectors but not equal to them: its vectors are cached under a model id of
-their own, and the stores keep fp32 vectors either way.
+Passages: one text per call, unpadded and mean-pooled over its tokens, as sentence-transformers
+pools them (Embedder._encode says why not in batches). ``onnx`` runs the exported graph as it
+is (fp32, the same vectors as torch to ~1e-6); ``onnx-int8`` runs a copy whose linear layers'
+weights are quantized to int8 (dynamic quantization: activations are quantized per call at
+run time, so per text), which is faster on CPU and close to the fp32 vectors but not equal to
+them: its vectors are cached under a model id of their own, and the stores keep fp32 vectors
+either way.
 
 The exports are written once per model under the state directory and reused by every
 process; a model this module cannot reproduce exactly (pooling other than mean or CLS, extra
@@ -83,28 +83,19 @@ class OnnxEncoder:
         self._lock = threading.Lock()
 
     def encode(self, text: str) -> np.ndarray:
-        """One text (a query): no padding, so the mean is over every token."""
-        return np.asarray(self.encode_batch([text])[0], dtype=np.float32)
-
-    def encode_batch(self, texts: list[str]) -> np.ndarray:
-        """(len(texts), dim) float32 vectors of one batch, padded to its longest text."""
+        """One text's float32 vector: unpadded, so pooling is over every one of its tokens."""
         tokens = self.tokenizer(
-            texts, truncation=True, max_length=self.max_length, padding=True, return_tensors="np"
+            [text], truncation=True, max_length=self.max_length, return_tensors="np"
         )
         feeds = {name: tokens[name].astype(np.int64) for name in INPUT_NAMES if name in tokens}
         if "token_type_ids" not in feeds:
             feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
         with self._lock:  # one session: calls queue rather than oversubscribe the threads
-            hidden = self.session.run(None, feeds)[0]
-        if self.pooling == "cls":
-            vectors = hidden[:, 0]
-        else:
-            mask = feeds["attention_mask"][:, :, None].astype(np.float32)
-            vectors = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
+            hidden = self.session.run(None, feeds)[0][0]
+        vector = hidden[0] if self.pooling == "cls" else hidden.mean(axis=0)
         if self.normalize:
-            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-            vectors = vectors / np.maximum(norms, 1e-12)
-        return np.asarray(vectors, dtype=np.float32)
+            vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
+        return np.asarray(vector, dtype=np.float32)
 
 
 def export_dir_for(model_path: str, state_path: Path) -> Path:

@@ -75,12 +75,14 @@ def test_passages_come_back_in_the_order_given_whatever_the_batching() -> None:
 def test_passage_encoders_match_fp32_torch_and_the_inexact_ones_are_cached_apart(
     tmp_path,
 ) -> None:
-    """Passages through each encoder, in padded batches of mixed lengths: ONNX fp32 gives
-    torch's vectors; bf16 and int8 give vectors close to them, under cache keys of their
-    own; ``auto`` is bf16 where the CPU has it natively."""
+    """Passages of mixed lengths through each encoder: ONNX fp32 gives torch's vectors; bf16
+    and int8 give vectors close to them, under cache keys of their own; the ONNX encoders'
+    vectors do not depend on the other texts of the call; ``auto`` is bf16 where the CPU has
+    it natively, and the default is onnx-int8."""
     import numpy as np
 
     from shared.ingest.embedding import Embedder, cpu_has_native_bf16, get_embedder
+    from shared.settings import Settings
 
     texts = ["short one", "a much longer passage about harbours " * 30, "mid length text " * 5]
     texts = texts * 4 + ["x"]
@@ -101,7 +103,14 @@ def test_passage_encoders_match_fp32_torch_and_the_inexact_ones_are_cached_apart
         vectors = close.embed_passages(texts)
         assert floor < np.min(np.sum(vectors * reference, axis=1)) < 0.999999  # close, not equal
         assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    # A passage's vector is a function of its own text, whatever shares the worker's batch
+    # (another tenant's texts among them): int8 quantizes activations with one scale per
+    # call, and in one call with the long text the short ones' vectors moved (cosine 0.987).
+    for per_text in (onnx_fp32, int8):
+        alone = np.stack([per_text.embed_passages([text])[0] for text in texts])
+        assert np.allclose(per_text.embed_passages(texts), alone, rtol=0, atol=1e-6)
     ids = {e.model_id for e in (torch_fp32, onnx_fp32, int8, bf16)}
     assert torch_fp32.model_id == onnx_fp32.model_id and len(ids) == 3
     auto = embedder("auto")
     assert auto.passage_encoding == ("torch-bf16" if cpu_has_native_bf16() else "torch")
+    assert Settings.model_fields["passage_encoder"].default == "onnx-int8"
