@@ -50,9 +50,12 @@ class Embedder:
         mark of an encoder whose vectors are close to fp32 torch's but not equal (bf16, int8):
         never mixed in the cache."""
         model = self.settings.embedding_model or "all-MiniLM-L6-v2"
+        encoding = self.passage_encoding
+        if encoding.startswith("onnx") and self.passage_encoder() is None:
+            encoding = "torch"  # not exportable as is (or no writable state dir): fp32 torch
         # (int8 vectors cached before passages were encoded one per call carry "|int8": they
         # depended on their batch-mates, so they are not reused.)
-        mark = {"torch-bf16": "|bf16", "onnx-int8": "|int8-alone"}.get(self.passage_encoding, "")
+        mark = {"torch-bf16": "|bf16", "onnx-int8": "|int8-alone"}.get(encoding, "")
         return f"{model}|{self.settings.passage_prompt}{mark}"
 
     def model(self) -> SentenceTransformer:

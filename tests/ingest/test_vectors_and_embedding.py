@@ -111,6 +111,17 @@ def test_passage_encoders_match_fp32_torch_and_the_inexact_ones_are_cached_apart
         assert np.allclose(per_text.embed_passages(texts), alone, rtol=0, atol=1e-6)
     ids = {e.model_id for e in (torch_fp32, onnx_fp32, int8, bf16)}
     assert torch_fp32.model_id == onnx_fp32.model_id and len(ids) == 3
+    # Where the export cannot be written (or the model not exported as is), int8 falls back
+    # to fp32 torch, and its vectors are cached as fp32 torch's, not under int8's key.
+    (tmp_path / "not-a-directory").write_text("")
+    unexportable = Embedder(
+        settings.model_copy(
+            update={"passage_encoder": "onnx-int8", "state_dir": tmp_path / "not-a-directory"}
+        )
+    )
+    assert unexportable.passage_encoder() is None
+    assert unexportable.model_id == torch_fp32.model_id
+    assert np.min(np.sum(unexportable.embed_passages(texts) * reference, axis=1)) > 0.99999
     auto = embedder("auto")
     assert auto.passage_encoding == ("torch-bf16" if cpu_has_native_bf16() else "torch")
     assert Settings.model_fields["passage_encoder"].default == "onnx-int8"
