@@ -106,8 +106,14 @@ class Embedder:
         encoder = self.query_encoder(threads)
         if encoder is not None:
             return encoder.encode(self.settings.query_prompt + text)
-        vectors: np.ndarray = self._encode([self.settings.query_prompt + text])
-        return np.asarray(vectors[0])
+        # fp32 torch, whatever encodes passages: a query is never quantized or in bf16.
+        vectors = self.model().encode(
+            [self.settings.query_prompt + text],
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return np.asarray(vectors[0], dtype=np.float32)
 
     def query_encoder(self, threads: int = 1) -> OnnxEncoder | None:
         """The ONNX query encoder on ``threads`` threads (CONCORD_QUERY_ENCODER=onnx, the

@@ -133,6 +133,19 @@ def test_query_encoder_falls_back_to_torch_when_onnx_cannot_be_set_up(tmp_path) 
     assert np.isclose(np.linalg.norm(vector), 1.0, atol=1e-5)
 
 
+def test_queries_through_torch_are_fp32_whatever_encodes_passages(tmp_path) -> None:
+    """CONCORD_QUERY_ENCODER=torch with the default int8 passages: queries are the model's
+    own fp32 vectors, not int8 ones."""
+    from shared.ingest.embedding import Embedder
+    from shared.settings import Settings
+
+    embedder = Embedder(Settings(state_dir=tmp_path, query_encoder="torch"))
+    assert embedder.passage_encoder() is not None  # int8 passages are set up
+    query = "vitamin D and bone density"
+    expected = embedder.model().encode([query], normalize_embeddings=True)[0]
+    assert float(embedder.embed_query(query) @ expected) > 0.99999
+
+
 def _candidates(n: int, documents: int, seed: int = 7) -> list[Any]:
     import numpy as np
 
