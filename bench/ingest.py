@@ -3,14 +3,14 @@
 Publishes every document as an upload event (as `concord ingest` does: a few dozen events per
 message; `--one-event-per-message` for a direct producer's path), waits until every job is
 indexed and Elasticsearch holds every chunk, and reports end-to-end chunks/s. Then,
-in the same run and on the same chunk texts, it times the sentence-transformers encoder alone
-(same model, batch size and device: one encode() call, as a user of sentence-transformers
-would make it) and prints the ratio, plus each stage's share of the worker's time. It measures
-such pairs --repeats times (default 3), each into a tenant of its own with the cache cleared,
-and reports the pair with the median ratio, listing every pair's ratio. Last, it
-times the encoder alone laid out as the worker runs it (its processes, each single-threaded
-with a share of the texts), which gets more out of two cores than one two-threaded call, and
-prints the ratio against that too.
+in the same run and on the same chunk texts, it times the configured passage encoder alone
+(same model and device, every core: one embed_passages() call over all the texts, which the
+ONNX encoders take one text at a time and torch in length batches) and prints the ratio, plus
+each stage's share of the worker's time. It measures such pairs --repeats times (default 3),
+each into a tenant of its own with the cache cleared, and reports the pair with the median
+ratio, listing every pair's ratio. Last, it times every passage encoder alone, as one such
+call and laid out as the worker runs it (its processes, each single-threaded with a share of
+the texts), and prints the ratio against the fastest of those.
 
     .venv/bin/concord stack up
     .venv/bin/python bench/ingest.py --dataset ../shared/datasets/scifact --limit 1000
@@ -211,8 +211,8 @@ def measure_pair(
     args: argparse.Namespace,
     settings: Any,
 ) -> dict[str, Any]:
-    """One end-to-end run into ``tenant`` and, right after it, the encoder alone (one
-    encode() call, as a user of sentence-transformers would make it) on the same texts."""
+    """One end-to-end run into ``tenant`` and, right after it, the configured passage
+    encoder alone (one embed_passages() call on every core) on the same texts."""
     embedder = get_embedder()
     if not args.keep_cache:
         clear_embedding_cache(embedder.model_id)

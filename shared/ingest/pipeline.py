@@ -360,6 +360,9 @@ def embed_batch(
     transaction of its own, so that an attempt cut short (a time limit, a crash) leaves its
     work for the next one: a document of any size gets through in the end."""
     started = time.perf_counter()
+    # Before any transaction opens: the first call in a process may load the model and
+    # export it to ONNX, which must not hold a transaction (and its locks) meanwhile.
+    model_id = embedder.model_id
     with transactions() as uow:
         titles = (
             {}
@@ -383,7 +386,7 @@ def embed_batch(
             for c in claims
         }
         all_keys = [k for c in claims for k in keys[c.job_id]]
-        cached = repo.cached_embeddings(uow.session, embedder.model_id, all_keys)
+        cached = repo.cached_embeddings(uow.session, model_id, all_keys)
     texts = {k: t for c in claims for k, t in zip(keys[c.job_id], encoded[c.job_id], strict=True)}
     tokens = {
         k: p.token_count for c in claims for k, p in zip(keys[c.job_id], c.pieces, strict=True)
@@ -399,7 +402,7 @@ def embed_batch(
         )
         made = dict(zip(part, vectors, strict=True))
         with transactions() as uow:
-            repo.store_embeddings(uow.session, embedder.model_id, made)
+            repo.store_embeddings(uow.session, model_id, made)
         fresh.update(made)
     elapsed = time.perf_counter() - started
     for claim in claims:

@@ -217,13 +217,19 @@ def nearest_chunks(
     # The partition exists for its graph, but the planner may cost a scan of every row
     # below the walk (SciFact's 11,451 chunks after a reembed: a sequential scan, 31 ms,
     # where the walk takes 4.7 ms; which one it chose flipped with the table's statistics),
-    # so the scans that cannot order by distance are off for this statement.
+    # so without filters the scans that cannot order by distance are off for this
+    # statement. With filters they stay on: a selective metadata filter is answered best by
+    # a bitmap scan of its GIN index and a sort (0.16 ms; 8 ms with those scans off).
+    walk_only = (
+        ""
+        if conditions
+        else ", set_config('enable_seqscan', 'off', true)"
+        ", set_config('enable_bitmapscan', 'off', true)"
+    )
     session.execute(
         text(
             "SELECT set_config('hnsw.ef_search', :ef, true), "
-            "set_config('hnsw.iterative_scan', 'relaxed_order', true), "
-            "set_config('enable_seqscan', 'off', true), "
-            "set_config('enable_bitmapscan', 'off', true)"
+            "set_config('hnsw.iterative_scan', 'relaxed_order', true)" + walk_only
         ),
         {"ef": str(int(ef_search))},
     )
@@ -402,8 +408,19 @@ def own_partitions(session: Session) -> dict[str, tuple[str, bool]]:
     return found
 
 
-def has_own_partition(session: Session, partition: str) -> bool:
-    return bool(session.scalar(text("SELECT to_regclass(:name) IS NOT NULL"), {"name": partition}))
+def has_own_graph(session: Session, partition: str) -> bool:
+    """Whether ``partition`` exists with a valid HNSW index (not while one is being built,
+    nor after a build that failed)."""
+    return bool(
+        session.scalar(
+            text(
+                "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid"
+                " JOIN pg_am am ON am.oid = ic.relam"
+                " WHERE i.indrelid = to_regclass(:name) AND am.amname = 'hnsw' AND i.indisvalid)"
+            ),
+            {"name": partition},
+        )
+    )
 
 
 def shared_partition_sizes(session: Session, at_least: int) -> list[tuple[str, int]]:

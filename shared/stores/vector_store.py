@@ -35,9 +35,9 @@ from shared.stores import repository as repo
 from shared.stores.partitions import partition_name
 from shared.stores.schemas import BucketStats, Fingerprints, VersionChunks
 
-# tenant -> (checked at, has a partition of its own). Only speed depends on it: a search of
-# either kind finds the tenant's rows wherever they are.
-_own_partition: dict[str, tuple[float, bool]] = {}
+# tenant -> (checked at, has a partition of its own with a valid graph). Only speed depends
+# on it: a search of either kind finds the tenant's rows wherever they are.
+_own_graph: dict[str, tuple[float, bool]] = {}
 PARTITION_CHECK_TTL_S = 30.0
 
 
@@ -103,7 +103,7 @@ class PgVectorStore:
         ``filters``. A tenant in the shared partition is scanned exactly (it is small: there
         is no graph there, and at its size a scan is faster); one with a partition of its own
         walks that partition's HNSW graph (an exact scan while the graph is being built)."""
-        exact = not self._has_own_partition(tenant_id)
+        exact = not self._has_own_graph(tenant_id)
         rows = repo.nearest_chunks(
             self.session,
             tenant_id,
@@ -156,12 +156,13 @@ class PgVectorStore:
     def count_of_document(self, document_id: uuid.UUID) -> int:
         return repo.count_chunks(self.session, Chunk.document_id == document_id)
 
-    def _has_own_partition(self, tenant_id: str) -> bool:
-        """Looked up again at most every 30 s per process."""
-        checked_at, own = _own_partition.get(tenant_id, (0.0, False))
+    def _has_own_graph(self, tenant_id: str) -> bool:
+        """Whether the tenant has a partition of its own with a valid HNSW graph; looked up
+        again at most every 30 s per process."""
+        checked_at, own = _own_graph.get(tenant_id, (0.0, False))
         if time.monotonic() - checked_at > PARTITION_CHECK_TTL_S:
-            own = repo.has_own_partition(self.session, partition_name(tenant_id))
-            _own_partition[tenant_id] = (time.monotonic(), own)
+            own = repo.has_own_graph(self.session, partition_name(tenant_id))
+            _own_graph[tenant_id] = (time.monotonic(), own)
         return own
 
     # -- reconciliation

@@ -132,7 +132,7 @@ def dense_method(request, monkeypatch, tenant, corpus) -> str:
     from shared.db import unit_of_work
     from shared.stores import partitions, vector_store
 
-    monkeypatch.setattr(vector_store, "_own_partition", {})
+    monkeypatch.setattr(vector_store, "_own_graph", {})
     if request.param == "hnsw":
         placement = partitions.place_tenants(unit_of_work, tenant_id=tenant, wait_s=10)
         assert tenant in placement.graphs_built

@@ -322,7 +322,7 @@ class TestPgVectorStore(ChunkStoreContract):
     ) -> None:
         """A tenant in a partition of its own is searched through its own HNSW graph, with
         the iterative scan: the same tenant filter and metadata filters."""
-        monkeypatch.setattr(vector_store, "_own_partition", {})
+        monkeypatch.setattr(vector_store, "_own_graph", {})
         store = PartitionedPgVectorHarness()
         self.test_search_stays_within_the_tenant_and_ranks_its_source_first(store)
         self.test_a_metadata_filter_means_the_same_in_every_store(store)
@@ -336,7 +336,7 @@ class TestPgVectorStore(ChunkStoreContract):
         walk)."""
         from sqlalchemy import text
 
-        monkeypatch.setattr(vector_store, "_own_partition", {})
+        monkeypatch.setattr(vector_store, "_own_graph", {})
         tenant = _tenant()
         records = [Record(tenant, _doc(), f"harbour note {i}") for i in range(4)]
         PartitionedPgVectorHarness().write(records)
@@ -349,6 +349,18 @@ class TestPgVectorStore(ChunkStoreContract):
             )
         assert has_graph and walks == 1
         assert hits[0][0] == records[2].id and len(hits) == 3
+        # Without a valid graph (while one is being built, or after a failed build) the
+        # partition is scanned exactly instead: the graph dropped, in a transaction undone.
+        vector_store._own_graph.clear()
+        with unit_of_work() as uow:
+            uow.session.execute(text(f'DROP INDEX "{partition}_embedding_hnsw"'))
+            assert not stores_repo.has_own_graph(uow.session, partition)
+            hits = PgVectorStore(uow.session).nearest(tenant, _vector(records[2].text).tolist(), 3)
+            uow.session.rollback()
+        assert hits[0][0] == records[2].id and len(hits) == 3
+        vector_store._own_graph.clear()
+        with unit_of_work() as uow:
+            assert stores_repo.has_own_graph(uow.session, partition)  # the graph is back
 
 
 class PartitionedPgVectorHarness(PgVectorHarness):

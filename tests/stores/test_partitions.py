@@ -105,7 +105,7 @@ def test_a_large_tenant_moves_to_its_own_graph_while_another_tenant_ingests(
     assert "chunks_shared" not in plan  # the walk stays in the tenant's own partition
     assert "hnsw" not in other_plan and "chunks_shared" in other_plan  # no graph to walk
 
-    vector_store._own_partition.clear()  # the API's cached answer: searched through HNSW now
+    vector_store._own_graph.clear()  # the API's cached answer: searched through HNSW now
     assert {q: _ranking(client, auth, q) for q in queries} == rankings
 
     # Writes after the move land in the tenant's partition and its graph.
