@@ -93,8 +93,10 @@ async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
 def _warm_up() -> None:
     from shared.ingest.embedding import get_embedder
     from shared.rerankers.scoring import warm_up
+    from shared.search.service import ALL_CORES
 
-    get_embedder().embed_query("warm up")
+    get_embedder().embed_query("warm up")  # the query encoder of a search with a lexical arm
+    get_embedder().embed_query("warm up", threads=ALL_CORES)  # and of a dense-only one
     warm_up()
 
 
