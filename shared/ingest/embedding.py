@@ -107,13 +107,7 @@ class Embedder:
         if encoder is not None:
             return encoder.encode(self.settings.query_prompt + text)
         # fp32 torch, whatever encodes passages: a query is never quantized or in bf16.
-        vectors = self.model().encode(
-            [self.settings.query_prompt + text],
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
-        return np.asarray(vectors[0], dtype=np.float32)
+        return np.asarray(self._torch_encode([self.settings.query_prompt + text])[0])
 
     def query_encoder(self, threads: int = 1) -> OnnxEncoder | None:
         """The ONNX query encoder on ``threads`` threads (CONCORD_QUERY_ENCODER=onnx, the
@@ -163,7 +157,6 @@ class Embedder:
         out = np.zeros((len(texts), self.settings.embedding_dim), dtype=np.float32)
         if not texts:
             return out
-        model = self.model()
         onnx = self.passage_encoder()
         if onnx is not None:
             # One text per call. int8's activations are quantized with one scale per call, so
@@ -175,6 +168,7 @@ class Embedder:
             for i, text in enumerate(texts):
                 out[i] = onnx.encode(text)
             return out
+        model = self.model()
         if lengths is None:
             lengths = [
                 len(ids)
@@ -186,15 +180,19 @@ class Embedder:
             lengths, self.settings.embedding_batch_size, self.settings.embedding_batch_cost_tokens
         ):
             with self._precision():
-                vectors = model.encode(
-                    [texts[i] for i in batch],
-                    batch_size=len(batch),
-                    normalize_embeddings=True,
-                    convert_to_numpy=True,
-                    show_progress_bar=False,
-                )
-            out[batch] = np.asarray(vectors, dtype=np.float32).reshape(len(batch), -1)
+                out[batch] = self._torch_encode([texts[i] for i in batch])
         return out
+
+    def _torch_encode(self, texts: list[str]) -> np.ndarray:
+        """(len(texts), dim) float32 unit vectors from sentence-transformers, in one call."""
+        vectors = self.model().encode(
+            texts,
+            batch_size=len(texts),
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return np.asarray(vectors, dtype=np.float32).reshape(len(texts), -1)
 
     def _precision(self) -> AbstractContextManager[object]:
         """bfloat16 autocast for torch-bf16 (the model's matrix products on the CPU's bf16

@@ -387,16 +387,24 @@ def _literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def _has_valid_graph(table: str) -> str:
+    """SQL: whether the table ``table`` evaluates to (an oid) has a valid HNSW index (not one
+    being built, nor one whose build failed)."""
+    return (
+        "EXISTS (SELECT 1 FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid"
+        " JOIN pg_am am ON am.oid = ic.relam"
+        f" WHERE i.indrelid = {table} AND am.amname = 'hnsw' AND i.indisvalid)"
+    )
+
+
 def own_partitions(session: Session) -> dict[str, tuple[str, bool]]:
     """tenant -> (its partition, whether that partition has a valid HNSW index), for every
     tenant with a partition of its own (the DEFAULT partition is nobody's own)."""
     rows = session.execute(
         text(
-            "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), EXISTS ("
-            "  SELECT 1 FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid"
-            "  JOIN pg_am am ON am.oid = ic.relam"
-            "  WHERE i.indrelid = c.oid AND am.amname = 'hnsw' AND i.indisvalid)"
-            " FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid"
+            "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), "
+            + _has_valid_graph("c.oid")
+            + " FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid"
             " WHERE h.inhparent = 'chunks'::regclass"
         )
     ).all()
@@ -411,16 +419,8 @@ def own_partitions(session: Session) -> dict[str, tuple[str, bool]]:
 def has_own_graph(session: Session, partition: str) -> bool:
     """Whether ``partition`` exists with a valid HNSW index (not while one is being built,
     nor after a build that failed)."""
-    return bool(
-        session.scalar(
-            text(
-                "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid"
-                " JOIN pg_am am ON am.oid = ic.relam"
-                " WHERE i.indrelid = to_regclass(:name) AND am.amname = 'hnsw' AND i.indisvalid)"
-            ),
-            {"name": partition},
-        )
-    )
+    query = "SELECT " + _has_valid_graph("to_regclass(:name)")
+    return bool(session.scalar(text(query), {"name": partition}))
 
 
 def shared_partition_sizes(session: Session, at_least: int) -> list[tuple[str, int]]:
