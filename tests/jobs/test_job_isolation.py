@@ -4,7 +4,8 @@ tenants, and an error that belongs to one job fails that job alone.
 Each test puts an offending tenant's jobs and a victim tenant's ordinary jobs into the same
 claimed batch (the worker is paused while both upload), then checks that every victim job
 ends indexed in both stores, and that the offender's jobs end failed or dead-lettered with a
-stage, a class and a message that carries none of the victim's data."""
+stage, a class and a message that carries none of the victim's data. Input that is valid but
+unusual must not harm the victim either: its vectors are the ones its texts get alone."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import json
 import uuid
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
@@ -20,7 +22,8 @@ from sqlalchemy.exc import DataError
 from shared.db import unit_of_work
 from shared.db.repository import lock_key
 from shared.ingest import pipeline
-from shared.models import DeadLetter, IngestJob
+from shared.ingest.embedding import get_embedder
+from shared.models import Chunk, DeadLetter, IngestJob
 from shared.settings import get_settings
 from shared.stores import repository as repo
 from tests.conftest import CeleryProcess, wait_for
@@ -225,3 +228,46 @@ def test_an_upload_waiting_on_a_lock_does_not_stall_other_requests(live_api: str
     waiting.join(timeout=30)
     assert answered["upload"] == 202
     assert elapsed < 1.0, f"/healthz took {elapsed:.2f} s while an upload waited for a lock"
+
+
+def test_a_batch_mate_of_another_tenant_does_not_move_a_victims_vectors(
+    client: TestClient, worker: CeleryProcess
+) -> None:
+    """The worker encodes a batch's new chunks together, whoever uploaded them: each chunk's
+    stored vector must still be the one its own text gets alone. (int8's activations are
+    quantized with one scale per encoder call: in a shared call, a long outlier of another
+    tenant moved a victim's vectors to a cosine of 0.987 with their own.)"""
+    victim, offender = f"v-{uuid.uuid4().hex[:10]}", f"o-{uuid.uuid4().hex[:10]}"
+    run = uuid.uuid4().hex[:8]  # new texts: encoded by this batch, not read from the cache
+    with paused(worker):
+        outlier = upload_text(
+            client,
+            key_headers(offender, ["read", "write"]),
+            "outlier.txt",
+            f"Run {run}. " + "A much longer passage about harbours, 1234567 tonnes! " * 30,
+        )["job_id"]
+        victim_jobs = _victim_uploads(client, key_headers(victim, ["read", "write"]), n=4)
+        # the victim's texts are new to the cache as well
+        victim_jobs.append(
+            upload_text(
+                client,
+                key_headers(victim, ["read", "write"]),
+                "victim-run.txt",
+                f"Run {run} of the {VICTIM_MARKER} survey, counted at the harbour.",
+            )["job_id"]
+        )
+    _assert_victim_unharmed(victim, victim_jobs)
+    assert _wait_finished([outlier])[outlier].state == "indexed"
+    with unit_of_work() as uow:
+        texts = dict(
+            uow.session.execute(select(Chunk.id, Chunk.text).where(Chunk.tenant_id == victim)).all()
+        )
+        stored = repo.chunk_embeddings(uow.session, victim, list(texts))
+    embedder = get_embedder()
+    assert embedder.passage_encoding == get_settings().passage_encoder == "onnx-int8"
+    for chunk_id, text in texts.items():
+        alone = embedder.embed_passages([text])[0]
+        assert np.allclose(stored[chunk_id], alone, rtol=0, atol=1e-5), (
+            chunk_id,
+            float(stored[chunk_id] @ alone),
+        )
