@@ -208,7 +208,9 @@ class Settings(BaseSettings):
     lexical_tie_breaker: float = 0.3
     # "python-english": BM25 over the stemmed.* fields, analyzed by Concord itself (Porter,
     # English stop words; the integ-test Elasticsearch has no language analyzers);
-    # "elasticsearch": BM25 over the raw fields with CONCORD_ES_TEXT_ANALYZER.
+    # "elasticsearch": BM25 over the raw fields with CONCORD_ES_TEXT_ANALYZER. An index indexes
+    # one family, without positions (so not an analyzer that makes token graphs, synonym
+    # graphs: its queries would need them); after a change run `concord reindex`.
     lexical_analysis: Literal["python-english", "elasticsearch"] = "python-english"
     query_cache_size: int = 1024
 

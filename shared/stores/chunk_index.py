@@ -84,6 +84,9 @@ TenantLines = tuple[str, list[dict[str, Any]]]
 # layout last read, with when it was read.
 _existing: set[str] = set()
 _layout: dict[str, tuple[float, Layout]] = {}
+# Per process: the tenants whose index was found made under the other lexical analysis (their
+# fallback is logged once, not on every search).
+_warned_analysis: set[str] = set()
 
 
 class IndexUnavailable(Exception):
@@ -314,10 +317,43 @@ class ElasticsearchChunkIndex:
         scored within the tenant's own index: a ``multi_match`` (best fields) of ``text`` over
         the boosted fields, with the tenant filter added here too. With the Python English
         analysis (the default) the query is analyzed as the copies were and matched against
-        their ``stemmed`` fields; a query of stop words only matches nothing."""
+        their ``stemmed`` fields; a query of stop words only matches nothing.
+
+        An index indexes the fields of the analysis in effect when it was made (shared/stores/
+        es_index.py): after CONCORD_LEXICAL_ANALYSIS changes, a tenant's index made before is
+        searched under its own analysis until ``concord reindex`` builds it again."""
+        analysis = self.settings.lexical_analysis
+        try:
+            return self._bm25(tenant_id, analysis, text, filters, size, field_boosts, tie_breaker)
+        except BadRequestError as e:
+            if "since it is not indexed" not in str(e):
+                raise
+        made_under = "elasticsearch" if analysis == "python-english" else "python-english"
+        if tenant_id not in _warned_analysis:
+            _warned_analysis.add(tenant_id)
+            log.warning(
+                "tenant %s's index was made under lexical analysis %s, not %s "
+                "(CONCORD_LEXICAL_ANALYSIS): searched under %s until `concord reindex`",
+                tenant_id,
+                made_under,
+                analysis,
+                made_under,
+            )
+        return self._bm25(tenant_id, made_under, text, filters, size, field_boosts, tie_breaker)
+
+    def _bm25(
+        self,
+        tenant_id: str,
+        analysis: str,
+        text: str,
+        filters: Filters | None,
+        size: int,
+        field_boosts: Mapping[Any, float] | None,
+        tie_breaker: float | None,
+    ) -> list[tuple[str, float]]:
         boosts = field_boosts or self.settings.lexical_field_boosts
         prefix = ""
-        if self.settings.lexical_analysis == "python-english":
+        if analysis == "python-english":
             text, prefix = english_analysis.analyze(text), "stemmed."
             if not text:
                 return []

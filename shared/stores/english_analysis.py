@@ -5,7 +5,8 @@ The Elasticsearch integ-test distribution ships no ``analysis-common`` module, s
 EnglishAnalyzer does (lowercase, possessive ``'s`` removed, Lucene's English stop words,
 Porter stemmer) and indexes the result in ``stemmed.*`` fields with Elasticsearch's
 ``whitespace`` analyzer; queries go through the same function. With a full Elasticsearch set
-``CONCORD_LEXICAL_ANALYSIS=elasticsearch`` and ``CONCORD_ES_TEXT_ANALYZER=english`` instead.
+``CONCORD_LEXICAL_ANALYSIS=elasticsearch`` and ``CONCORD_ES_TEXT_ANALYZER=english`` instead,
+then run ``concord reindex`` (an index indexes the fields of one analysis only).
 """
 
 from __future__ import annotations

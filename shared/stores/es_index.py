@@ -25,11 +25,16 @@ A deployment from before this layout has one concrete index (``<p>-chunks-v1``, 
 (searches filter by tenant, as they did); ``concord reindex`` moves it, online, to an index per
 tenant (shared/reconcile/reindex.py).
 
-Bump ``SCHEMA_VERSION`` whenever the mapping changes in a way existing indices cannot take.
+Existing indices keep the mapping they were made with: setup only adds the fields they lack
+(Elasticsearch refuses to change most parameters of a field). Bump ``SCHEMA_VERSION`` when a
+change needs ``concord reindex`` to reach them; the text fields' indexing, which follows
+``CONCORD_LEXICAL_ANALYSIS`` (see ``_mappings_for``), does not: a search falls back to the
+analysis an index was made under.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -65,12 +70,32 @@ def index_body(settings: Settings) -> dict[str, Any]:
 
 
 def _mappings_for(settings: Settings) -> dict[str, Any]:
-    text = {"type": "text", "analyzer": settings.es_text_analyzer}
+    # BM25 searches one family of text fields, the one CONCORD_LEXICAL_ANALYSIS names; the other
+    # stays in _source (every field does) but is not indexed, and neither keeps positions (BM25
+    # reads term frequencies and norms; no query of Concord's matches phrases). Indexing both
+    # families with positions took Elasticsearch 3.8 CPU-seconds to index 1,000 SciFact
+    # documents (bench/ingest.py), 2.6 now, on the cores the encoder uses (bulk requests
+    # alone: 0.71 against 0.38 CPU-seconds for 2,180 chunks). A changed analysis therefore takes
+    # effect on existing indices through `concord reindex` (until then their lexical search
+    # falls back to the analysis they were made under); indices made before this change index
+    # both families.
+    searched = settings.lexical_analysis
+    text = {
+        "type": "text",
+        "analyzer": settings.es_text_analyzer,
+        "index": searched == "elasticsearch",
+        "index_options": "freqs",
+    }
     # Terms already analyzed in Python (shared/stores/english_analysis.py): split on spaces only.
-    stemmed = {"type": "text", "analyzer": "whitespace"}
+    stemmed = {
+        "type": "text",
+        "analyzer": "whitespace",
+        "index": searched == "python-english",
+        "index_options": "freqs",
+    }
     return {
         "dynamic": "strict",
-        "_meta": {"concord_schema_version": SCHEMA_VERSION},
+        "_meta": {"concord_schema_version": SCHEMA_VERSION, "lexical_analysis": searched},
         # metadata_num and metadata_date held range-searchable copies of metadata, one
         # field per key, until shared/search/filters.range_terms replaced them (a mapping
         # keeps its fields; nothing writes them now).
@@ -216,15 +241,70 @@ def ensure_index(settings: Settings, es: Elasticsearch | None = None) -> str:
             aliases={settings.es_chunks_alias(): {}},
         )
         return generation
-    # One request each for every live index, however many tenants there are.
     alias = settings.es_chunks_alias()
-    es.indices.put_settings(index=alias, settings={"index": RESET_SETTINGS})
-    es.indices.put_mapping(
-        index=alias,
-        properties=body["mappings"]["properties"],
-        dynamic_templates=body["mappings"]["dynamic_templates"],
-    )
+    es.indices.put_settings(index=alias, settings={"index": RESET_SETTINGS})  # one request
+    _add_new_fields(es, alias, body["mappings"])
     return layout.shared_index or str(layout.generation)
+
+
+# Characters of index names per put_mapping request: they travel in its URL, and
+# Elasticsearch refuses a request line over 4 kB (http.max_initial_line_length).
+NAMES_PER_REQUEST_CHARS = 3000
+
+
+def _add_new_fields(es: Elasticsearch, alias: str, mappings: dict[str, Any]) -> None:
+    """Put on each live index the fields of ``mappings`` it lacks, and only those: a field
+    it has keeps the parameters it was made with (Elasticsearch refuses to change most of
+    them, ``index`` among them), until a reindex builds it again. Indices that lack the same
+    fields share a request: none in the usual case, one (the alias) when a release adds a
+    field."""
+    live = es.indices.get_mapping(index=alias)
+    lacking: dict[str, list[str]] = {}
+    for name, found in live.items():
+        have = found["mappings"]
+        new = {
+            "properties": _absent(mappings["properties"], have.get("properties", {})),
+            "dynamic_templates": (
+                mappings["dynamic_templates"]
+                if have.get("dynamic_templates") != mappings["dynamic_templates"]
+                else None
+            ),
+        }
+        if new["properties"] or new["dynamic_templates"]:
+            lacking.setdefault(json.dumps(new, sort_keys=True), []).append(name)
+    for key, names in lacking.items():
+        new = json.loads(key)
+        targets = [alias] if len(names) == len(live) else _joined_within(names)
+        for target in targets:
+            es.indices.put_mapping(
+                index=target,
+                properties=new["properties"] or None,
+                dynamic_templates=new["dynamic_templates"],
+            )
+
+
+def _joined_within(names: list[str], limit: int = NAMES_PER_REQUEST_CHARS) -> list[str]:
+    """``names`` joined by commas, in as few parts as keep each within ``limit`` characters."""
+    parts: list[str] = []
+    for name in names:
+        if parts and len(parts[-1]) + 1 + len(name) <= limit:
+            parts[-1] += "," + name
+        else:
+            parts.append(name)
+    return parts
+
+
+def _absent(wanted: dict[str, Any], have: dict[str, Any]) -> dict[str, Any]:
+    """The fields of ``wanted`` missing from ``have`` (an object's missing sub-fields too)."""
+    absent: dict[str, Any] = {}
+    for field, spec in wanted.items():
+        if field not in have:
+            absent[field] = spec
+        elif "properties" in spec:
+            inner = _absent(spec["properties"], have[field].get("properties", {}))
+            if inner:
+                absent[field] = {**spec, "properties": inner}
+    return absent
 
 
 def reindex_target(es: Elasticsearch, settings: Settings) -> str | None:
