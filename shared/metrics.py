@@ -40,6 +40,11 @@ SEARCH_READS = Counter(
     "behind by more than CONCORD_PG_READ_MAX_WAIT_MS, or unreachable)",
     ["source"],
 )
+LEXICAL_ANALYSIS_FALLBACKS = Counter(
+    "concord_lexical_analysis_fallbacks_total",
+    "Lexical searches of an index made under the other CONCORD_LEXICAL_ANALYSIS than the one "
+    "set (searched under the one it indexes, until `concord reindex` builds it again)",
+)
 STALE_HITS_DROPPED = Counter(
     "concord_stale_hits_dropped_total",
     "Search hits dropped because Postgres does not hold them live (queued for repair)",

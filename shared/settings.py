@@ -13,6 +13,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 PLACEHOLDER_SECRETS = {"", "changeme", "concord-dev-password"}
 
 
+# Which text fields BM25 searches (see Settings.lexical_analysis).
+LexicalAnalysis = Literal["python-english", "elasticsearch"]
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CONCORD_", env_file=".env", extra="ignore")
 
@@ -209,9 +213,10 @@ class Settings(BaseSettings):
     # "python-english": BM25 over the stemmed.* fields, analyzed by Concord itself (Porter,
     # English stop words; the integ-test Elasticsearch has no language analyzers);
     # "elasticsearch": BM25 over the raw fields with CONCORD_ES_TEXT_ANALYZER. An index indexes
-    # one family, without positions (so not an analyzer that makes token graphs, synonym
-    # graphs: its queries would need them); after a change run `concord reindex`.
-    lexical_analysis: Literal["python-english", "elasticsearch"] = "python-english"
+    # the fields of one analysis, without positions; after a change run `concord reindex`.
+    # CONCORD_ES_TEXT_ANALYZER must not emit token graphs (synonym_graph,
+    # word_delimiter_graph): match would build phrase queries, which need positions.
+    lexical_analysis: LexicalAnalysis = "python-english"
     query_cache_size: int = 1024
 
     # Rerank stage: "cross-encoder", "bi-encoder" or "none", and the model path or name.

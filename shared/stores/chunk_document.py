@@ -26,7 +26,9 @@ def es_document(chunk: Chunk, doc: Document) -> dict[str, Any]:
         "title": chunk.title,
         "section": chunk.section,
         "text": chunk.text,
-        # Pre-analyzed copies for the BM25 arm (see shared/stores/english_analysis.py).
+        # Pre-analyzed copies for the BM25 arm (see shared/stores/english_analysis.py). Both
+        # families are written whichever analysis is configured: an index indexes one of them
+        # (the one of the analysis it was made under), and searches fall back to it.
         "stemmed": {
             "title": english_analysis.analyze(chunk.title),
             "section": english_analysis.analyze(chunk.section),

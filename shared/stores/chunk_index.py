@@ -33,11 +33,12 @@ from typing import Any, Protocol
 
 from elasticsearch import ApiError, BadRequestError, Elasticsearch, NotFoundError, helpers
 
+from shared.metrics import LEXICAL_ANALYSIS_FALLBACKS
 from shared.models import Chunk, Document
 from shared.reconcile.buckets import BUCKETS, fingerprint_of_source
 from shared.search.filters import es_filters
 from shared.search.schemas import Filters
-from shared.settings import Settings, get_settings
+from shared.settings import LexicalAnalysis, Settings, get_settings
 from shared.stores import english_analysis
 from shared.stores.chunk_document import es_document
 from shared.stores.elastic import get_es
@@ -84,9 +85,10 @@ TenantLines = tuple[str, list[dict[str, Any]]]
 # layout last read, with when it was read.
 _existing: set[str] = set()
 _layout: dict[str, tuple[float, Layout]] = {}
-# Per process: the tenants whose index was found made under the other lexical analysis (their
-# fallback is logged once, not on every search).
-_warned_analysis: set[str] = set()
+# Per process: the analysis each tenant's index was last found to index, where that is not the
+# configured one (an index made before CONCORD_LEXICAL_ANALYSIS changed): its searches go
+# straight to those fields instead of failing first, and it is logged once.
+_found_analysis: dict[str, LexicalAnalysis] = {}
 
 
 class IndexUnavailable(Exception):
@@ -322,29 +324,38 @@ class ElasticsearchChunkIndex:
         An index indexes the fields of the analysis in effect when it was made (shared/stores/
         es_index.py): after CONCORD_LEXICAL_ANALYSIS changes, a tenant's index made before is
         searched under its own analysis until ``concord reindex`` builds it again."""
-        analysis = self.settings.lexical_analysis
+        configured = self.settings.lexical_analysis
+        first = _found_analysis.get(tenant_id, configured)
+        other: LexicalAnalysis = "elasticsearch" if first == "python-english" else "python-english"
+        used = first
         try:
-            return self._bm25(tenant_id, analysis, text, filters, size, field_boosts, tie_breaker)
+            hits = self._bm25(tenant_id, first, text, filters, size, field_boosts, tie_breaker)
         except BadRequestError as e:
+            # Elasticsearch's words for a query of a field with "index": false
             if "since it is not indexed" not in str(e):
                 raise
-        made_under = "elasticsearch" if analysis == "python-english" else "python-english"
-        if tenant_id not in _warned_analysis:
-            _warned_analysis.add(tenant_id)
-            log.warning(
-                "tenant %s's index was made under lexical analysis %s, not %s "
-                "(CONCORD_LEXICAL_ANALYSIS): searched under %s until `concord reindex`",
-                tenant_id,
-                made_under,
-                analysis,
-                made_under,
-            )
-        return self._bm25(tenant_id, made_under, text, filters, size, field_boosts, tie_breaker)
+            used = other
+            hits = self._bm25(tenant_id, other, text, filters, size, field_boosts, tie_breaker)
+            if used == configured:  # reindexed since: back to the configured analysis
+                _found_analysis.pop(tenant_id, None)
+            else:
+                _found_analysis[tenant_id] = used
+                log.warning(
+                    "tenant %s's index indexes the fields of lexical analysis %s, not those "
+                    "of CONCORD_LEXICAL_ANALYSIS=%s: searched under %s until `concord reindex`",
+                    tenant_id,
+                    other,
+                    configured,
+                    other,
+                )
+        if used != configured:
+            LEXICAL_ANALYSIS_FALLBACKS.inc()
+        return hits
 
     def _bm25(
         self,
         tenant_id: str,
-        analysis: str,
+        analysis: LexicalAnalysis,
         text: str,
         filters: Filters | None,
         size: int,

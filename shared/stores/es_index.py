@@ -26,10 +26,12 @@ A deployment from before this layout has one concrete index (``<p>-chunks-v1``, 
 tenant (shared/reconcile/reindex.py).
 
 Existing indices keep the mapping they were made with: setup only adds the fields they lack
-(Elasticsearch refuses to change most parameters of a field). Bump ``SCHEMA_VERSION`` when a
-change needs ``concord reindex`` to reach them; the text fields' indexing, which follows
-``CONCORD_LEXICAL_ANALYSIS`` (see ``_mappings_for``), does not: a search falls back to the
-analysis an index was made under.
+(Elasticsearch refuses to change most parameters of a field), and only ``concord reindex``
+builds them again. Each index's ``_meta`` records, for operators, the ``SCHEMA_VERSION`` and
+the lexical analysis it was made under; bump the version when a change reaches existing
+indices only through a reindex. The text fields' indexing follows ``CONCORD_LEXICAL_ANALYSIS``
+(``_mappings_for``); after it changes, a search of an older index uses the fields that index
+has (shared/stores/chunk_index.py, ``lexical_search``).
 """
 
 from __future__ import annotations
@@ -73,9 +75,8 @@ def _mappings_for(settings: Settings) -> dict[str, Any]:
     # BM25 searches one family of text fields, the one CONCORD_LEXICAL_ANALYSIS names; the other
     # stays in _source (every field does) but is not indexed, and neither keeps positions (BM25
     # reads term frequencies and norms; no query of Concord's matches phrases). Indexing both
-    # families with positions took Elasticsearch 3.8 CPU-seconds to index 1,000 SciFact
-    # documents (bench/ingest.py), 2.6 now, on the cores the encoder uses (bulk requests
-    # alone: 0.71 against 0.38 CPU-seconds for 2,180 chunks). A changed analysis therefore takes
+    # families with positions cost Elasticsearch about twice the CPU per bulk request, on the
+    # cores the encoder uses (figures: README, "Search"). A changed analysis therefore takes
     # effect on existing indices through `concord reindex` (until then their lexical search
     # falls back to the analysis they were made under); indices made before this change index
     # both families.

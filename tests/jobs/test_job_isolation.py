@@ -32,13 +32,16 @@ from tests.helpers import key_headers, paused, upload_text, wait_converged
 VICTIM_MARKER = "kestrel-victim-secret"
 
 
-def _victim_uploads(client: TestClient, auth: dict[str, str], n: int = 8) -> list[str]:
+def _victim_uploads(
+    client: TestClient, auth: dict[str, str], n: int = 8, run: str = ""
+) -> list[str]:
+    """``run``: a word that makes the texts new to the embedding cache (shared by tenants)."""
     return [
         upload_text(
             client,
             auth,
             f"victim-{i}.txt",
-            f"Ordinary note {i} about the {VICTIM_MARKER} river survey. It has two sentences.",
+            f"Ordinary note {i} about the {VICTIM_MARKER} river survey{run}. It has two sentences.",
         )["job_id"]
         for i in range(n)
     ]
@@ -236,7 +239,7 @@ def test_a_batch_mate_of_another_tenant_does_not_move_a_victims_vectors(
     """The worker encodes a batch's new chunks together, whoever uploaded them: each chunk's
     stored vector must still be the one its own text gets alone. (int8's activations are
     quantized with one scale per encoder call: in a shared call, a long outlier of another
-    tenant moved a victim's vectors to a cosine of 0.987 with their own.)"""
+    tenant moved a victim's vectors to a cosine of about 0.988 with their own.)"""
     victim, offender = f"v-{uuid.uuid4().hex[:10]}", f"o-{uuid.uuid4().hex[:10]}"
     run = uuid.uuid4().hex[:8]  # new texts: encoded by this batch, not read from the cache
     with paused(worker):
@@ -246,15 +249,8 @@ def test_a_batch_mate_of_another_tenant_does_not_move_a_victims_vectors(
             "outlier.txt",
             f"Run {run}. " + "A much longer passage about harbours, 1234567 tonnes! " * 30,
         )["job_id"]
-        victim_jobs = _victim_uploads(client, key_headers(victim, ["read", "write"]), n=4)
-        # the victim's texts are new to the cache as well
-        victim_jobs.append(
-            upload_text(
-                client,
-                key_headers(victim, ["read", "write"]),
-                "victim-run.txt",
-                f"Run {run} of the {VICTIM_MARKER} survey, counted at the harbour.",
-            )["job_id"]
+        victim_jobs = _victim_uploads(
+            client, key_headers(victim, ["read", "write"]), n=5, run=f" {run}"
         )
     _assert_victim_unharmed(victim, victim_jobs)
     assert _wait_finished([outlier])[outlier].state == "indexed"
@@ -264,7 +260,9 @@ def test_a_batch_mate_of_another_tenant_does_not_move_a_victims_vectors(
         )
         stored = repo.chunk_embeddings(uow.session, victim, list(texts))
     embedder = get_embedder()
-    assert embedder.passage_encoding == get_settings().passage_encoder == "onnx-int8"
+    # the shipped encoder, int8 ONNX, and not a fallback to torch
+    assert embedder.passage_encoding == "onnx-int8" and embedder.passage_encoder() is not None
+    assert len(texts) == 5 and all(run in text for text in texts.values())
     for chunk_id, text in texts.items():
         alone = embedder.embed_passages([text])[0]
         assert np.allclose(stored[chunk_id], alone, rtol=0, atol=1e-5), (

@@ -1,4 +1,5 @@
-"""The schema comes from migrations, and the models agree with them."""
+"""The schema: Postgres's comes from migrations and the models agree with them;
+Elasticsearch's mapping is what ensure_index and the index template give each index."""
 
 from __future__ import annotations
 
@@ -61,43 +62,55 @@ def test_the_index_refreshes_on_elasticsearch_defaults_so_idle_shards_skip_refre
     assert explicit_refresh_interval() is None
 
 
-def test_a_new_index_indexes_the_configured_analysis_alone_and_setup_keeps_older_indices(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """A tenant's index indexes the text fields its lexical analysis searches, without
-    positions, and keeps the other family in _source only. ensure_index adds the fields an
-    older index lacks and leaves the ones it has as they were made (Elasticsearch refuses to
-    change ``index``); after the analysis setting changes, an index is searched under the
-    analysis it was made under until a reindex."""
-    from elasticsearch import BadRequestError
+def _text_fields(index: str) -> dict[str, dict[str, Any]]:
+    """An index's mapping of its text fields (and of ``fingerprint``, where it has one)."""
+    from shared.stores.elastic import get_es
 
+    found = get_es().indices.get_mapping(index=index)[index]["mappings"]["properties"]
+    return {
+        "text": found["text"],
+        **{f"stemmed.{k}": v for k, v in found["stemmed"]["properties"].items()},
+        **({"fingerprint": found["fingerprint"]} if "fingerprint" in found else {}),
+    }
+
+
+def _tenant_with_a_copy() -> tuple[str, str]:
+    """A new tenant with one copy in its own index: (tenant id, the concrete index)."""
+    from shared.stores.es_index import ensure_index, tenant_index
+    from tests.helpers import index_orphan
+
+    settings = get_settings()
+    generation = ensure_index(settings)
+    tenant = f"lean-{uuid.uuid4().hex[:8]}"
+    index_orphan(tenant, "Harbours are dredged each spring.")
+    return tenant, tenant_index(settings, generation, tenant)
+
+
+def test_a_new_index_indexes_the_text_fields_of_its_analysis_alone_without_positions() -> None:
+    """Under the default analysis the stemmed fields are indexed (term frequencies, no
+    positions) and the raw ones are kept in _source only; the search finds the copy."""
     from shared.stores.chunk_index import ElasticsearchChunkIndex
+
+    tenant, index = _tenant_with_a_copy()
+    fields = _text_fields(index)
+    assert fields["text"]["index"] is False
+    for name in ("stemmed.title", "stemmed.section", "stemmed.text"):
+        assert fields[name].get("index", True) is True
+        assert fields[name]["index_options"] == "freqs"
+    hits = ElasticsearchChunkIndex().lexical_search(tenant, "harbour dredging", None, 10)
+    assert len(hits) == 1
+
+
+def test_setup_adds_the_fields_an_older_index_lacks_and_keeps_the_ones_it_has() -> None:
+    """An index an older release made (every text field indexed with positions, and without
+    fields added since): ensure_index must not put the new text fields' parameters on it
+    (Elasticsearch refuses a change of ``index``: setup would fail), and adds the fields it
+    lacks, sub-fields of ``stemmed`` among them."""
     from shared.stores.elastic import get_es
     from shared.stores.es_index import ensure_index, index_body, tenant_index
-    from tests.helpers import index_orphan
 
     es, settings = get_es(), get_settings()
     generation = ensure_index(settings, es)
-
-    def text_fields(index: str) -> dict[str, dict[str, Any]]:
-        found = es.indices.get_mapping(index=index)[index]["mappings"]["properties"]
-        return {
-            "text": found["text"],
-            "stemmed.text": found["stemmed"]["properties"]["text"],
-            **({"fingerprint": found["fingerprint"]} if "fingerprint" in found else {}),
-        }
-
-    tenant = f"lean-{uuid.uuid4().hex[:8]}"
-    index_orphan(tenant, "Harbours are dredged each spring.")
-    lean = text_fields(tenant_index(settings, generation, tenant))
-    assert lean["text"]["index"] is False and lean["text"]["index_options"] == "freqs"
-    assert lean["stemmed.text"].get("index", True) is True
-    assert lean["stemmed.text"]["index_options"] == "freqs"
-    python_arm = ElasticsearchChunkIndex(settings=settings)
-    assert len(python_arm.lexical_search(tenant, "harbour dredging", None, 10)) == 1
-
-    # An index made by an older release: both families indexed with positions, and without a
-    # field added since.
     older = tenant_index(settings, generation, f"older-{uuid.uuid4().hex[:8]}")
     mappings = index_body(settings)["mappings"]
     plain = {"type": "text", "analyzer": "standard"}
@@ -111,24 +124,59 @@ def test_a_new_index_indexes_the_configured_analysis_alone_and_setup_keeps_older
         aliases={settings.es_chunks_alias(): {}},
     )
     try:
-        assert ensure_index(settings, es) == generation  # no conflict with the older index
-        kept = text_fields(older)
-        assert kept["text"].get("index", True) is True and "index_options" not in kept["text"]
-        assert kept["fingerprint"] == {"type": "long"}  # added
-        assert text_fields(tenant_index(settings, generation, tenant)) == lean  # as made
+        assert ensure_index(settings, es) == generation
+        fields = _text_fields(older)
+        assert fields["fingerprint"] == {"type": "long"}
+        assert fields["stemmed.title"]["index_options"] == "freqs"  # added as new ones are
+        assert fields["stemmed.section"]["index_options"] == "freqs"
+        assert "index_options" not in fields["stemmed.text"]  # kept as it was made
     finally:
         es.indices.delete(index=older)
 
-    # CONCORD_LEXICAL_ANALYSIS changed since the index was made: until a reindex, it is
-    # searched under the analysis it was made under (said once in the log), not refused.
-    es_arm = ElasticsearchChunkIndex(
+
+def test_index_names_are_joined_into_requests_that_fit_a_url() -> None:
+    from shared.stores.es_index import _joined_within
+
+    names = [f"index-{i:02d}" for i in range(10)]  # 8 characters each
+    parts = _joined_within(names, limit=30)
+    assert parts == [",".join(names[i : i + 3]) for i in range(0, 9, 3)] + [names[9]]
+    assert all(len(part) <= 30 for part in parts)
+    assert _joined_within(["a-name-longer-than-the-limit"], limit=5) == [
+        "a-name-longer-than-the-limit"
+    ]
+
+
+def test_an_index_made_under_the_other_analysis_is_searched_under_it_until_a_reindex(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """After CONCORD_LEXICAL_ANALYSIS changes, an index made before indexes the other
+    family: its searches use that family (the first one learns it from Elasticsearch's
+    refusal, the next ones go straight there), logged once and counted every time."""
+    from elasticsearch import BadRequestError
+
+    from shared.metrics import LEXICAL_ANALYSIS_FALLBACKS
+    from shared.stores import chunk_index
+    from shared.stores.chunk_index import ElasticsearchChunkIndex
+    from shared.stores.elastic import get_es
+
+    tenant, index = _tenant_with_a_copy()
+    settings = get_settings()
+    with pytest.raises(BadRequestError, match="since it is not indexed"):  # the premise
+        get_es().search(index=index, query={"match": {"text": "harbour"}})
+    under_default = ElasticsearchChunkIndex(settings=settings)
+    under_raw = ElasticsearchChunkIndex(
         settings=settings.model_copy(update={"lexical_analysis": "elasticsearch"})
     )
+    expected = under_default.lexical_search(tenant, "harbour dredging", None, 10)
+    counted = LEXICAL_ANALYSIS_FALLBACKS._value.get()
     with caplog.at_level("WARNING"):
-        for _ in range(2):
-            assert es_arm.lexical_search(tenant, "harbour dredging", None, 10) == (
-                python_arm.lexical_search(tenant, "harbour dredging", None, 10)
-            )
+        for _ in range(3):
+            assert under_raw.lexical_search(tenant, "harbour dredging", None, 10) == expected
     assert caplog.text.count("until `concord reindex`") == 1
-    with pytest.raises(BadRequestError):  # what the fallback is for: the field is not indexed
-        es.search(index=tenant_index(settings, generation, tenant), query={"match": {"text": "x"}})
+    assert LEXICAL_ANALYSIS_FALLBACKS._value.get() == counted + 3
+    # Once reindexed, the index has the configured fields: the next search finds that out
+    # and forgets the fallback (here the process learnt the other analysis for the tenant).
+    chunk_index._found_analysis[tenant] = "elasticsearch"
+    assert under_default.lexical_search(tenant, "harbour dredging", None, 10) == expected
+    assert tenant not in chunk_index._found_analysis
+    assert LEXICAL_ANALYSIS_FALLBACKS._value.get() == counted + 3
