@@ -342,11 +342,10 @@ class ElasticsearchChunkIndex:
                 _found_analysis[tenant_id] = used
                 log.warning(
                     "tenant %s's index indexes the fields of lexical analysis %s, not those "
-                    "of CONCORD_LEXICAL_ANALYSIS=%s: searched under %s until `concord reindex`",
+                    "of CONCORD_LEXICAL_ANALYSIS=%s: searched with them until `concord reindex`",
                     tenant_id,
-                    other,
+                    used,
                     configured,
-                    other,
                 )
         if used != configured:
             LEXICAL_ANALYSIS_FALLBACKS.inc()

@@ -260,7 +260,7 @@ def _add_new_fields(es: Elasticsearch, alias: str, mappings: dict[str, Any]) -> 
     fields share a request: none in the usual case, one (the alias) when a release adds a
     field."""
     live = es.indices.get_mapping(index=alias)
-    lacking: dict[str, list[str]] = {}
+    lacking: dict[str, tuple[dict[str, Any], list[str]]] = {}  # by the fields, as JSON
     for name, found in live.items():
         have = found["mappings"]
         new = {
@@ -272,9 +272,8 @@ def _add_new_fields(es: Elasticsearch, alias: str, mappings: dict[str, Any]) -> 
             ),
         }
         if new["properties"] or new["dynamic_templates"]:
-            lacking.setdefault(json.dumps(new, sort_keys=True), []).append(name)
-    for key, names in lacking.items():
-        new = json.loads(key)
+            lacking.setdefault(json.dumps(new, sort_keys=True), (new, []))[1].append(name)
+    for new, names in lacking.values():
         targets = [alias] if len(names) == len(live) else _joined_within(names)
         for target in targets:
             es.indices.put_mapping(
