@@ -228,36 +228,42 @@ def tenant_index(tenant: str) -> str:
 
 def index_orphan(tenant: str, text: str = "ghost", title: str = "") -> str:
     """An Elasticsearch copy of a chunk Postgres never had (as the relay would shape it)."""
-    import uuid
-
-    from shared.reconcile.buckets import bucket_of
-    from shared.stores.english_analysis import analyze
-
-    ghost = f"{uuid.uuid4()}:0"
+    ghost, document = orphan_copy(tenant, text, title)
     get_es().index(
         index=tenant_index(tenant),
         id=ghost,
         version=1,
         version_type="external",
         refresh=True,
-        document={
-            "chunk_id": ghost,
-            "tenant_id": tenant,
-            "document_id": ghost[:36],
-            "external_id": "ghost",
-            "version": 1,
-            "ordinal": 0,
-            "text_hash": "0" * 64,
-            "title": title,
-            "section": "",
-            "text": text,
-            "stemmed": {"title": analyze(title), "section": "", "text": analyze(text)},
-            "metadata": {},
-            "bucket": bucket_of(ghost),
-            "fingerprint": 0,
-        },
+        document=document,
     )
     return ghost
+
+
+def orphan_copy(tenant: str, text: str = "ghost", title: str = "") -> tuple[str, dict[str, Any]]:
+    """A chunk id Postgres never had, and its Elasticsearch copy as the relay shapes one."""
+    import uuid
+
+    from shared.reconcile.buckets import bucket_of
+    from shared.stores.english_analysis import analyze
+
+    ghost = f"{uuid.uuid4()}:0"
+    return ghost, {
+        "chunk_id": ghost,
+        "tenant_id": tenant,
+        "document_id": ghost[:36],
+        "external_id": "ghost",
+        "version": 1,
+        "ordinal": 0,
+        "text_hash": "0" * 64,
+        "title": title,
+        "section": "",
+        "text": text,
+        "stemmed": {"title": analyze(title), "section": "", "text": analyze(text)},
+        "metadata": {},
+        "bucket": bucket_of(ghost),
+        "fingerprint": 0,
+    }
 
 
 def dead_lettered_upload(client: Any, auth: dict[str, str], worker: Any) -> tuple[str, int]:

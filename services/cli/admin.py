@@ -84,6 +84,8 @@ def reindex() -> None:
         result = run(
             unit_of_work, lambda done, total: bar.update(task, completed=done, total=total)
         )
+    if result.started_again_because:
+        console.print(f"started again: {result.started_again_because}")
     console.print(
         f"{'resumed and ' if result.resumed else ''}copied {result.copied} chunks into "
         f"generation {result.new_index} in {result.seconds:.1f}s; removed "

@@ -2,10 +2,14 @@
 
 1. A new generation is marked (its anchor index gets the ``<alias>-reindexing`` alias); from
    then on the relay writes every change to it as well as to the live indices (dual write).
+   The anchor is made under the settings of the process that starts the reindex, and every
+   index of the generation is made as the anchor is (shards, replicas, lexical analysis),
+   whichever process makes it: a relay configured otherwise does not mix the generation.
 2. Chunks are copied from Postgres in id order, a page at a time, into their tenants' indices
    of the new generation, with external versions (a newer dual-written copy wins). After each
    page the last id copied is stored in the anchor's ``_meta``, so an interrupted reindex
-   resumes where it stopped.
+   resumes where it stopped; unless the settings of its shape changed meanwhile: then the
+   generation is discarded and the reindex starts again from the first chunk.
 3. The read alias and every tenant's alias move to the new generation in one
    ``update_aliases`` call; the old indices are deleted. Searches use the live aliases
    throughout and never see a half-built index.
@@ -38,6 +42,8 @@ class ReindexResult:
     copied: int
     resumed: bool
     seconds: float
+    # Why a reindex in progress was discarded and this one started from the first chunk.
+    started_again_because: str | None = None
 
 
 def reindex(
@@ -49,7 +55,8 @@ def reindex(
     settings = get_settings()
     index = index or ElasticsearchChunkIndex(settings=settings)
     started = time.monotonic()
-    target, last_id, resumed = index.start_reindex()  # target: the generation built
+    start = index.start_reindex()
+    target, last_id = start.generation, start.last_id  # target: the generation built
     with transactions() as uow:
         store = PgVectorStore(uow.session, settings)
         total = store.count_of_tenant(None)
@@ -66,4 +73,6 @@ def reindex(
         if progress:
             progress(done, total)
     old = index.finish_reindex(target)
-    return ReindexResult(old, target, done, resumed, time.monotonic() - started)
+    return ReindexResult(
+        old, target, done, start.resumed, time.monotonic() - started, start.started_again_because
+    )

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from elasticsearch import ApiError, BadRequestError, Elasticsearch, NotFoundError, helpers
@@ -89,6 +90,21 @@ _layout: dict[str, tuple[float, Layout]] = {}
 # configured one (an index made before CONCORD_LEXICAL_ANALYSIS changed): its searches go
 # straight to those fields instead of failing first, and it is logged once.
 _found_analysis: dict[str, LexicalAnalysis] = {}
+# Per process: the settings each generation's indices are made under (its anchor's shape; a
+# generation's shape never changes, a discarded one's name is never used again).
+_generation_settings: dict[tuple[str, str], Settings] = {}
+
+# What of a generation's shape its anchor records, as the settings name them.
+GENERATION_SHAPE = ("es_shards", "es_replicas", "lexical_analysis")
+
+
+@dataclass(frozen=True)
+class ReindexStart:
+    generation: str  # the generation being built
+    last_id: str  # the last chunk id copied into it ("" when nothing is yet)
+    resumed: bool  # it was already being built
+    # Why one that was being built was discarded instead of resumed (None when it was not).
+    started_again_because: str | None = None
 
 
 class IndexUnavailable(Exception):
@@ -135,7 +151,7 @@ class ChunkIndex(Protocol):
     def fingerprints_in_buckets(self, tenant: str, buckets: list[int]) -> Fingerprints: ...
     def foreign_copies(self, tenant: str) -> dict[str, EsCopy]: ...
     def per_tenant(self) -> bool: ...
-    def start_reindex(self) -> tuple[str, str, bool]: ...
+    def start_reindex(self) -> ReindexStart: ...
     def copy_to(self, generation: str, chunks: Iterable[tuple[Chunk, Document]]) -> None: ...
     def mark_reindex_progress(self, generation: str, last_id: str) -> None: ...
     def finish_reindex(self, generation: str) -> list[str]: ...
@@ -196,14 +212,43 @@ class ElasticsearchChunkIndex:
             )
         _existing.add(alias)
 
-    def _ensure_index(self, name: str) -> None:
-        """A concrete index of a generation being built (no aliases until the switch)."""
+    def _ensure_generation_index(self, generation: str, tenant_id: str) -> str:
+        """The tenant's index in a generation being built (no aliases until the switch),
+        made as the generation's anchor says whichever process makes it: the reindex's own
+        copy or a relay's dual write, configured otherwise. Returns its name."""
+        name = tenant_index(self.settings, generation, tenant_id)
         if name not in _existing:
-            self._create(name, {})
+            self._create(name, {}, self._generation_made_under(generation))
             _existing.add(name)
+        return name
 
-    def _create(self, name: str, aliases: dict[str, Any]) -> None:
-        body = index_body(self.settings)
+    def _generation_made_under(self, generation: str) -> Settings:
+        """This process's settings with the generation's shape (shards, replicas, lexical
+        analysis) as its anchor records it: what the process that started it configured."""
+        key = (self.alias, generation)
+        if key not in _generation_settings:
+            shape = self._anchor_shape(generation)
+            _generation_settings[key] = self.settings.model_copy(update=shape)
+        return _generation_settings[key]
+
+    def _anchor_shape(self, generation: str) -> dict[str, Any]:
+        anchor = anchor_index(self.settings, generation)
+        found = self.es.indices.get(index=anchor)[anchor]
+        made = found["settings"]["index"]
+        shape: dict[str, Any] = {
+            "es_shards": int(made["number_of_shards"]),
+            "es_replicas": int(made["number_of_replicas"]),
+        }
+        # An anchor made before indices recorded their analysis indexes both families.
+        analysis = found["mappings"].get("_meta", {}).get("lexical_analysis")
+        if analysis is not None:
+            shape["lexical_analysis"] = analysis
+        return shape
+
+    def _create(
+        self, name: str, aliases: dict[str, Any], made_under: Settings | None = None
+    ) -> None:
+        body = index_body(made_under or self.settings)
         try:
             self.es.indices.create(
                 index=name, settings=body["settings"], mappings=body["mappings"], aliases=aliases
@@ -264,7 +309,7 @@ class ElasticsearchChunkIndex:
     def bulk_to(self, generation: str, requests: Sequence[TenantLines]) -> Any:
         """The same lines to the tenants' indices of ``generation`` (a reindex's dual write)."""
         for tenant_id in {t for t, _ in requests}:
-            self._ensure_index(tenant_index(self.settings, generation, tenant_id))
+            self._ensure_generation_index(generation, tenant_id)
         lines = self._addressed(
             requests, lambda tenant: tenant_index(self.settings, generation, tenant)
         )
@@ -548,21 +593,44 @@ class ElasticsearchChunkIndex:
 
     # -- reindex
 
-    def start_reindex(self) -> tuple[str, str, bool]:
+    def start_reindex(self) -> ReindexStart:
         """The generation a reindex in progress is building, or a new one marked as being
-        built (from then on the relay dual-writes to it): (generation, the last chunk id
-        copied into it, whether it was already in progress). Leftovers of an earlier run are
-        deleted first: chunk indices behind no alias (a switch that stopped before it
-        deleted the old indices) and the half-built index of a shared-layout reindex."""
+        built (from then on the relay dual-writes to it), with the last chunk id copied into
+        it. Leftovers of an earlier run are deleted first: chunk indices behind no alias (a
+        switch that stopped before it deleted the old indices) and the half-built index of a
+        shared-layout reindex.
+
+        A generation in progress whose anchor records another shape than this process is
+        configured with (CONCORD_ES_SHARDS, CONCORD_ES_REPLICAS or CONCORD_LEXICAL_ANALYSIS
+        changed since it started) is discarded and a new one started: resumed, it would
+        switch to indices unlike the configured ones. Only the copying done so far is lost;
+        Postgres holds every chunk."""
         generation = self.reindex_target()
-        self._delete_dead_indices(keep=generation)
+        discarded = None
         if generation is not None:
-            anchor = anchor_index(self.settings, generation)
-            mapping = self.es.indices.get_mapping(index=anchor)[anchor]["mappings"]
-            return generation, str(mapping.get("_meta", {}).get(REINDEX_PROGRESS, "")), True
+            differences = self._differences_from_configured(generation)
+            if not differences:
+                self._delete_dead_indices(keep=generation)
+                return ReindexStart(generation, self._progress_of(generation), resumed=True)
+            discarded = f"generation {generation} was being built with {', '.join(differences)}"
+            log.warning("reindex: %s; discarded, starting again", discarded)
+        self._delete_dead_indices(keep=None)  # a discarded generation is behind no read alias
         generation = new_generation()
         self._create(anchor_index(self.settings, generation), {reindexing_alias(self.settings): {}})
-        return generation, "", False
+        return ReindexStart(generation, "", resumed=False, started_again_because=discarded)
+
+    def _differences_from_configured(self, generation: str) -> list[str]:
+        made = self._anchor_shape(generation)
+        return [
+            f"CONCORD_{name.upper()}={made[name]} (configured now: {getattr(self.settings, name)})"
+            for name in GENERATION_SHAPE
+            if name in made and made[name] != getattr(self.settings, name)
+        ]
+
+    def _progress_of(self, generation: str) -> str:
+        anchor = anchor_index(self.settings, generation)
+        mapping = self.es.indices.get_mapping(index=anchor)[anchor]["mappings"]
+        return str(mapping.get("_meta", {}).get(REINDEX_PROGRESS, ""))
 
     def _delete_dead_indices(self, keep: str | None) -> list[str]:
         """Delete the chunk indices that nothing reads or writes: behind neither the read
@@ -589,8 +657,7 @@ class ElasticsearchChunkIndex:
         versions: one a dual write already put there at a newer version stays."""
         actions = []
         for chunk, doc in chunks:
-            index = tenant_index(self.settings, generation, chunk.tenant_id)
-            self._ensure_index(index)
+            index = self._ensure_generation_index(generation, chunk.tenant_id)
             actions.append(
                 {
                     "_index": index,
@@ -640,9 +707,7 @@ class ElasticsearchChunkIndex:
         for name in live:
             parsed = parse_index_name(self.settings, name)
             if parsed and parsed.tenant_id and parsed.tenant_id not in built_tenants:
-                new = tenant_index(self.settings, generation, parsed.tenant_id)
-                self._ensure_index(new)
-                built.append(new)
+                built.append(self._ensure_generation_index(generation, parsed.tenant_id))
         self.es.indices.refresh(index=f"{prefix}{generation}-*")
         actions: list[dict[str, Any]] = [
             {"remove": {"index": index, "alias": name}}

@@ -334,6 +334,73 @@ def test_an_interrupted_reindex_resumes_where_it_stopped(client, auth, tenant, w
     assert es_chunks(tenant) == pg_chunks(tenant)
 
 
+def test_a_generation_is_made_as_its_anchor_says_and_discarded_once_the_settings_differ():
+    """The process that starts a reindex decides the next generation's shape (here two
+    shards); a relay configured otherwise (one shard, the other lexical analysis) makes its
+    tenants' indices of that generation like the rest through its dual writes. Resumed under
+    the same settings the generation goes on; resumed once they differ it is discarded and a
+    reindex starts again, instead of switching to indices unlike the configured ones."""
+    from shared.stores.chunk_index import ElasticsearchChunkIndex
+    from shared.stores.es_index import chunks_prefix, reindex_target
+    from shared.stores.es_index import tenant_index as index_in
+    from tests.helpers import orphan_copy
+
+    es, settings = get_es(), get_settings()
+    assert settings.es_shards == 1 and settings.lexical_analysis == "python-english"
+    two_shards = settings.model_copy(update={"es_shards": 2})
+    relay_settings = settings.model_copy(
+        update={"es_shards": 1, "lexical_analysis": "elasticsearch"}
+    )
+    tenant = f"shape-{uuid.uuid4().hex[:8]}"
+    chunk_id, copy = orphan_copy(tenant, "Tides are charted twice a day.")
+    generations = []
+
+    def shape(index: str) -> tuple[int, str, bool, bool]:
+        found = es.indices.get(index=index)[index]
+        fields = found["mappings"]["properties"]
+        return (
+            int(found["settings"]["index"]["number_of_shards"]),
+            found["mappings"]["_meta"]["lexical_analysis"],
+            fields["text"].get("index", True),
+            fields["stemmed"]["properties"]["text"].get("index", True),
+        )
+
+    try:
+        start = ElasticsearchChunkIndex(settings=two_shards).start_reindex()
+        generations.append(start.generation)
+        assert not start.resumed and start.started_again_because is None
+        relay = ElasticsearchChunkIndex(settings=relay_settings)
+        relay.bulk_to(start.generation, [(tenant, [{"index": {"_id": chunk_id}}, copy])])
+        made = index_in(settings, start.generation, tenant)
+        assert shape(made) == (2, "python-english", False, True)
+
+        again = ElasticsearchChunkIndex(settings=two_shards).start_reindex()
+        assert again.resumed and again.generation == start.generation
+        assert es.indices.exists(index=made)
+
+        anew = ElasticsearchChunkIndex(settings=settings).start_reindex()
+        generations.append(anew.generation)
+        assert not anew.resumed and anew.generation != start.generation
+        assert anew.started_again_because == (
+            f"generation {start.generation} was being built with "
+            "CONCORD_ES_SHARDS=2 (configured now: 1)"
+        )
+        assert not es.indices.exists(index=made)
+        assert reindex_target(es, settings) == anew.generation
+        relay.bulk_to(anew.generation, [(tenant, [{"index": {"_id": chunk_id}}, copy])])
+        assert shape(index_in(settings, anew.generation, tenant)) == (
+            1,
+            "python-english",
+            False,
+            True,
+        )
+    finally:  # the live indices stay as they were; the generations built here go
+        for generation in generations:
+            for index in es.indices.get(index=f"{chunks_prefix(settings)}{generation}-*"):
+                es.indices.delete(index=index)
+    assert reindex_target(es, settings) is None
+
+
 def test_admin_endpoints_need_the_admin_scope(client, auth, tenant):
     admin = key_headers(tenant, ["admin"])
     assert client.get("/v1/admin/stats", headers=auth).status_code == 403
