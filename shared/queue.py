@@ -6,6 +6,7 @@ re-publishes any job whose message never arrived, so a Redis outage delays work,
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Sequence
@@ -96,28 +97,58 @@ def publish_training_job(job_id: uuid.UUID) -> None:
 
 
 def publish_relay() -> bool:
-    """Ask for an outbox drain soon. One request a second is enough (a drain takes everything
-    due), and beat drains periodically anyway, so a busy ingest does not flood the queue."""
+    """Ask for an outbox drain now, unless one is asked for and has not started yet: that one
+    claims the rows of this commit too (see _publish_debounced)."""
     return _publish_debounced(RELAY_PENDING_KEY, RELAY_TASK)
+
+
+def relay_started() -> None:
+    """A drain starts: a commit from now on asks for another one."""
+    _request_taken(RELAY_PENDING_KEY)
 
 
 WEBHOOKS_PENDING_KEY = "concord:webhooks-pending"
 
 
 def publish_webhooks() -> bool:
-    """Ask for the due webhook deliveries to be sent soon (debounced as the relay is; beat
+    """Ask for the due webhook deliveries to be sent now (debounced as the relay is; beat
     sends them periodically anyway)."""
     return _publish_debounced(WEBHOOKS_PENDING_KEY, WEBHOOKS_TASK)
 
 
+def webhooks_started() -> None:
+    """A delivery run starts: a commit from now on asks for another one."""
+    _request_taken(WEBHOOKS_PENDING_KEY)
+
+
+# How long a request that never started (its message lost) keeps others from being sent;
+# beat's periodic run covers that time.
+PENDING_REQUEST_TTL_S = 10
+
+
 def _publish_debounced(pending_key: str, task: str) -> bool:
-    """``task`` on the relay queue, at most once a second (``pending_key`` marks one sent)."""
+    """``task`` on the relay queue, unless one is already waiting (``pending_key`` marks it
+    from when it is sent until its run starts, see _request_taken). Whatever committed
+    before that start is the waiting run's, so one message waits at most and a busy ingest
+    does not flood the queue; and no commit waits for beat, as one did when a request a
+    second was sent at most (the last batch of a burst waited up to relay_interval_seconds
+    before Elasticsearch had it)."""
     try:
-        if not _redis().set(pending_key, "1", nx=True, ex=1):
+        if not _redis().set(pending_key, "1", nx=True, ex=PENDING_REQUEST_TTL_S):
             return True
     except redis.RedisError:
         return False  # the broker is the same Redis: publishing would fail too
-    return _send(task, [], RELAY_QUEUE)
+    sent = _send(task, [], RELAY_QUEUE)
+    if not sent:
+        _request_taken(pending_key)  # nothing waits: the next commit asks again
+    return sent
+
+
+def _request_taken(pending_key: str) -> None:
+    """A run starts before it reads what is due: a commit after this asks for a run of its
+    own, whose rows this one may not see."""
+    with contextlib.suppress(redis.RedisError):  # the key expires; beat runs meanwhile
+        _redis().delete(pending_key)
 
 
 def publish_upload_event(event: dict[str, Any]) -> None:

@@ -34,6 +34,8 @@ from shared.queue import (
     TRAIN_RERANKER_TASK,
     TRAINING_QUEUE,
     WEBHOOKS_TASK,
+    relay_started,
+    webhooks_started,
 )
 from shared.reconcile.service import reconcile
 from shared.retry import is_retriable
@@ -128,6 +130,7 @@ def accept_upload_event(self: Task, event: Any) -> dict[str, Any]:
 
 @concord_task(RELAY_TASK, RELAY_QUEUE, max_retries=0)
 def drain_outbox(self: Task) -> dict[str, Any]:
+    relay_started()  # before the drain claims rows: later commits ask for the next drain
     return vars(relay.drain(unit_of_work))
 
 
@@ -135,6 +138,7 @@ def drain_outbox(self: Task) -> dict[str, Any]:
 def deliver_webhooks(self: Task) -> dict[str, Any]:
     """Send the webhook deliveries that are due (after a commit that made some, and on beat:
     retries come due there)."""
+    webhooks_started()
     return webhook_delivery.deliver_due(unit_of_work, get_settings()).as_dict()
 
 

@@ -511,7 +511,7 @@ def _write_versions(uow: UnitOfWork, claims: list[Claim], docs: dict[uuid.UUID, 
             outbox_repo.OutboxEntry(c.tenant_id, c.document_id, OutboxOp.PURGE, c.version, gone),
         ]
     outbox_repo.add_outbox_entries(uow.session, entries)
-    uow.after_commit(publish_relay)  # debounced: one request per second at most
+    uow.after_commit(publish_relay)  # debounced: one waiting request at most
 
 
 def _chunk_rows(claim: Claim) -> list[ChunkRow]:
