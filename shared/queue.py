@@ -129,10 +129,11 @@ PENDING_REQUEST_TTL_S = 10
 def _publish_debounced(pending_key: str, task: str) -> bool:
     """``task`` on the relay queue, unless one is already waiting (``pending_key`` marks it
     from when it is sent until its run starts, see _request_taken). Whatever committed
-    before that start is the waiting run's, so one message waits at most and a busy ingest
-    does not flood the queue; and no commit waits for beat, as one did when a request a
+    before that start is the waiting run's, so one message waits (one more each
+    PENDING_REQUEST_TTL_S while the relay worker is busy elsewhere) and a busy ingest does
+    not flood the queue; and a commit does not wait for beat, as one did when a request a
     second was sent at most (the last batch of a burst waited up to relay_interval_seconds
-    before Elasticsearch had it)."""
+    before Elasticsearch had it). Only where Redis fails do rows wait for beat."""
     try:
         if not _redis().set(pending_key, "1", nx=True, ex=PENDING_REQUEST_TTL_S):
             return True

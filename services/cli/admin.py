@@ -76,16 +76,21 @@ def reindex() -> None:
     from rich.progress import Progress
 
     from shared.db import unit_of_work
+    from shared.reconcile.reindex import ReindexRunning
     from shared.reconcile.reindex import reindex as run
     from shared.reconcile.service import reconcile as check
 
-    with Progress(console=console) as bar:
-        task = bar.add_task("copying chunks", total=None)
-        result = run(
-            unit_of_work, lambda done, total: bar.update(task, completed=done, total=total)
-        )
-    if result.started_again_because:
-        console.print(f"started again: {result.started_again_because}")
+    try:
+        with Progress(console=console) as bar:
+            task = bar.add_task("copying chunks", total=None)
+            result = run(
+                unit_of_work,
+                lambda done, total: bar.update(task, completed=done, total=total),
+                notice=console.print,
+            )
+    except ReindexRunning as e:
+        print_error(console, e, label="error:")
+        raise typer.Exit(1) from e
     console.print(
         f"{'resumed and ' if result.resumed else ''}copied {result.copied} chunks into "
         f"generation {result.new_index} in {result.seconds:.1f}s; removed "

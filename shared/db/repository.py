@@ -60,6 +60,23 @@ def lock_keys(session: Session, keys: Sequence[str]) -> None:
     )
 
 
+def try_run_lock(session: Session, key: int) -> bool:
+    """Puts the session's connection in autocommit (the session's first use must be this) and
+    takes the session-level advisory lock ``key`` on it, for a run that only one process may
+    make at a time; False if another connection holds it. The lock lasts until ``run_unlock``
+    or the connection's end, whichever comes first (a crashed run's ends with it)."""
+    connection = session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+    return bool(
+        connection.scalar(text("SELECT pg_try_advisory_lock(CAST(:key AS bigint))"), {"key": key})
+    )
+
+
+def run_unlock(session: Session, key: int) -> None:
+    session.connection().execute(
+        text("SELECT pg_advisory_unlock(CAST(:key AS bigint))"), {"key": key}
+    )
+
+
 def insert_rows(session: Session, model: type[Base], rows: Sequence[dict[str, Any]]) -> None:
     """Rows of ``model``'s table (column values by name) in one executemany: one cached
     statement whatever the count, which SQLAlchemy sends as multi-row VALUES batches."""

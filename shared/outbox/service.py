@@ -26,6 +26,7 @@ from shared.documents import repository as documents_repo
 from shared.jobs import repository as jobs_repo
 from shared.models import Chunk, Document, EsOutbox, OutboxOp
 from shared.outbox import repository as repo
+from shared.queue import publish_relay
 from shared.retry import retry_delay
 from shared.settings import Settings, get_settings
 from shared.stores.chunk_document import es_document
@@ -48,6 +49,7 @@ SPLIT_STATUS = {400, 413} | RETRIABLE_STATUS
 
 @dataclass
 class RelayReport:
+    claimed: int = 0  # outbox rows; several rows of one chunk are sent as one request
     sent: int = 0
     applied: int = 0
     already_current: int = 0
@@ -56,7 +58,7 @@ class RelayReport:
     unreachable: bool = False
 
     def add(self, other: RelayReport) -> None:
-        for name in ("sent", "applied", "already_current", "retried", "dead_lettered"):
+        for name in ("claimed", "sent", "applied", "already_current", "retried", "dead_lettered"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.unreachable = self.unreachable or other.unreachable
 
@@ -74,7 +76,9 @@ def drain(
 ) -> RelayReport:
     """Relay up to ``max_batches`` batches of due rows, each claimed, sent and settled in a
     transaction of its own; stops early when the outbox has no more or Elasticsearch is
-    unreachable."""
+    unreachable. Stopped by ``max_batches`` with rows possibly left, it asks for the next
+    drain: the request that started this one was cleared when it started, and those rows
+    must not wait for beat."""
     settings = settings or get_settings()
     index = ElasticsearchChunkIndex(es, settings)
     total = RelayReport()
@@ -82,14 +86,17 @@ def drain(
         with transactions() as uow:
             batch = _relay_batch(uow.session, settings, index)
         total.add(batch)
-        if batch.sent < settings.relay_batch_size or batch.unreachable:
+        if batch.claimed < settings.relay_batch_size or batch.unreachable:
             break
+    else:
+        publish_relay()
     return total
 
 
 def _relay_batch(session: Session, settings: Settings, index: ChunkIndex) -> RelayReport:
     report = RelayReport()
     rows = repo.claim_outbox(session, settings.relay_batch_size)
+    report.claimed = len(rows)
     if not rows:
         return report
     # Only the newest operation per chunk (in a tenant's index) matters; older rows ride

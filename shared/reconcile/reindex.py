@@ -28,11 +28,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shared.db import Transactions
+from shared.db.repository import run_unlock, try_run_lock
+from shared.errors import Conflict
 from shared.settings import get_settings
 from shared.stores.chunk_index import ChunkIndex, ElasticsearchChunkIndex
 from shared.stores.vector_store import PgVectorStore
 
 PAGE = 1000
+
+# pg_try_advisory_lock's key for reindex runs (any fixed bigint: "concrndx" in ASCII).
+_REINDEX_LOCK = 0x636F6E63726E6478
+
+
+class ReindexRunning(Conflict):
+    """Another reindex is under way, from any host. Two at once could each switch to, or
+    discard, the generation the other one builds."""
 
 
 @dataclass
@@ -51,11 +61,37 @@ def reindex(
     progress: Callable[[int, int], None] | None = None,
     page_size: int = PAGE,
     index: ChunkIndex | None = None,
+    notice: Callable[[str], None] | None = None,
+) -> ReindexResult:
+    """One run at a time (ReindexRunning otherwise); ``notice`` hears at the start why a
+    generation in progress was discarded, where one was."""
+    # The guard's connection is in autocommit: it holds the lock between statements without
+    # holding a transaction open, and a run that dies releases it with its connection.
+    with transactions() as guard:
+        if not try_run_lock(guard.session, _REINDEX_LOCK):
+            raise ReindexRunning(
+                "another reindex is under way; run this again once it has ended (a reindex "
+                "whose process died has ended: this one resumes it)"
+            )
+        try:
+            return _reindex(transactions, progress, page_size, index, notice)
+        finally:
+            run_unlock(guard.session, _REINDEX_LOCK)
+
+
+def _reindex(
+    transactions: Transactions,
+    progress: Callable[[int, int], None] | None,
+    page_size: int,
+    index: ChunkIndex | None,
+    notice: Callable[[str], None] | None,
 ) -> ReindexResult:
     settings = get_settings()
     index = index or ElasticsearchChunkIndex(settings=settings)
     started = time.monotonic()
     start = index.start_reindex()
+    if start.started_again_because and notice:
+        notice(f"started again: {start.started_again_because}")
     target, last_id = start.generation, start.last_id  # target: the generation built
     with transactions() as uow:
         store = PgVectorStore(uow.session, settings)

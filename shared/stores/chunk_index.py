@@ -95,7 +95,7 @@ _found_analysis: dict[str, LexicalAnalysis] = {}
 _generation_settings: dict[tuple[str, str], Settings] = {}
 
 # What of a generation's shape its anchor records, as the settings name them.
-GENERATION_SHAPE = ("es_shards", "es_replicas", "lexical_analysis")
+GENERATION_SHAPE = ("es_shards", "es_replicas", "lexical_analysis", "es_text_analyzer")
 
 
 @dataclass(frozen=True)
@@ -224,7 +224,8 @@ class ElasticsearchChunkIndex:
 
     def _generation_made_under(self, generation: str) -> Settings:
         """This process's settings with the generation's shape (shards, replicas, lexical
-        analysis) as its anchor records it: what the process that started it configured."""
+        analysis, text analyzer) as its anchor records it: what the process that started it
+        configured."""
         key = (self.alias, generation)
         if key not in _generation_settings:
             shape = self._anchor_shape(generation)
@@ -239,10 +240,14 @@ class ElasticsearchChunkIndex:
             "es_shards": int(made["number_of_shards"]),
             "es_replicas": int(made["number_of_replicas"]),
         }
-        # An anchor made before indices recorded their analysis indexes both families.
+        # An anchor made before indices recorded their analysis says nothing of it: its
+        # generation's indices are made under this process's.
         analysis = found["mappings"].get("_meta", {}).get("lexical_analysis")
         if analysis is not None:
             shape["lexical_analysis"] = analysis
+        analyzer = found["mappings"].get("properties", {}).get("text", {}).get("analyzer")
+        if analyzer is not None:
+            shape["es_text_analyzer"] = analyzer
         return shape
 
     def _create(
@@ -601,10 +606,12 @@ class ElasticsearchChunkIndex:
         shared-layout reindex.
 
         A generation in progress whose anchor records another shape than this process is
-        configured with (CONCORD_ES_SHARDS, CONCORD_ES_REPLICAS or CONCORD_LEXICAL_ANALYSIS
-        changed since it started) is discarded and a new one started: resumed, it would
-        switch to indices unlike the configured ones. Only the copying done so far is lost;
-        Postgres holds every chunk."""
+        configured with (CONCORD_ES_SHARDS, CONCORD_ES_REPLICAS, CONCORD_LEXICAL_ANALYSIS or
+        CONCORD_ES_TEXT_ANALYZER changed since it started) is discarded and a new one
+        started: resumed, it would switch to indices unlike the configured ones. Only the
+        copying done so far is lost; Postgres holds every chunk. The caller holds the
+        reindex lock (shared/reconcile/reindex.py): no other run switches to the generation
+        discarded here."""
         generation = self.reindex_target()
         discarded = None
         if generation is not None:

@@ -25,6 +25,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session, defer
 
 from shared.db import any_of
+from shared.db.repository import run_unlock, try_run_lock
 from shared.models import Chunk, Document
 from shared.reconcile.buckets import bucket_of, fingerprint
 from shared.stores.schemas import BucketStats, Fingerprints, VersionChunks
@@ -481,21 +482,13 @@ _PLACEMENT_LOCK = 0x636F6E6370617274
 
 
 def try_placement_lock(session: Session) -> bool:
-    """Puts the session's connection in autocommit (the session's first use must be this) and
-    takes the placement lock on it; False if another run holds it. The lock lasts until
-    ``placement_unlock`` or the connection's end, whichever comes first."""
-    connection = session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
-    return bool(
-        connection.scalar(
-            text("SELECT pg_try_advisory_lock(CAST(:key AS bigint))"), {"key": _PLACEMENT_LOCK}
-        )
-    )
+    """The placement lock (see shared/db/repository.try_run_lock); False if another run
+    holds it."""
+    return try_run_lock(session, _PLACEMENT_LOCK)
 
 
 def placement_unlock(session: Session) -> None:
-    session.connection().execute(
-        text("SELECT pg_advisory_unlock(CAST(:key AS bigint))"), {"key": _PLACEMENT_LOCK}
-    )
+    run_unlock(session, _PLACEMENT_LOCK)
 
 
 def build_hnsw_graph(

@@ -122,6 +122,34 @@ def test_the_bulk_requests_of_one_batch_stay_within_the_byte_limit(
     assert es_chunks(tenant) == pg_chunks(tenant)
 
 
+def test_a_drain_stopped_by_its_batch_limit_asks_for_the_next_one(
+    client: TestClient,
+    auth: dict[str, str],
+    tenant: str,
+    worker: CeleryProcess,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A drain clears the request that started it as it starts, so rows it leaves behind at
+    its batch limit would wait for beat: it asks for the next drain itself, and only then."""
+    asked: list[bool] = []
+    monkeypatch.setattr(relay, "publish_relay", lambda: asked.append(True) or True)
+    settings = get_settings()
+    with paused(worker):
+        ups = [upload_text(client, auth, f"limit-{i}.txt", f"Limit row {i}.") for i in range(6)]
+        for up in ups:
+            pipeline.process_job(unit_of_work, uuid.UUID(up["job_id"]))
+        original = settings.relay_batch_size
+        settings.relay_batch_size = 2
+        try:
+            first = relay.drain(unit_of_work, max_batches=1, settings=settings)
+            assert first.claimed == 2 and asked == [True]
+            rest = relay.drain(unit_of_work, max_batches=1_000, settings=settings)
+        finally:
+            settings.relay_batch_size = original
+    assert rest.claimed >= 4 and asked == [True]  # it emptied the outbox: nothing to ask for
+    assert es_chunks(tenant) == pg_chunks(tenant)
+
+
 def long_markdown(sections: int) -> bytes:
     """A document of ``sections`` short sections: one chunk each (a chunk never straddles a
     heading), so tens of thousands of chunks fit well within the upload limit."""

@@ -600,7 +600,7 @@ def test_a_reembed_into_fewer_chunks_removes_the_extra_ones_from_both_stores(
     assert set(es_chunks(tenant)) == set(after)
 
 
-def test_relay_requests_wait_one_at_a_time_and_a_commit_never_waits_for_beat(
+def test_relay_requests_wait_one_at_a_time_and_the_last_commit_of_a_burst_is_not_left_for_beat(
     monkeypatch: Any,
 ) -> None:
     """A commit asks for a drain unless one is asked for and has not started (that one

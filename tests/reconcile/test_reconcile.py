@@ -401,6 +401,22 @@ def test_a_generation_is_made_as_its_anchor_says_and_discarded_once_the_settings
     assert reindex_target(es, settings) is None
 
 
+def test_one_reindex_runs_at_a_time():
+    """A second run would switch to, or discard, the generation the first one builds."""
+    from shared.db.repository import run_unlock, try_run_lock
+    from shared.reconcile.reindex import _REINDEX_LOCK, ReindexRunning, reindex
+    from shared.stores.es_index import reindex_target
+
+    with unit_of_work() as running:
+        assert try_run_lock(running.session, _REINDEX_LOCK)  # a reindex under way elsewhere
+        try:
+            with pytest.raises(ReindexRunning, match="another reindex is under way"):
+                reindex(unit_of_work)
+        finally:
+            run_unlock(running.session, _REINDEX_LOCK)
+    assert reindex_target(get_es(), get_settings()) is None  # it started nothing
+
+
 def test_admin_endpoints_need_the_admin_scope(client, auth, tenant):
     admin = key_headers(tenant, ["admin"])
     assert client.get("/v1/admin/stats", headers=auth).status_code == 403
