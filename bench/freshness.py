@@ -52,19 +52,17 @@ def indexed_at(tenant: str) -> dict[str, datetime]:
 
 def found(tenant: str, wanted: int) -> set[str]:
     """The external ids the tenant's index returns to a search now (no refresh forced)."""
-    es = get_es()
-    alias = tenant_alias(get_settings(), tenant)
-    if not es.indices.exists_alias(name=alias):
-        return set()
     try:
-        answer = es.search(
-            index=alias,
+        answer = get_es().search(
+            index=tenant_alias(get_settings(), tenant),
             size=0,
             query={"term": {"tenant_id": tenant}},
             aggs={"ids": {"terms": {"field": "external_id", "size": wanted}}},
         )
     except ApiError as e:
-        if e.meta.status == 503:  # the tenant's first index, its shard not started yet
+        # 404: no index yet (the first upload's copies are not sent); 503: its shard is not
+        # started yet
+        if e.meta.status in (404, 503):
             return set()
         raise
     return {bucket["key"] for bucket in answer["aggregations"]["ids"]["buckets"]}

@@ -107,6 +107,24 @@ class ReindexStart:
     started_again_because: str | None = None
 
 
+def _shape_of(anchor: dict[str, Any]) -> dict[str, Any]:
+    """What of GENERATION_SHAPE an anchor (as ``indices.get`` describes it) was made with."""
+    made = anchor["settings"]["index"]
+    shape: dict[str, Any] = {
+        "es_shards": int(made["number_of_shards"]),
+        "es_replicas": int(made["number_of_replicas"]),
+    }
+    # An anchor made before indices recorded their analysis says nothing of it: its
+    # generation's indices are made under the creating process's.
+    analysis = anchor["mappings"].get("_meta", {}).get("lexical_analysis")
+    if analysis is not None:
+        shape["lexical_analysis"] = analysis
+    analyzer = anchor["mappings"].get("properties", {}).get("text", {}).get("analyzer")
+    if analyzer is not None:
+        shape["es_text_analyzer"] = analyzer
+    return shape
+
+
 class IndexUnavailable(Exception):
     """A tenant's index could not be created (e.g. the cluster's shard limit): the rows of
     that tenant get this as their item result, the others are sent."""
@@ -228,27 +246,15 @@ class ElasticsearchChunkIndex:
         configured."""
         key = (self.alias, generation)
         if key not in _generation_settings:
-            shape = self._anchor_shape(generation)
+            shape = _shape_of(self._anchor(generation))
             _generation_settings[key] = self.settings.model_copy(update=shape)
         return _generation_settings[key]
 
-    def _anchor_shape(self, generation: str) -> dict[str, Any]:
+    def _anchor(self, generation: str) -> dict[str, Any]:
+        """The generation's anchor index as Elasticsearch describes it: settings and mappings
+        (its shape, and in ``_meta`` the reindex's progress)."""
         anchor = anchor_index(self.settings, generation)
-        found = self.es.indices.get(index=anchor)[anchor]
-        made = found["settings"]["index"]
-        shape: dict[str, Any] = {
-            "es_shards": int(made["number_of_shards"]),
-            "es_replicas": int(made["number_of_replicas"]),
-        }
-        # An anchor made before indices recorded their analysis says nothing of it: its
-        # generation's indices are made under this process's.
-        analysis = found["mappings"].get("_meta", {}).get("lexical_analysis")
-        if analysis is not None:
-            shape["lexical_analysis"] = analysis
-        analyzer = found["mappings"].get("properties", {}).get("text", {}).get("analyzer")
-        if analyzer is not None:
-            shape["es_text_analyzer"] = analyzer
-        return shape
+        return dict(self.es.indices.get(index=anchor)[anchor])
 
     def _create(
         self, name: str, aliases: dict[str, Any], made_under: Settings | None = None
@@ -615,10 +621,12 @@ class ElasticsearchChunkIndex:
         generation = self.reindex_target()
         discarded = None
         if generation is not None:
-            differences = self._differences_from_configured(generation)
+            anchor = self._anchor(generation)
+            differences = self._differences_from_configured(_shape_of(anchor))
             if not differences:
                 self._delete_dead_indices(keep=generation)
-                return ReindexStart(generation, self._progress_of(generation), resumed=True)
+                progress = str(anchor["mappings"].get("_meta", {}).get(REINDEX_PROGRESS, ""))
+                return ReindexStart(generation, progress, resumed=True)
             discarded = f"generation {generation} was being built with {', '.join(differences)}"
             log.warning("reindex: %s; discarded, starting again", discarded)
         self._delete_dead_indices(keep=None)  # a discarded generation is behind no read alias
@@ -626,18 +634,12 @@ class ElasticsearchChunkIndex:
         self._create(anchor_index(self.settings, generation), {reindexing_alias(self.settings): {}})
         return ReindexStart(generation, "", resumed=False, started_again_because=discarded)
 
-    def _differences_from_configured(self, generation: str) -> list[str]:
-        made = self._anchor_shape(generation)
+    def _differences_from_configured(self, made: dict[str, Any]) -> list[str]:
         return [
             f"CONCORD_{name.upper()}={made[name]} (configured now: {getattr(self.settings, name)})"
             for name in GENERATION_SHAPE
             if name in made and made[name] != getattr(self.settings, name)
         ]
-
-    def _progress_of(self, generation: str) -> str:
-        anchor = anchor_index(self.settings, generation)
-        mapping = self.es.indices.get_mapping(index=anchor)[anchor]["mappings"]
-        return str(mapping.get("_meta", {}).get(REINDEX_PROGRESS, ""))
 
     def _delete_dead_indices(self, keep: str | None) -> list[str]:
         """Delete the chunk indices that nothing reads or writes: behind neither the read
@@ -678,10 +680,8 @@ class ElasticsearchChunkIndex:
 
     def mark_reindex_progress(self, generation: str, last_id: str) -> None:
         """Every chunk up to ``last_id`` is copied: an interrupted reindex resumes after it."""
-        anchor = anchor_index(self.settings, generation)
-        mapping = self.es.indices.get_mapping(index=anchor)[anchor]["mappings"]
-        meta = {**mapping.get("_meta", {}), REINDEX_PROGRESS: last_id}
-        self.es.indices.put_mapping(index=anchor, meta=meta)
+        meta = {**self._anchor(generation)["mappings"].get("_meta", {}), REINDEX_PROGRESS: last_id}
+        self.es.indices.put_mapping(index=anchor_index(self.settings, generation), meta=meta)
 
     def finish_reindex(self, generation: str) -> list[str]:
         """Switch to ``generation`` in one atomic ``update_aliases`` call (the read alias and
