@@ -58,3 +58,36 @@ def test_a_port_held_by_an_outgoing_connection_counts_as_taken() -> None:
         probe.bind(("127.0.0.1", 0))
         free = probe.getsockname()[1]
     assert not _port_in_use(free)
+
+
+def test_a_cluster_node_hands_the_service_user_its_own_files_and_no_other_nodes(
+    tmp_path,
+) -> None:
+    """Restarting one node of a local cluster used to `chown -R` the whole Elasticsearch
+    state tree, the running nodes' data included; a segment they merged away under it failed
+    the restart (`chown` exits 1 on a file that vanished)."""
+    import os
+    import pwd
+
+    from services.cli.stack.common import SERVICE_USER, _ensure_service_user
+    from services.cli.stack.elasticsearch import ElasticsearchService
+    from shared.settings import Settings
+
+    if os.geteuid() != 0:
+        pytest.skip("handing files to the service user needs root")
+    _ensure_service_user()
+    service_uid = pwd.getpwnam(SERVICE_USER).pw_uid
+    settings = Settings(state_dir=tmp_path, es_nodes=3)
+    first, second = ElasticsearchService(settings, 0), ElasticsearchService(settings, 1)
+    for node in (first, second):
+        for directory in (node.home / "bin", node.conf, node.data / "indices", node.logs):
+            directory.mkdir(parents=True, exist_ok=True)
+        (node.data / "indices" / "segment").write_text("x")
+
+    first._give_to_service_user()
+
+    owned = [first.root, first.home / "bin", first.conf, first.logs, first.data / "indices"]
+    assert all(p.stat().st_uid == service_uid for p in owned)
+    assert (first.data / "indices" / "segment").stat().st_uid == service_uid
+    untouched = [second.own, second.data / "indices" / "segment"]
+    assert all(p.stat().st_uid == 0 for p in untouched)  # the running node's files are its own

@@ -81,6 +81,7 @@ class ElasticsearchService:
         self.root = root
         self.home = root / f"elasticsearch-{settings.es_version}"
         own = root if node == 0 else root / f"node-{node + 1}"
+        self.own = own
         self.conf = own / "config"
         self.data = own / "data"
         self.logs = own / "logs"
@@ -196,6 +197,23 @@ class ElasticsearchService:
             )
         )
 
+    def _give_to_service_user(self) -> None:
+        """Hand the install and this node's own paths to the service user, and nothing else:
+        the other nodes of a local cluster may be running, rewriting their segments and
+        translogs, and `chown -R` over a file that vanishes under it fails."""
+        for path in (self.root, self.own, self.pidfile):  # the node writes its pid into `own`
+            if path.exists():
+                shutil.chown(path, SERVICE_USER, SERVICE_USER)
+        subprocess.run(
+            [
+                "chown",
+                "-R",
+                f"{SERVICE_USER}:{SERVICE_USER}",
+                *(str(p) for p in (self.home, self.conf, self.data, self.logs)),
+            ],
+            check=True,
+        )
+
     def up(self) -> None:
         if _pid_alive(self.pid()):
             return
@@ -208,9 +226,7 @@ class ElasticsearchService:
         for d in (self.data, self.logs):
             d.mkdir(parents=True, exist_ok=True)
         if _is_root():
-            subprocess.run(
-                ["chown", "-R", f"{SERVICE_USER}:{SERVICE_USER}", str(self.root)], check=True
-            )
+            self._give_to_service_user()
         with self.log.open("ab") as out:
             launcher = subprocess.run(
                 _as_service_user(
