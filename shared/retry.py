@@ -14,6 +14,7 @@ from elasticsearch import ConnectionError as EsConnectionError
 from sqlalchemy.exc import DBAPIError, OperationalError, StatementError
 
 from shared.errors import ConcordError, StoreUnavailable
+from shared.text import storable_text
 
 RETRIABLE: tuple[type[BaseException], ...] = (
     OperationalError,
@@ -42,7 +43,9 @@ def retry_delay(retries: int, base: float = 2.0, cap: float = 120.0) -> float:
 def describe_error(error: BaseException) -> str:
     """The message recorded on a job or dead letter, which its tenant can read. A database
     error's text carries its statement and parameters (every row of a batch, of any tenant):
-    only the server's primary message is kept."""
+    only the server's primary message is kept. Storable text: a library's message may quote
+    the upload's content, NUL included, and a message Postgres refuses would fail the write
+    that records the failure, and with it every job of the batch."""
     if isinstance(error, ConcordError):
         message = error.message
     elif isinstance(error, StatementError) and error.orig is not None:
@@ -52,4 +55,4 @@ def describe_error(error: BaseException) -> str:
         message = f"{type(orig).__name__}: {primary}"
     else:
         message = str(error) or type(error).__name__
-    return message[:MAX_ERROR_MESSAGE_CHARS]
+    return storable_text(message[:MAX_ERROR_MESSAGE_CHARS])

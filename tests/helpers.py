@@ -326,3 +326,9 @@ def pdf_with_pages(pages: list[str]) -> bytes:
         xref,
     )
     return bytes(out)
+
+
+def pdf_whose_error_quotes_a_nul() -> bytes:
+    """A PDF whose page stream names an unknown filter holding a NUL (``#00``): pypdf fails
+    on it with a message that quotes the name, NUL and all."""
+    return pdf_with_pages(["Unreadable."]).replace(b"<< /Length", b"<< /Filter /Bad#00x /Length")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.errors import ParseError, UnsupportedMediaType
+from shared.text import storable_text
 
 SUPPORTED_TYPES = {
     "text/plain": "text",
@@ -117,21 +118,15 @@ def parse(
     }[kind]()
     if not parsed.text.strip():
         raise ParseError(f"no text could be extracted from this {kind} document")
+    # Every chunk carries its section's path: capped for every kind (a JSON record's title
+    # is a field of any length), or one upload's chunks would each repeat a megabyte.
     return ParsedDocument(
         storable_text(parsed.text),
-        [Section(s.start, storable_text(s.path), s.flags) for s in parsed.sections],
+        [
+            Section(s.start, storable_text(s.path[:MAX_SECTION_CHARS]), s.flags)
+            for s in parsed.sections
+        ],
     )
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def storable_text(text: str) -> str:
-    """Text that Postgres, Elasticsearch and the tokenizer all accept, at the same offsets:
-    a NUL (JSON's "\\u0000", a PDF's text layer) becomes a space and a lone surrogate (JSON's
-    "\\ud800") U+FFFD, one character for one, so the sections' offsets still hold."""
-    text = text.replace("\x00", " ")
-    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
 
 
 def _decode(raw: bytes) -> str:
@@ -263,12 +258,11 @@ def _own_text(element: Any) -> str:
 
 def _parse_pdf(raw: bytes) -> ParsedDocument:
     from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
 
     try:
         reader = PdfReader(io.BytesIO(raw))
         pages = [page.extract_text() or "" for page in reader.pages]
-    except (PdfReadError, ValueError, KeyError, TypeError, OSError) as e:
+    except Exception as e:  # pypdf raises many kinds (NotImplementedError for a filter it lacks)
         raise ParseError(f"the PDF could not be read ({type(e).__name__}: {e})") from e
     parts: list[str] = []
     sections: list[Section] = []

@@ -242,6 +242,10 @@ def run(
     return steps.outcomes
 
 
+class UnrecordedError(Exception):
+    """A job's error whose own message the database refused to record."""
+
+
 @dataclass
 class _Steps:
     """Runs a step over the claims and records the outcome of each job it failed, in a
@@ -304,8 +308,21 @@ class _Steps:
         dead_letter = not isinstance(error, ParseError)
         with job_context(str(claim.job_id), claim.request_id):
             log.warning("job failed at %s: %s", stage, describe_error(error), exc_info=dead_letter)
-        with self.transactions() as uow:
-            jobs.fail(uow, claim.job_id, stage, error, dead_letter=dead_letter)
+        try:
+            with self.transactions() as uow:
+                jobs.fail(uow, claim.job_id, stage, error, dead_letter=dead_letter)
+        except Exception as refused:
+            if is_retriable(refused):
+                raise
+            # Recording this failure failed for a reason of the error's own (what it says):
+            # the job fails with its class alone, rather than the batch with the write.
+            log.exception("job %s: its failure could not be recorded as it was", claim.job_id)
+            error = UnrecordedError(
+                f"{type(error).__name__} at {stage}; its message could not be recorded "
+                f"({describe_error(refused)})"
+            )
+            with self.transactions() as uow:
+                jobs.fail(uow, claim.job_id, stage, error, dead_letter=dead_letter)
         state = JobState.DEAD_LETTERED if dead_letter else JobState.FAILED
         return JobOutcome(
             str(claim.job_id), state, {"error": describe_error(error), "stage": stage}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -117,6 +118,21 @@ def test_section_lookup_bisects_and_keeps_heading_paths_bounded():
     assert doc.section_at(doc.text.index("Text of part 1234.")) == "Heading 1234"
     assert doc.section_at(len(doc.text) - 1).startswith("long")
     assert all(len(s.path) <= 500 for s in doc.sections)
+    # A JSON record's title is its section's path: a field of any length, capped the same.
+    record = json.dumps({"title": "T" * 100_000, "text": "Body of the record."}).encode()
+    assert [len(s.path) for s in parse(record, "application/json").sections] == [500]
+
+
+def test_a_pdf_error_that_quotes_a_nul_is_a_parse_error_with_a_storable_message() -> None:
+    """pypdf's own exceptions are of many kinds and quote the file: this filter's name holds
+    a NUL (#00), which Postgres would refuse in the job's recorded error."""
+    from shared.retry import describe_error
+    from tests.helpers import pdf_whose_error_quotes_a_nul
+
+    with pytest.raises(ParseError, match="PDF could not be read") as refused:
+        parse(pdf_whose_error_quotes_a_nul(), "application/pdf")
+    assert "\x00" in str(refused.value) and "\x00" not in describe_error(refused.value)
+    assert "\ufffd" in describe_error(ValueError("a lone \ud800 surrogate"))
 
 
 def test_the_first_sentence_end_is_where_sentence_spans_ends_the_first_sentence() -> None:

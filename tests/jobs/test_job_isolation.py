@@ -149,18 +149,30 @@ def _claims_of(job_ids: list[str]) -> list[Any]:
         return pipeline.claim_listed(uow, [uuid.UUID(j) for j in job_ids], get_settings())
 
 
-@pytest.mark.parametrize("stage", ["parse", "write"])
+@pytest.mark.parametrize("stage", ["parse", "write", "unrecordable"])
 def test_an_unexpected_error_of_one_job_dead_letters_it_alone(
     client: TestClient, worker: CeleryProcess, monkeypatch: pytest.MonkeyPatch, stage: str
 ) -> None:
     """Errors no one foresaw (a library's exception in the parser, a row the database
-    refuses): the offender is dead-lettered with a message free of SQL and parameters, and
-    its batch-mates of another tenant are indexed by the same batch."""
+    refuses, an error whose own message the database refuses to record): the offender is
+    dead-lettered with a message free of SQL and parameters, and its batch-mates of another
+    tenant are indexed by the same batch."""
     victim, offender = f"v-{uuid.uuid4().hex[:10]}", f"o-{uuid.uuid4().hex[:10]}"
     victim_auth = key_headers(victim, ["read", "write"])
     offender_auth = key_headers(offender, ["read", "write"])
 
-    if stage == "parse":
+    if stage == "unrecordable":
+        real_fail = pipeline.jobs.fail
+        refusals: list[str] = []
+
+        def fail(uow: Any, job_id: uuid.UUID, stage: str, error: Any, dead_letter: bool) -> None:
+            if not refusals:  # as Postgres refuses a message it cannot store
+                refusals.append(str(error))
+                raise DataError("UPDATE ingest_jobs ...", {}, Exception("invalid byte sequence"))
+            real_fail(uow, job_id, stage, error, dead_letter)
+
+        monkeypatch.setattr(pipeline.jobs, "fail", fail)
+    if stage in ("parse", "unrecordable"):
         real_parse = pipeline.parse  # type: ignore[attr-defined]
 
         def parse(raw: bytes, content_type: str, fields: tuple[str, ...]) -> Any:
@@ -194,7 +206,9 @@ def test_an_unexpected_error_of_one_job_dead_letters_it_alone(
     _assert_victim_unharmed(victim, victim_jobs)
     job = _jobs([bad])[bad]
     _assert_failed_alone(job)
-    assert (job.state, job.error_stage) == ("dead_lettered", stage)
+    assert (job.state, job.error_stage) == ("dead_lettered", stage.replace("unrecordable", "parse"))
+    if stage == "unrecordable":
+        assert job.error_class == "UnrecordedError" and "KeyError at parse" in job.error_message
     with unit_of_work() as uow:
         letter = uow.session.scalar(select(DeadLetter).where(DeadLetter.ref == bad))
     assert letter is not None and letter.tenant_id == offender

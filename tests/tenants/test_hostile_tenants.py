@@ -32,7 +32,14 @@ from shared.search.schemas import Filters
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
 from tests.conftest import CeleryProcess, wait_for
-from tests.helpers import es_chunks, key_headers, paused, pg_chunks, wait_converged
+from tests.helpers import (
+    es_chunks,
+    key_headers,
+    paused,
+    pdf_whose_error_quotes_a_nul,
+    pg_chunks,
+    wait_converged,
+)
 
 TERMINAL = ("indexed", "failed", "dead_lettered")
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\rIHDR" + b"\x00" * 40
@@ -78,6 +85,20 @@ def _cases() -> list[Case]:
         Case("meta-type-flip", b"Flip.", metadata={"year": "twenty", "published": 7}),
         Case("oversize", b"a" * (limit + 1), refused=413),
         Case("binary", PNG, "text/plain", refused=415, text_only=True),
+        # Accepted, then refused by the parser with an error that quotes a NUL (Postgres
+        # refuses one in the recorded error; the batch's write of it used to fail the batch).
+        Case(
+            "pdf-error-quotes-nul",
+            pdf_whose_error_quotes_a_nul(),
+            "application/pdf",
+            text_only=True,
+        ),
+        # Every chunk carries its record's title as its section: capped, not repeated whole.
+        Case(
+            "json-huge-title",
+            json.dumps({"title": "T" * 200_000, "text": "Body sentence. " * 2_000}).encode(),
+            "application/json",
+        ),
     ]
 
 
