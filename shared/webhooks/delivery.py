@@ -6,12 +6,16 @@ jittered, doubling delay (``webhook_backoff_s`` up to ``webhook_backoff_max_s``)
 
 One run sends for at most ``webhook_run_budget_s`` (the relay worker that runs it also drains
 the Elasticsearch outbox), and an endpoint that fails once is not tried again in the same run:
-a receiver that hangs costs one timeout per run, not one per pending delivery. Deliveries left
+a receiver that hangs costs one timeout per run, not one per pending delivery. One request,
+from connecting to the last byte read, takes at most ``webhook_timeout_s`` in all: a receiver
+that trickles its answer a byte at a time cannot hold the worker (a per-read timeout alone
+would let it, for as long as it keeps trickling). Deliveries left
 over go back to the queue untouched. A run never outlives its lease (budget plus one request's
 worst case), and an outcome is recorded only on a delivery still pending."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -26,6 +30,7 @@ from shared.db import Transactions
 from shared.db.repository import now
 from shared.retry import retry_delay
 from shared.settings import Settings
+from shared.text import storable_text
 from shared.webhooks import repository as repo
 from shared.webhooks.signing import SIGNATURE_HEADER, sign
 
@@ -46,54 +51,45 @@ class Sent:
 
 
 def lease_for(settings: Settings) -> timedelta:
-    # The budget, then the one request that may have started just before it ran out
-    # (connect, write and read each up to the timeout), and a margin.
-    return timedelta(seconds=settings.webhook_run_budget_s + 3 * settings.webhook_timeout_s + 30)
+    # The budget, then the one request that may have started just before it ran out (at
+    # most the timeout, all of it), and a margin.
+    return timedelta(seconds=settings.webhook_run_budget_s + settings.webhook_timeout_s + 30)
 
 
-def deliver_due(
-    transactions: Transactions, settings: Settings, client: httpx.Client | None = None
-) -> Sent:
+def deliver_due(transactions: Transactions, settings: Settings) -> Sent:
     """Send the deliveries that are due now, a batch at a time, within the run's budget."""
     sent = Sent()
     deadline = time.monotonic() + settings.webhook_run_budget_s
     failed_endpoints: set[uuid.UUID] = set()
-    http = client or httpx.Client(timeout=settings.webhook_timeout_s, follow_redirects=False)
-    try:
-        while time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        with transactions() as uow:
+            claimed = repo.claim_due(uow.session, BATCH, lease_for(settings))
+            batch = [
+                (d.id, d.endpoint_id, d.event, d.payload, d.attempts, url, secret)
+                for d, url, secret in claimed
+            ]
+        if not batch:
+            break
+        deferred = []
+        for delivery_id, endpoint_id, event, payload, attempts, url, secret in batch:
+            if endpoint_id in failed_endpoints or time.monotonic() >= deadline:
+                deferred.append(delivery_id)
+                continue
+            status, error = _post(settings, url, secret, delivery_id, event, payload)
+            if error is not None:
+                failed_endpoints.add(endpoint_id)
+            _record(transactions, settings, delivery_id, attempts + 1, status, error, sent)
+        if deferred:
             with transactions() as uow:
-                claimed = repo.claim_due(uow.session, BATCH, lease_for(settings))
-                batch = [
-                    (d.id, d.endpoint_id, d.event, d.payload, d.attempts, url, secret)
-                    for d, url, secret in claimed
-                ]
-            if not batch:
-                break
-            deferred = []
-            for delivery_id, endpoint_id, event, payload, attempts, url, secret in batch:
-                if endpoint_id in failed_endpoints or time.monotonic() >= deadline:
-                    deferred.append(delivery_id)
-                    continue
-                status, error = _post(http, url, secret, delivery_id, event, payload)
-                if error is not None:
-                    failed_endpoints.add(endpoint_id)
-                _record(transactions, settings, delivery_id, attempts + 1, status, error, sent)
-            if deferred:
-                with transactions() as uow:
-                    repo.release(
-                        uow.session, deferred, timedelta(seconds=settings.webhook_backoff_s)
-                    )
-                sent.deferred += len(deferred)
-            if len(batch) < BATCH:
-                break
-    finally:
-        if client is None:
-            http.close()
+                repo.release(uow.session, deferred, timedelta(seconds=settings.webhook_backoff_s))
+            sent.deferred += len(deferred)
+        if len(batch) < BATCH:
+            break
     return sent
 
 
 def _post(
-    http: httpx.Client,
+    settings: Settings,
     url: str,
     secret: str,
     delivery_id: int,
@@ -101,7 +97,8 @@ def _post(
     payload: dict[str, Any],
 ) -> tuple[int | None, str | None]:
     """(HTTP status, error or None): any failure to send is an error to record, never an
-    exception, so one endpoint cannot stop the deliveries after it."""
+    exception, so one endpoint cannot stop the deliveries after it. The error is storable
+    text: it quotes the receiver's answer, which may hold anything (a NUL, say)."""
     body = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
     headers = {
         "Content-Type": "application/json",
@@ -110,19 +107,33 @@ def _post(
         "Concord-Delivery": str(delivery_id),
         SIGNATURE_HEADER: sign(secret, body, int(time.time())),
     }
+    limit = settings.webhook_timeout_s
     try:
-        with http.stream("POST", url, content=body, headers=headers) as response:
-            status = response.status_code
-            if 200 <= status < 300:
-                return status, None
-            answer = b""
-            for piece in response.iter_bytes():
+        status, answer = asyncio.run(asyncio.wait_for(_exchange(url, body, headers, limit), limit))
+    except TimeoutError:
+        return None, f"no complete answer within {limit:g} s"
+    except Exception as e:  # a bad URL, a refused or reset connection, ...
+        return None, storable_text(f"{type(e).__name__}: {e}"[:500])
+    if 200 <= status < 300:
+        return status, None
+    return status, storable_text(f"HTTP {status}: {answer[:200].decode(errors='replace')}")
+
+
+async def _exchange(
+    url: str, body: bytes, headers: dict[str, str], timeout_s: float
+) -> tuple[int, bytes]:
+    """POST; the status and the start of a refusal's answer (never the whole body)."""
+    async with (
+        httpx.AsyncClient(timeout=timeout_s, follow_redirects=False) as http,
+        http.stream("POST", url, content=body, headers=headers) as response,
+    ):
+        answer = b""
+        if not 200 <= response.status_code < 300:
+            async for piece in response.aiter_bytes():
                 answer += piece
                 if len(answer) >= ANSWER_BYTES:
                     break
-    except Exception as e:  # a bad URL, a refused or reset connection, a timeout, ...
-        return None, f"{type(e).__name__}: {e}"[:500]
-    return status, f"HTTP {status}: {answer[:200].decode(errors='replace')}"
+        return response.status_code, answer
 
 
 def _record(

@@ -177,3 +177,104 @@ def test_a_dead_endpoint_of_one_tenant_costs_one_attempt_per_run_and_others_are_
     assert all(d.state == "delivered" for d in live_log) and len(receiver.received) == 5
     # The run's totals count every tenant's due deliveries (earlier tests leave some behind).
     assert sent.delivered >= 5 and sent.retrying >= 1 and sent.deferred >= 4
+
+
+class HostileReceiver:
+    """``/trickle`` answers a header one byte every 0.5 s for a minute (each read well inside
+    any per-read timeout); ``/nul`` refuses with a NUL in its answer."""
+
+    def __init__(self) -> None:
+        handler = self._handler()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @staticmethod
+    def _handler() -> type[BaseHTTPRequestHandler]:
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                if self.path == "/nul":
+                    self.send_response(500)
+                    self.send_header("Content-Length", "9")
+                    self.end_headers()
+                    self.wfile.write(b"bad\x00 news")
+                    return
+                try:
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                    for _ in range(120):  # a header that never ends
+                        self.wfile.write(b"z")
+                        self.wfile.flush()
+                        time.sleep(0.5)
+                except OSError:  # the sender gave up and closed the connection
+                    pass
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        return Handler
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_trickling_or_nul_answering_receiver_costs_one_bounded_attempt_each(
+    client: TestClient, tenant: str, worker: Any
+) -> None:
+    """Under the shipped settings: a receiver that trickles its answer cannot hold the sender
+    past ``webhook_timeout_s`` (a per-read timeout alone let it run to the task's time limit,
+    holding the one relay worker), and one whose refusal holds a NUL is recorded like any
+    other (the error's write used to fail, and with it the rest of the claimed batch, every
+    tenant's). Another tenant's deliveries in the same run are delivered."""
+    from shared.db import unit_of_work
+    from shared.settings import get_settings
+    from shared.webhooks import service as webhooks
+    from shared.webhooks.delivery import deliver_due
+    from tests.helpers import paused
+
+    settings = get_settings()
+    hostile, receiver = HostileReceiver(), Receiver()
+    receiver.start()
+    other = f"{tenant}-b"
+    try:
+        endpoints = {
+            path: client.post(
+                "/v1/admin/webhooks",
+                json={"url": f"{hostile.base}/{path}", "events": ["job.indexed"]},
+                headers=key_headers(tenant, ["admin"]),
+            ).json()["id"]
+            for path in ("trickle", "nul")
+        }
+        live = client.post(
+            "/v1/admin/webhooks",
+            json={"url": receiver.url, "events": ["job.indexed"]},
+            headers=key_headers(other, ["admin"]),
+        ).json()["id"]
+        with paused(worker):
+            with unit_of_work() as uow:
+                webhooks.emit(
+                    uow, [(t, "job.indexed", {"n": i}) for i in range(3) for t in (tenant, other)]
+                )
+            started = time.monotonic()
+            deliver_due(unit_of_work, settings)
+            took = time.monotonic() - started
+            with unit_of_work() as uow:
+                logs = {
+                    path: webhooks.delivery_log(uow.session, tenant, uuid.UUID(e), 50)
+                    for path, e in endpoints.items()
+                }
+                live_log = webhooks.delivery_log(uow.session, other, uuid.UUID(live), 50)
+    finally:
+        hostile.stop()
+        receiver.stop()
+    assert took < settings.webhook_timeout_s + 4, took  # one trickle, cut at the timeout
+    for path, log in logs.items():
+        assert sorted(d.attempts for d in log) == [0, 0, 1], path  # tried once, rest deferred
+        assert all(d.state == "pending" for d in log)
+    (trickled,) = [d for d in logs["trickle"] if d.attempts]
+    assert trickled.last_error == f"no complete answer within {settings.webhook_timeout_s:g} s"
+    (refused,) = [d for d in logs["nul"] if d.attempts]
+    assert refused.last_status == 500 and refused.last_error == "HTTP 500: bad  news"
+    assert all(d.state == "delivered" for d in live_log) and len(receiver.received) == 3
