@@ -107,8 +107,17 @@ def _counts(task: Task, error: Exception, events: Any) -> dict[str, int]:
 
 @concord_task(ACCEPT_EVENTS_TASK, INGEST_QUEUE, retry_on=is_retriable, give_up=_counts)
 def accept_upload_events(self: Task, events: list[Any]) -> dict[str, int]:
-    """Many upload events in one message (``concord ingest`` sends these)."""
-    return _accept_together(_events(events)).counts()
+    """Many upload events in one message (``concord ingest`` sends these), accepted in order
+    :data:`EVENTS_PER_MESSAGE` at a time, each slice in a transaction of its own: an event
+    that names a file has it read whole before its slice is accepted, so a producer that put
+    thousands in one message (the CLI's batcher never does) would otherwise have every file
+    in memory at once. A retry starts again from the first event; those already accepted
+    come back ``unchanged``."""
+    listed = _events(events)
+    outcome = EventsOutcome()
+    for start in range(0, len(listed), upload_events.EVENTS_PER_MESSAGE):
+        outcome.add(_accept_together(listed[start : start + upload_events.EVENTS_PER_MESSAGE]))
+    return outcome.counts()
 
 
 def _status(outcome: EventsOutcome) -> dict[str, Any]:

@@ -28,7 +28,8 @@ producer replaying events must replay them in order.
 One event per message goes to ``concord.ingest.accept_upload_event``; a list of them in one
 message to ``concord.ingest.accept_upload_events`` (what ``concord ingest`` and ``concord
 sync`` send, in groups of :data:`EVENTS_PER_MESSAGE` or :data:`BYTES_PER_MESSAGE`): those
-are accepted in one transaction, in order, and their jobs published as one batch.
+are accepted in one transaction, in order, and their jobs published as one batch. A longer
+list (another producer's) is accepted in order, that many events to a transaction.
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ def live_job_states(
             IngestJob,
             (IngestJob.document_id == Document.id) & (IngestJob.version == Document.version),
         )
-        .where(Document.tenant_id == tenant_id, Document.external_id.in_(list(external_ids)))
+        .where(Document.tenant_id == tenant_id, any_of(Document.external_id, external_ids))
     ).all()
     return {external_id: state for external_id, state in rows}
 

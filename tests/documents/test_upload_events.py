@@ -150,3 +150,51 @@ def test_deletes_and_references_in_one_message_with_another_tenants_bad_events(
     assert len(reasons) == 2
     assert any("content root" in r or "relative" in r for r in reasons)
     assert any("delete event names only the document" in r for r in reasons)
+
+
+def test_a_message_of_many_events_is_accepted_in_order_a_slice_at_a_time(
+    worker: Any, content_root: Path, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A producer (not the CLI's batcher) puts 73 events in one message, 70 of them naming
+    files: they are accepted at most EVENTS_PER_MESSAGE to a transaction (so at most that
+    many files are held at once), in order across the slices (a delete, then the same
+    document again), and another tenant's poison among them is dead-lettered alone."""
+    import workers.tasks as tasks
+    from shared.documents.events import EVENTS_PER_MESSAGE
+
+    notes = content_root / tenant / "notes"
+    notes.mkdir(parents=True)
+    events = []
+    for i in range(70):
+        (notes / f"doc-{i}.txt").write_bytes(f"Field note {i} on the salt marsh.".encode())
+        events.append(
+            build_upload_event(
+                tenant_id=tenant, external_id=f"doc-{i}.txt", content_path=f"notes/doc-{i}.txt"
+            )
+        )
+    poison = build_upload_event(
+        tenant_id=f"{tenant}-other", external_id="x", content_path="../../etc/passwd"
+    )
+    events.insert(33, poison)
+    events.append(build_delete_event(tenant_id=tenant, external_id="doc-0.txt"))
+    events.append(
+        build_upload_event(tenant_id=tenant, external_id="doc-0.txt", raw=b"Revived after it.")
+    )
+    slices: list[int] = []
+    real_accept = tasks._accept_together
+
+    def accept(listed: list[Any]) -> Any:
+        slices.append(len(listed))
+        return real_accept(listed)
+
+    monkeypatch.setattr(tasks, "_accept_together", accept)
+    result = tasks.accept_upload_events.apply(args=[events]).get()
+
+    assert slices == [EVENTS_PER_MESSAGE, EVENTS_PER_MESSAGE, 73 - 2 * EVENTS_PER_MESSAGE]
+    assert result == {"accepted": 71, "unchanged": 0, "rejected": 1, "deleted": 1}
+    wait_for(lambda: len(pg_chunks(tenant)) == 70 or None, 120, what="the 70 documents")
+    wait_converged(tenant)
+    with unit_of_work() as uow:
+        revived = documents_by_external_ids(uow.session, [(tenant, "doc-0.txt")])
+    (document,) = revived.values()
+    assert not document.deleted and document.version == 3  # written, deleted, written again

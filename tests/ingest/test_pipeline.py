@@ -16,7 +16,7 @@ from shared.documents.events import build_upload_event
 from shared.ingest import pipeline
 from shared.jobs import sweep
 from shared.jobs.repository import live_job_states
-from shared.models import Chunk, DeadLetter
+from shared.models import Chunk, DeadLetter, Document
 from shared.outbox import service as relay
 from shared.queue import publish_ingest_job, publish_upload_event
 from shared.settings import get_settings
@@ -364,6 +364,15 @@ def test_cli_ingest_publishes_events_and_waits(client: TestClient, auth, tenant,
     assert "indexed 3 of 3" in result.stdout
     wait_converged(tenant)
     assert search(client, auth, "pioneer bare rock")["results"][0]["section"] == "Lichen"
+    # What `--wait` polls, for a directory of more documents than a statement has parameters
+    # for (Postgres allows 65,535): one array parameter, not one per id.
+    with unit_of_work() as uow:
+        ids = list(
+            uow.session.scalars(select(Document.external_id).where(Document.tenant_id == tenant))
+        )
+        many = [f"absent-{i}" for i in range(70_000)] + ids
+        assert live_job_states(uow.session, tenant, many) == dict.fromkeys(ids, "indexed")
+    assert len(ids) == 3
 
 
 def test_metrics_cover_queue_outbox_dead_letters_and_stages(client: TestClient, worker):
