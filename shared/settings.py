@@ -237,6 +237,8 @@ class Settings(BaseSettings):
     search_hydrate_budget_ms: int = 1000
     # How long a paginated search's ranking is kept for its next pages (shared/search/cursors.py).
     search_cursor_ttl_s: int = 600
+    # A tenant's live cursors at most (the oldest dropped first): Redis is the broker too.
+    search_cursors_per_tenant: int = 200
     policy_max_chunks_per_document: int = 3
     policy_near_duplicate_threshold: float = 0.95
 

@@ -7,7 +7,12 @@ id, and returns an opaque cursor: that id and where the next page starts. ``POST
 /v1/search/next`` reads the next page from the stored ranking, hydrating it from Postgres
 then, so nothing stale or deleted is served (a chunk deleted since is dropped) and nothing new
 shifts the pages (a document written since is not in this ranking: a new search finds it).
-A cursor belongs to the tenant that made it: another tenant's lookup finds nothing."""
+A cursor belongs to the tenant that made it: another tenant's lookup finds nothing.
+
+Redis is also the broker, so what cursors hold is bounded: a snapshot is stored compressed
+(a deep request's is about 280 KB of JSON), and a tenant keeps at most
+``search_cursors_per_tenant`` live ones, the oldest dropped first (its next page is then a
+404, as for an expired one). One tenant's paging cannot evict another's."""
 
 from __future__ import annotations
 
@@ -15,6 +20,8 @@ import base64
 import binascii
 import json
 import secrets
+import time
+import zlib
 from dataclasses import dataclass
 
 import redis
@@ -51,13 +58,28 @@ def save(settings: Settings, tenant_id: str, request: SearchRequest, retrieved: 
         "vector": retrieved.vector,
         "fused": retrieved.fused,
     }
+    ttl = settings.search_cursor_ttl_s
+    live = _live_cursors(tenant_id)
     try:
-        _redis(settings).setex(
-            PREFIX + cursor_id, settings.search_cursor_ttl_s, json.dumps(snapshot)
-        )
+        r = _redis(settings)
+        with r.pipeline() as pipe:  # MULTI: the snapshot and its place in the tenant's set
+            pipe.set(PREFIX + cursor_id, zlib.compress(json.dumps(snapshot).encode(), 1), ex=ttl)
+            pipe.zremrangebyscore(live, "-inf", time.time())  # expired by now
+            pipe.zadd(live, {cursor_id: time.time() + ttl})
+            pipe.expire(live, ttl)
+            pipe.execute()
+        excess = r.zcard(live) - max(1, settings.search_cursors_per_tenant)
+        if excess > 0:
+            oldest = [c.decode() for c, _ in r.zpopmin(live, excess)]
+            r.delete(*(PREFIX + c for c in oldest))
     except RedisError as e:
         raise StoreUnavailable(f"the cursor could not be stored (Redis: {e})") from e
     return cursor_id
+
+
+def _live_cursors(tenant_id: str) -> str:
+    """The tenant's cursors, each scored by when it expires."""
+    return f"{PREFIX}tenant:{tenant_id}"
 
 
 def load(settings: Settings, tenant_id: str, cursor_id: str) -> tuple[SearchRequest, Retrieved]:
@@ -65,7 +87,7 @@ def load(settings: Settings, tenant_id: str, cursor_id: str) -> tuple[SearchRequ
         raw = _redis(settings).get(PREFIX + cursor_id)
     except RedisError as e:
         raise StoreUnavailable(f"the cursor could not be read (Redis: {e})") from e
-    snapshot = json.loads(raw) if raw else None
+    snapshot = json.loads(zlib.decompress(raw)) if raw else None
     if snapshot is None or snapshot["tenant"] != tenant_id:
         raise NotFound(
             f"no such cursor: it expired (cursors live {settings.search_cursor_ttl_s} s) "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -589,6 +590,50 @@ def test_cursor_pages_follow_the_first_ranking_under_concurrent_writes(
         headers=auth,
     )
     assert refused.status_code == 400 and "paginate" in refused.json()["error"]["message"]
+
+
+def test_a_tenant_keeps_a_bounded_number_of_cursors_and_cannot_drop_anothers(
+    client, auth, tenant, corpus
+):
+    """Cursors live in Redis, the broker too: each tenant keeps at most
+    ``search_cursors_per_tenant`` (the shipped 200), stored compressed, the oldest dropped
+    first. A tenant paging without end drops only its own oldest cursor."""
+    from shared.redis_client import redis_client
+    from shared.search import cursors
+    from shared.search.fusion import ArmHit
+    from shared.search.schemas import SearchRequest
+    from tests.helpers import key_headers
+
+    settings = get_settings()
+    other = f"{tenant}-b"
+    other_auth = key_headers(other, ["read", "write"])
+    for i in range(2):
+        upload_text(client, other_auth, f"b-{i}", f"Okapi sighting {i} in the Ituri forest.")
+    wait_converged(other)
+    theirs = search(client, other_auth, "okapi forest", top_k=1, paginate=True)["next_cursor"]
+    first = search(client, auth, "okapi forest", top_k=1, paginate=True)["next_cursor"]
+    assert theirs and first
+
+    deep = cursors.Retrieved(
+        arms={"dense": [ArmHit(f"{uuid.uuid4()}:{i}", i + 1, 0.5) for i in range(1000)]},
+        degraded=[],
+        vector=[0.1] * 384,
+        fused=[(f"{uuid.uuid4()}:{i}", 0.01) for i in range(1000)],
+    )
+    request = SearchRequest(query="okapi forest", paginate=True)
+    for _ in range(settings.search_cursors_per_tenant):  # as many more as a tenant may keep
+        newest = cursors.save(settings, tenant, request, deep)
+
+    r = redis_client(settings.redis_socket_timeout_s)
+    assert r.zcard(cursors._live_cursors(tenant)) == settings.search_cursors_per_tenant
+    stored = r.get(cursors.PREFIX + newest)
+    assert stored is not None and len(stored) < 100_000  # about 280 KB as JSON
+    gone = client.post("/v1/search/next", json={"cursor": first}, headers=auth)
+    assert gone.status_code == 404  # the tenant's oldest, dropped for its newest
+    assert cursors.load(settings, tenant, newest)[1].fused == deep.fused
+    kept = client.post("/v1/search/next", json={"cursor": theirs}, headers=other_auth)
+    assert kept.status_code == 200, kept.text
+    assert kept.json()["results"][0]["external_id"].startswith("b-")
 
 
 def test_a_numeric_metadata_boost_lifts_larger_values_whichever_arm_found_them(
