@@ -2,14 +2,19 @@
 
 Process-local metrics (search latency, degraded queries, stale hits) live in this process's
 registry. System-wide figures (queue depth, outbox backlog, dead letters, jobs per state, ingest
-stage durations) are read from Redis and Postgres at scrape time by ``SystemCollector``, so they
-are right whichever process (API, any worker) did the work.
+stage durations) are read from Redis and Postgres at scrape time by ``SystemCollector`` (at
+most every few seconds), so they are right whichever process (API, any worker) did the work.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, SummaryMetricFamily
@@ -51,14 +56,33 @@ STALE_HITS_DROPPED = Counter(
 )
 
 
+# /metrics answers without authentication, and its figures aggregate every job's history:
+# however often it is scraped, a process reads them at most this often.
+SYSTEM_FIGURES_MAX_AGE_S = 5.0
+
+
+@dataclass(frozen=True)
+class _SystemFigures:
+    depths: dict[str, int]
+    backlog: int
+    dead: int
+    jobs: dict[str, int]
+    stages: dict[str, tuple[int, float]]
+    last: Any  # the last reconcile run, or None
+
+
 class SystemCollector(Collector):
-    """Reads the system-wide figures at scrape time, in a transaction from ``transactions``
-    (the API's own unit of work: a scrape of /metrics is the boundary)."""
+    """Reads the system-wide figures at scrape time (at most every
+    :data:`SYSTEM_FIGURES_MAX_AGE_S`), in a transaction from ``transactions`` (the API's own
+    unit of work: a scrape of /metrics is the boundary)."""
 
     def __init__(self, transactions: Transactions) -> None:
         self.transactions = transactions
+        self._lock = threading.Lock()
+        self._read_at = -math.inf
+        self._figures: _SystemFigures | None = None
 
-    def collect(self) -> Iterator[GaugeMetricFamily | SummaryMetricFamily]:
+    def _read(self) -> _SystemFigures | None:
         from shared.jobs import repository as jobs_repo
         from shared.outbox import repository as outbox_repo
         from shared.queue import queue_depths
@@ -67,14 +91,30 @@ class SystemCollector(Collector):
         try:
             depths = queue_depths()
             with self.transactions() as uow:
-                backlog = outbox_repo.outbox_backlog(uow.session)
-                dead = jobs_repo.dead_letter_count(uow.session)
-                jobs = jobs_repo.job_state_counts(uow.session)
-                stages = jobs_repo.stage_time_totals(uow.session)
-                last = reconcile_repo.last_run(uow.session)
+                return _SystemFigures(
+                    depths,
+                    outbox_repo.outbox_backlog(uow.session),
+                    jobs_repo.dead_letter_count(uow.session),
+                    jobs_repo.job_state_counts(uow.session),
+                    jobs_repo.stage_time_totals(uow.session),
+                    reconcile_repo.last_run(uow.session),
+                )
         except Exception as e:  # a scrape must not fail because a store is down
             log.warning("system metrics unavailable: %s: %s", type(e).__name__, e)
+            return None
+
+    def figures(self) -> _SystemFigures | None:
+        with self._lock:  # concurrent scrapes share one read
+            if time.monotonic() - self._read_at >= SYSTEM_FIGURES_MAX_AGE_S:
+                self._figures, self._read_at = self._read(), time.monotonic()
+            return self._figures
+
+    def collect(self) -> Iterator[GaugeMetricFamily | SummaryMetricFamily]:
+        figures = self.figures()
+        if figures is None:
             return
+        depths, backlog, dead = figures.depths, figures.backlog, figures.dead
+        jobs, stages, last = figures.jobs, figures.stages, figures.last
         queue = GaugeMetricFamily("concord_queue_depth", "Messages waiting", labels=["queue"])
         for name, depth in depths.items():
             queue.add_metric([name], depth)

@@ -222,3 +222,22 @@ def test_metrics_cover_routes_stages_and_system_figures(
         "concord_degraded_queries_total",
     ):
         assert family in text, family
+
+
+def test_system_figures_are_read_at_most_every_few_seconds_however_often_scraped() -> None:
+    """/metrics needs no key, and its figures aggregate every job ever run: a burst of
+    scrapes costs one read of Postgres per process, not one each."""
+    from shared.db import unit_of_work
+    from shared.metrics import SystemCollector
+
+    reads = []
+
+    def counted_unit_of_work() -> Any:
+        reads.append(1)
+        return unit_of_work()
+
+    collector = SystemCollector(counted_unit_of_work)
+    scrapes = [{m.name for m in collector.collect()} for _ in range(20)]
+    assert len(reads) == 1
+    assert all(names == scrapes[0] for names in scrapes)
+    assert {"concord_outbox_backlog", "concord_ingest_stage_seconds"} <= scrapes[0]
