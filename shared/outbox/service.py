@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,12 +74,13 @@ def drain(
     max_batches: int = 20,
     settings: Settings | None = None,
     es: Elasticsearch | None = None,
+    deadline: float | None = None,
 ) -> RelayReport:
     """Relay up to ``max_batches`` batches of due rows, each claimed, sent and settled in a
     transaction of its own; stops early when the outbox has no more or Elasticsearch is
-    unreachable. Stopped by ``max_batches`` with rows possibly left, it asks for the next
-    drain: the request that started this one was cleared when it started, and those rows
-    must not wait for beat."""
+    unreachable. Stopped by ``max_batches`` or past ``deadline`` (``time.monotonic()``) with
+    rows possibly left, it asks for the next drain: the request that started this one was
+    cleared when it started, and those rows must not wait for beat."""
     settings = settings or get_settings()
     index = ElasticsearchChunkIndex(es, settings)
     total = RelayReport()
@@ -87,6 +89,9 @@ def drain(
             batch = _relay_batch(uow.session, settings, index)
         total.add(batch)
         if batch.claimed < settings.relay_batch_size or batch.unreachable:
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            publish_relay()
             break
     else:
         publish_relay()

@@ -158,12 +158,13 @@ def drain_repairs(transactions: Transactions, chunk_ids: set[str], wait_s: float
     A running relay worker may have claimed some of them first (claims skip locked rows), so an
     empty drain here does not mean they were sent: wait for the other relay's transaction too.
     Rows postponed because Elasticsearch is unreachable are not waited for; the second report
-    then shows their drift as remaining.
+    then shows their drift as remaining. The outbox holds every tenant's rows, so draining it
+    here (an admin's API request may be what runs this) stops at the deadline too.
     """
     deadline = time.monotonic() + wait_s
     ids = sorted(chunk_ids)
     while True:
-        relay.drain(transactions, max_batches=10_000)
+        relay.drain(transactions, max_batches=10_000, deadline=deadline)
         with transactions() as uow:
             pending = outbox_repo.due_outbox_rows_for(uow.session, ids)
         if not pending or time.monotonic() >= deadline:
