@@ -65,8 +65,9 @@ def create_celery_app() -> Celery:
             "reconcile": {
                 "task": RECONCILE_TASK,
                 "schedule": settings.reconcile_interval_seconds or 10**9,
+                # Not the maintenance queue either: its time grows with the corpus.
                 "options": {
-                    "queue": MAINTENANCE_QUEUE,
+                    "queue": TRAINING_QUEUE,
                     "expires": settings.reconcile_interval_seconds or None,
                 },
             },

@@ -151,9 +151,13 @@ def deliver_webhooks(self: Task) -> dict[str, Any]:
     return webhook_delivery.deliver_due(unit_of_work, get_settings()).as_dict()
 
 
-@concord_task(RECONCILE_TASK, MAINTENANCE_QUEUE, max_retries=0)
+@concord_task(RECONCILE_TASK, TRAINING_QUEUE, max_retries=0, long_running=True)
 def reconcile_all(self: Task) -> dict[str, Any]:
-    """Periodic: compare every tenant and queue repairs (the relay applies them)."""
+    """Periodic: compare every tenant and queue repairs (the relay applies them). Its time
+    grows with tenants and chunks, so it runs where placement does, not on the maintenance
+    queue: the relay worker's one process would hold the sweep (a dead worker's jobs) and
+    the outbox relay behind it, and the task time limit would cut it before the last
+    tenants. It is acknowledged on start: a run lost with its worker is the next one's."""
     return reconcile(unit_of_work, repair=True).as_dict()
 
 

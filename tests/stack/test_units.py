@@ -91,3 +91,19 @@ def test_a_cluster_node_hands_the_service_user_its_own_files_and_no_other_nodes(
     assert (first.data / "indices" / "segment").stat().st_uid == service_uid
     untouched = [second.own, second.data / "indices" / "segment"]
     assert all(p.stat().st_uid == 0 for p in untouched)  # the running node's files are its own
+
+
+def test_only_the_sweep_runs_on_the_relay_workers_maintenance_queue() -> None:
+    """The relay worker has one process: periodic work whose time grows with the corpus (the
+    all-tenant reconcile, partition placement) would hold the sweep that recovers a dead
+    worker's jobs, so it runs on the training queue, without the task time limit."""
+    from shared.queue import MAINTENANCE_QUEUE, RECONCILE_TASK, SWEEP_TASK, TRAINING_QUEUE
+    from workers.celery_app import celery_app
+    from workers.tasks import reconcile_all
+
+    schedule = celery_app.conf.beat_schedule.values()
+    on_maintenance = {e["task"] for e in schedule if e["options"]["queue"] == MAINTENANCE_QUEUE}
+    assert on_maintenance == {SWEEP_TASK}
+    (reconcile,) = [e for e in schedule if e["task"] == RECONCILE_TASK]
+    assert reconcile["options"]["queue"] == TRAINING_QUEUE == reconcile_all.queue
+    assert not reconcile_all.acks_late  # a run lost with its worker is the next run's
