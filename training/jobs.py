@@ -4,8 +4,9 @@ ETA, the model card or the error) and a task on the ``training`` queue.
 The task is acknowledged when it starts, not when it ends: a training run takes far longer
 than the broker's visibility timeout, and a redelivered message would start a second run of
 the same training next to the first. A worker that dies mid-run leaves the row ``running``
-with a stale heartbeat; the jobs API reports such a job as ``lost`` so an operator knows to
-start it again."""
+with a stale heartbeat: the sweep (shared/jobs/sweep.py) fails it once it has been silent
+for ``TRAINING_LOST_AFTER``, with a ``training.failed`` webhook, and publishes a queued job
+whose message was lost again."""
 
 from __future__ import annotations
 

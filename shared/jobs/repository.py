@@ -223,6 +223,18 @@ def stage_time_totals(session: Session) -> dict[str, tuple[int, float]]:
     return {stage: (int(count), float(total)) for stage, count, total in rows}
 
 
+def silent_training_jobs(session: Session, before: datetime, limit: int) -> Sequence[TrainingJob]:
+    """Queued or running training jobs that have written nothing since ``before``, locked
+    (skipping any a run is writing to right now)."""
+    return session.scalars(
+        select(TrainingJob)
+        .where(TrainingJob.state.in_(["queued", "running"]), TrainingJob.updated_at < before)
+        .order_by(TrainingJob.updated_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    ).all()
+
+
 def training_job_for_tenant(
     session: Session, tenant_id: str, job_id: uuid.UUID
 ) -> TrainingJob | None:

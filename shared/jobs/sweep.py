@@ -10,10 +10,17 @@ Waiting out a queued job's lease (minutes) is too slow when Redis comes back emp
 ingest queue is empty while Postgres still has queued jobs published more than a sweep period
 ago, and those are published again at once. A job whose message was only taken by a worker a
 moment ago gets a second message, which finds it running: a no-op.
+
+Training jobs are acknowledged when they start (a run outlives the broker's visibility
+timeout), so nothing redelivers them either: one that has written nothing for
+``TRAINING_LOST_AFTER`` is settled here. A running one lost its worker: it fails, with the
+reason and its ``training.failed`` webhook. A queued one lost its message: it is published
+again (a duplicate is harmless, a run starts only from ``queued``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -23,8 +30,9 @@ from shared.db.repository import now
 from shared.jobs import repository as repo
 from shared.jobs import service as jobs
 from shared.models import JobState
-from shared.queue import INGEST_QUEUE, queue_depths
+from shared.queue import INGEST_QUEUE, publish_training_job, queue_depths
 from shared.settings import Settings, get_settings
+from shared.webhooks import service as webhooks
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +41,8 @@ log = logging.getLogger(__name__)
 class SweepReport:
     republished: list[str] = field(default_factory=list)
     dead_lettered: list[str] = field(default_factory=list)
+    training_republished: list[str] = field(default_factory=list)
+    training_failed: list[str] = field(default_factory=list)
 
 
 def sweep_expired_jobs(
@@ -52,6 +62,7 @@ def sweep_expired_jobs(
             job.state = JobState.QUEUED
             report.republished.append(jobs.publish_again(uow, job, current, settings))
     report.republished += _republish_lost_messages(transactions, settings, limit)
+    _settle_silent_training_jobs(transactions, report, limit)
     if report.republished or report.dead_lettered:
         log.info(
             "sweep: republished %d, dead-lettered %d",
@@ -59,6 +70,34 @@ def sweep_expired_jobs(
             len(report.dead_lettered),
         )
     return report
+
+
+def _settle_silent_training_jobs(
+    transactions: Transactions, report: SweepReport, limit: int
+) -> None:
+    with transactions() as uow:
+        current = now(uow.session)
+        for job in repo.silent_training_jobs(
+            uow.session, current - jobs.TRAINING_LOST_AFTER, limit
+        ):
+            job.updated_at = current  # settled once per silence, not on every sweep
+            if job.state == "queued":
+                uow.after_commit(functools.partial(publish_training_job, job.id))
+                report.training_republished.append(str(job.id))
+                continue
+            job.state = "failed"
+            job.error = (
+                f"its worker stopped: no progress for {jobs.TRAINING_LOST_AFTER.seconds // 60} "
+                "minutes (start the training again)"
+            )
+            webhooks.training_finished(uow, job)
+            report.training_failed.append(str(job.id))
+    if report.training_republished or report.training_failed:
+        log.warning(
+            "sweep: training jobs republished %s, failed (worker lost) %s",
+            report.training_republished,
+            report.training_failed,
+        )
 
 
 def _republish_lost_messages(

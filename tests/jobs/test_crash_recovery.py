@@ -114,3 +114,63 @@ def test_a_retriable_failure_hands_the_batch_back_for_its_retry_at_once(
         assert retried.state == "indexed", retried
     wait_converged(tenant)
     assert job_state(mate)[0] == "indexed"
+
+
+def test_a_silent_training_job_is_failed_or_published_again_by_the_sweep(
+    client: TestClient, tenant: str, worker: CeleryProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Training tasks are acknowledged on start, so nothing redelivers them: a running one
+    whose worker died (no progress for TRAINING_LOST_AFTER) fails with the reason and its
+    webhook, a queued one whose message was lost is published again, once per silence, and
+    a live one is left alone."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from shared.db.repository import now
+    from shared.jobs import sweep
+    from shared.jobs.service import TRAINING_LOST_AFTER
+    from shared.models import TrainingJob, WebhookDelivery
+    from tests.helpers import key_headers
+
+    hook = client.post(
+        "/v1/admin/webhooks",
+        json={"url": "http://127.0.0.1:9/hooks", "events": ["training.failed"]},
+        headers=key_headers(tenant, ["admin"]),
+    )
+    assert hook.status_code == 201, hook.text
+    ids = {state: uuid.uuid4() for state in ("dead", "lost-message", "live")}
+    published: list[uuid.UUID] = []
+    monkeypatch.setattr(sweep, "publish_training_job", published.append)
+    with paused(worker):  # its beat-driven sweeps wait; this test runs the sweep itself
+        with unit_of_work() as uow:
+            for name, job_id in ids.items():
+                state = "queued" if name == "lost-message" else "running"
+                uow.session.add(
+                    TrainingJob(
+                        id=job_id, tenant_id=tenant, name=name, state=state, params={}, progress={}
+                    )
+                )
+        with unit_of_work() as uow:
+            silent_since = now(uow.session) - TRAINING_LOST_AFTER - timedelta(minutes=1)
+            uow.session.execute(
+                update(TrainingJob)
+                .where(TrainingJob.id.in_([ids["dead"], ids["lost-message"]]))
+                .values(updated_at=silent_since)
+            )
+        first = sweep.sweep_expired_jobs(unit_of_work)
+        again = sweep.sweep_expired_jobs(unit_of_work)
+        with unit_of_work() as uow:
+            jobs = {j.name: j for j in uow.session.query(TrainingJob).filter_by(tenant_id=tenant)}
+            events = [
+                d.payload
+                for d in uow.session.query(WebhookDelivery).filter_by(tenant_id=tenant)
+                if d.event == "training.failed"
+            ]
+    assert first.training_failed == [str(ids["dead"])]
+    assert first.training_republished == [str(ids["lost-message"])]
+    assert published == [ids["lost-message"]]  # after commit, and once: not by the second sweep
+    assert again.training_failed == again.training_republished == []
+    assert jobs["dead"].state == "failed" and "worker stopped" in (jobs["dead"].error or "")
+    assert jobs["lost-message"].state == "queued" and jobs["live"].state == "running"
+    assert [(e["training_job_id"], e["state"]) for e in events] == [(str(ids["dead"]), "failed")]
