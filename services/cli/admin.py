@@ -117,8 +117,7 @@ def reembed(
     from shared.jobs.repository import job_states
     from shared.settings import get_settings
 
-    with unit_of_work() as uow:
-        job_ids = job_service.reprocess_tenant(uow, tenant, get_settings())
+    job_ids = job_service.reprocess_tenant(unit_of_work, tenant, get_settings())
     console.print(f"queued {len(job_ids)} job(s) of tenant {tenant} again")
     if not wait or not job_ids:
         return

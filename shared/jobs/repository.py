@@ -306,24 +306,29 @@ def dead_lettered_versions(session: Session, ids: Sequence[str]) -> dict[str, in
     return {ref: int(v) for ref, v in rows if v is not None}
 
 
-def indexed_live_version_jobs(session: Session, tenant_id: str) -> list[IngestJob]:
-    """The indexed jobs of the tenant's live documents at their live version, locked."""
-    return list(
-        session.scalars(
-            select(IngestJob)
-            .join(
-                Document,
-                (Document.id == IngestJob.document_id) & (Document.version == IngestJob.version),
-            )
-            .where(
-                IngestJob.tenant_id == tenant_id,
-                Document.deleted.is_(False),
-                IngestJob.state == JobState.INDEXED,
-            )
-            .order_by(IngestJob.id)
-            .with_for_update(of=IngestJob)
+def indexed_live_version_jobs(
+    session: Session, tenant_id: str, after: uuid.UUID | None, limit: int
+) -> list[IngestJob]:
+    """The indexed jobs of the tenant's live documents at their live version, locked: the
+    first ``limit`` in id order past ``after``."""
+    query = (
+        select(IngestJob)
+        .join(
+            Document,
+            (Document.id == IngestJob.document_id) & (Document.version == IngestJob.version),
         )
+        .where(
+            IngestJob.tenant_id == tenant_id,
+            Document.deleted.is_(False),
+            IngestJob.state == JobState.INDEXED,
+        )
+        .order_by(IngestJob.id)
+        .limit(limit)
+        .with_for_update(of=IngestJob)
     )
+    if after is not None:
+        query = query.where(IngestJob.id > after)
+    return list(session.scalars(query))
 
 
 def job_states(session: Session, job_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:

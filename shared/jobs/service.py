@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from shared.db import UnitOfWork
+from shared.db import Transactions, UnitOfWork
 from shared.db.repository import now
 from shared.jobs import repository as repo
 from shared.jobs.schemas import DeadLetterView, IngestJobView, JobError, JobRow, TrainingJobView
 from shared.models import DeadLetter, IngestJob, JobState, TrainingJob
-from shared.queue import publish_ingest_job
+from shared.queue import publish_ingest_job, publish_ingest_jobs
 from shared.retry import describe_error
 from shared.settings import Settings
 from shared.webhooks import service as webhooks
@@ -124,23 +124,49 @@ def give_up(uow: UnitOfWork, job: IngestJob, at: datetime) -> None:
     webhooks.job_finished(uow, [job])
 
 
-def reprocess_tenant(uow: UnitOfWork, tenant_id: str, settings: Settings) -> list[uuid.UUID]:
+REPROCESS_PAGE = 1000  # jobs locked and queued again per transaction by reprocess_tenant
+
+
+def reprocess_tenant(
+    transactions: Transactions, tenant_id: str, settings: Settings, page: int = REPROCESS_PAGE
+) -> list[uuid.UUID]:
     """Run every live document of the tenant through the pipeline again at its live version
     (``concord reembed``: after a change to how chunks are made or embedded). The chunks are
-    rewritten at the same version; unchanged ones come from the embedding cache."""
-    listed = repo.indexed_live_version_jobs(uow.session, tenant_id)
-    for job in listed:
-        queue_for_replay(uow, job, settings)
-    return [job.id for job in listed]
+    rewritten at the same version; unchanged ones come from the embedding cache.
+
+    A page of jobs per transaction, in id order (a tenant's whole corpus in one would hold
+    every job's row lock until the last was queued), each page's jobs published after its
+    commit in batches of ``ingest_batch_jobs``, as accepted uploads are."""
+    queued: list[uuid.UUID] = []
+    after: uuid.UUID | None = None
+    size = max(settings.ingest_batch_jobs, 1)
+    while True:
+        with transactions() as uow:
+            listed = repo.indexed_live_version_jobs(uow.session, tenant_id, after, page)
+            current = now(uow.session)
+            for job in listed:
+                _reset_for_replay(job)
+                extend_lease(job, current, settings.queued_republish_seconds)
+            ids = [job.id for job in listed]
+            for start in range(0, len(ids), size):
+                uow.after_commit(functools.partial(publish_ingest_jobs, ids[start : start + size]))
+        queued += ids
+        if len(ids) < page:
+            return queued
+        after = ids[-1]
 
 
 def queue_for_replay(uow: UnitOfWork, job: IngestJob, settings: Settings) -> None:
     """An operator's replay: a fresh set of attempts, published after commit."""
+    _reset_for_replay(job)
+    publish_again(uow, job, now(uow.session), settings)
+
+
+def _reset_for_replay(job: IngestJob) -> None:
     job.state = JobState.QUEUED
     job.attempts = 0
     job.error_stage = job.error_class = job.error_message = None
     job.finished_at = None
-    publish_again(uow, job, now(uow.session), settings)
 
 
 def training_job_view(job: TrainingJob, current_time: datetime) -> TrainingJobView:

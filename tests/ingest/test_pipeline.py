@@ -567,8 +567,7 @@ def test_chunk_context_is_what_gets_embedded_and_reembed_applies_it(
     def reembed_in_process(context: str) -> dict[str, Any]:
         monkeypatch.setattr(get_settings(), "chunk_context", context)
         with paused(worker):  # this process runs the jobs, with this setting
-            with unit_of_work() as uow:
-                job_ids = job_service.reprocess_tenant(uow, tenant, get_settings())
+            job_ids = job_service.reprocess_tenant(unit_of_work, tenant, get_settings())
             assert len(job_ids) == 1
             outcome = pipeline.process_job(unit_of_work, job_ids[0]).as_dict()
         return outcome
@@ -601,12 +600,38 @@ def test_a_reembed_into_fewer_chunks_removes_the_extra_ones_from_both_stores(
     monkeypatch.setattr(get_settings(), "chunk_max_tokens", 2000)
     monkeypatch.setattr(get_settings(), "chunk_overlap_tokens", 0)
     with paused(worker):  # this process runs the job, with the bigger budget
-        with unit_of_work() as uow:
-            (job_id,) = job_service.reprocess_tenant(uow, tenant, get_settings())
+        (job_id,) = job_service.reprocess_tenant(unit_of_work, tenant, get_settings())
         assert pipeline.process_job(unit_of_work, job_id).as_dict()["chunks"] == 1
     after = wait_converged(tenant)
     assert len(after) == 1 and set(after) < set(before)
     assert set(es_chunks(tenant)) == set(after)
+
+
+def test_a_reembed_queues_a_tenant_a_page_at_a_time_and_every_document_comes_back(
+    client: TestClient, auth, tenant, worker, monkeypatch
+):
+    """`concord reembed` locks and queues a page of jobs per transaction (not the tenant's
+    whole corpus in one), publishes them in batches, skips none and repeats none."""
+    from shared.jobs import service as job_service
+
+    ups = [
+        upload_text(client, auth, f"page-{i}", f"Page {i} of the tide tables.") for i in range(5)
+    ]
+    for up in ups:
+        wait_job(client, auth, up["job_id"])
+    published: list[list[uuid.UUID]] = []
+    real_publish = job_service.publish_ingest_jobs
+    monkeypatch.setattr(
+        job_service,
+        "publish_ingest_jobs",
+        lambda ids: published.append(list(ids)) or real_publish(ids),
+    )
+    job_ids = job_service.reprocess_tenant(unit_of_work, tenant, get_settings(), page=2)
+    assert sorted(map(str, job_ids)) == sorted(up["job_id"] for up in ups)
+    assert [len(batch) for batch in published] == [2, 2, 1]  # one batch per page here
+    for up in ups:
+        assert wait_job(client, auth, up["job_id"])["state"] == "indexed"
+    assert len(wait_converged(tenant)) == 5
 
 
 def test_relay_requests_wait_one_at_a_time_and_the_last_commit_of_a_burst_is_not_left_for_beat(
