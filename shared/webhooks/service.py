@@ -16,14 +16,15 @@ import httpx
 from sqlalchemy.orm import Session
 
 from shared.db import UnitOfWork
-from shared.db.repository import now
-from shared.errors import BadRequest, NotFound
+from shared.db.repository import lock_key, now
+from shared.errors import BadRequest, Conflict, NotFound
 from shared.models import IngestJob, TrainingJob, WebhookDelivery, WebhookEndpoint
 from shared.queue import publish_webhooks
 from shared.tenants import repository as tenants_repo
 from shared.webhooks import repository as repo
 from shared.webhooks.schemas import CreatedEndpoint, DeliveryView, EndpointView
 
+MAX_ENDPOINTS_PER_TENANT = 20
 JOB_EVENTS = {
     "indexed": "job.indexed",
     "failed": "job.failed",
@@ -36,6 +37,12 @@ def create_endpoint(
 ) -> CreatedEndpoint:
     check_url(url)
     tenants_repo.ensure_tenant(session, tenant_id)
+    # Every finished job writes a delivery per endpoint, in its own transaction: bounded.
+    lock_key(session, f"webhook-endpoints:{tenant_id}")  # two creates cannot both pass
+    if len(repo.endpoints(session, tenant_id)) >= MAX_ENDPOINTS_PER_TENANT:
+        raise Conflict(
+            f"a tenant has at most {MAX_ENDPOINTS_PER_TENANT} webhook endpoints: delete one first"
+        )
     endpoint = WebhookEndpoint(
         id=uuid.uuid4(),
         tenant_id=tenant_id,

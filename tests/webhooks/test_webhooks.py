@@ -136,6 +136,24 @@ def test_endpoints_refuse_bad_urls_and_unknown_events(client: TestClient, tenant
     assert client.post("/v1/admin/webhooks", json=body, headers=reader).status_code == 403
 
 
+def test_a_tenant_has_a_bounded_number_of_endpoints(client: TestClient, tenant: str) -> None:
+    """Every finished job writes a delivery per endpoint: a tenant's endpoints are bounded,
+    and another tenant's are not counted against it."""
+    from shared.webhooks.service import MAX_ENDPOINTS_PER_TENANT
+
+    admin = key_headers(tenant, ["admin"])
+    body = {"url": "http://127.0.0.1:9/hook", "events": ["job.indexed"]}
+    for _ in range(MAX_ENDPOINTS_PER_TENANT):
+        assert client.post("/v1/admin/webhooks", json=body, headers=admin).status_code == 201
+    refused = client.post("/v1/admin/webhooks", json=body, headers=admin)
+    assert refused.status_code == 409 and "at most" in refused.json()["error"]["message"]
+    other = key_headers(f"{tenant}-b", ["admin"])
+    assert client.post("/v1/admin/webhooks", json=body, headers=other).status_code == 201
+    first = client.get("/v1/admin/webhooks", headers=admin).json()[0]["id"]
+    assert client.delete(f"/v1/admin/webhooks/{first}", headers=admin).status_code in (200, 204)
+    assert client.post("/v1/admin/webhooks", json=body, headers=admin).status_code == 201
+
+
 def test_a_dead_endpoint_of_one_tenant_costs_one_attempt_per_run_and_others_are_delivered(
     client: TestClient, tenant: str, worker: Any
 ) -> None:
