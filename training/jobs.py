@@ -10,8 +10,12 @@ whose message was lost again."""
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,7 @@ from shared.db import unit_of_work
 from shared.db.repository import now
 from shared.models import TrainingJob
 from shared.queue import publish_training_job
+from shared.text import storable_text
 from shared.webhooks import service as webhooks
 from training import repository as repo
 from training.reranker import (
@@ -30,6 +35,7 @@ from training.reranker import (
     train_reranker,
 )
 
+log = logging.getLogger(__name__)
 HEARTBEAT_S = 10.0
 
 
@@ -58,7 +64,9 @@ def start_training_job(dataset_dir: Path, name: str, options: TrainingOptions) -
 
 def run_training_job(job_id: uuid.UUID) -> dict[str, Any]:
     with unit_of_work() as uow:
-        job = repo.training_job(uow.session, job_id)
+        # Locked: the sweep may have published a queued job again, and two messages taken at
+        # once must not both start it.
+        job = repo.training_job(uow.session, job_id, lock=True)
         if job is None or job.state != "queued":
             return {"job_id": str(job_id), "skipped": "not queued"}
         job.state = "running"
@@ -80,22 +88,52 @@ def run_training_job(job_id: uuid.UUID) -> dict[str, Any]:
                 row.updated_at = now(uow.session)
 
     try:
-        card = train_reranker(
-            Path(params["dataset"]), params["name"], TrainingOptions(**params["options"]), progress
-        )
+        with _heartbeat(job_id):
+            card = train_reranker(
+                Path(params["dataset"]),
+                params["name"],
+                TrainingOptions(**params["options"]),
+                progress,
+            )
     except Exception as e:
-        _finish(job_id, "failed", error=f"{type(e).__name__}: {e}")
+        _finish(job_id, "failed", error=storable_text(f"{type(e).__name__}: {e}"[:2000]))
         raise
     _finish(job_id, "done", result=card)
     return {"job_id": str(job_id), "state": "done"}
+
+
+@contextmanager
+def _heartbeat(job_id: uuid.UUID) -> Iterator[None]:
+    """The run's heartbeat, from a thread of its own every ``HEARTBEAT_S`` for as long as the
+    run lasts, whatever it is doing: some phases report no progress for long (waiting for
+    Elasticsearch, a graph build), and the sweep fails a job silent for TRAINING_LOST_AFTER."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_S):
+            try:
+                with unit_of_work() as uow:
+                    repo.touch_running_training_job(uow.session, job_id)
+            except Exception as e:  # the next beat tries again; ten minutes of them may fail
+                log.warning("training job %s: heartbeat not written: %s", job_id, e)
+
+    thread = threading.Thread(target=beat, name=f"training-heartbeat-{job_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _finish(
     job_id: uuid.UUID, state: str, result: dict[str, Any] | None = None, error: str | None = None
 ) -> None:
     with unit_of_work() as uow:
-        job = repo.training_job(uow.session, job_id)
-        if job is not None:
-            job.state, job.result, job.error = state, result, error
-            job.updated_at = now(uow.session)
-            webhooks.training_finished(uow, job)
+        job = repo.training_job(uow.session, job_id, lock=True)
+        if job is None or job.state != "running":  # deleted, or settled by the sweep meanwhile
+            log.warning("training job %s ended %s but was no longer running", job_id, state)
+            return
+        job.state, job.result, job.error = state, result, error
+        job.updated_at = now(uow.session)
+        webhooks.training_finished(uow, job)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from shared.db import any_of
@@ -52,8 +52,17 @@ def add_training_job(session: Session, job: TrainingJob) -> None:
     session.add(job)
 
 
-def training_job(session: Session, job_id: uuid.UUID) -> TrainingJob | None:
-    return session.get(TrainingJob, job_id)
+def training_job(session: Session, job_id: uuid.UUID, lock: bool = False) -> TrainingJob | None:
+    return session.get(TrainingJob, job_id, with_for_update=lock)
+
+
+def touch_running_training_job(session: Session, job_id: uuid.UUID) -> None:
+    """The run's heartbeat: its row's ``updated_at`` is now, while it is running."""
+    session.execute(
+        update(TrainingJob)
+        .where(TrainingJob.id == job_id, TrainingJob.state == "running")
+        .values(updated_at=func.now())
+    )
 
 
 def external_ids_by_document(session: Session, tenant_id: str) -> dict[str, str]:

@@ -34,10 +34,11 @@ from shared.queue import (
     TRAIN_RERANKER_TASK,
     TRAINING_QUEUE,
     WEBHOOKS_TASK,
+    publish_upload_events,
     relay_started,
     webhooks_started,
 )
-from shared.reconcile.service import reconcile
+from shared.reconcile.service import periodic_reconcile
 from shared.retry import is_retriable
 from shared.settings import get_settings
 from shared.stores import partitions
@@ -111,12 +112,22 @@ def accept_upload_events(self: Task, events: list[Any]) -> dict[str, int]:
     :data:`EVENTS_PER_MESSAGE` at a time, each slice in a transaction of its own: an event
     that names a file has it read whole before its slice is accepted, so a producer that put
     thousands in one message (the CLI's batcher never does) would otherwise have every file
-    in memory at once. A retry starts again from the first event; those already accepted
-    come back ``unchanged``."""
+    in memory at once. A slice that fails after others committed goes on, with the rest, as
+    a message of its own (its own retries, its own one-at-a-time fallback): a retry of this
+    one would apply the committed slices again (an upsert a later delete had removed
+    would come back, if only for a moment)."""
     listed = _events(events)
+    per_slice = upload_events.EVENTS_PER_MESSAGE
     outcome = EventsOutcome()
-    for start in range(0, len(listed), upload_events.EVENTS_PER_MESSAGE):
-        outcome.add(_accept_together(listed[start : start + upload_events.EVENTS_PER_MESSAGE]))
+    for start in range(0, len(listed), per_slice):
+        try:
+            outcome.add(_accept_together(listed[start : start + per_slice]))
+        except Exception as e:
+            if start == 0:
+                raise  # nothing committed yet: this message's retry or fallback has it all
+            log.warning("events %d.. of a message go on in a message of their own: %s", start, e)
+            publish_upload_events(listed[start:])
+            break
     return outcome.counts()
 
 
@@ -158,7 +169,7 @@ def reconcile_all(self: Task) -> dict[str, Any]:
     queue: the relay worker's one process would hold the sweep (a dead worker's jobs) and
     the outbox relay behind it, and the task time limit would cut it before the last
     tenants. It is acknowledged on start: a run lost with its worker is the next one's."""
-    return reconcile(unit_of_work, repair=True).as_dict()
+    return periodic_reconcile(unit_of_work)
 
 
 @concord_task(PLACE_PARTITIONS_TASK, TRAINING_QUEUE, max_retries=0, long_running=True)

@@ -95,6 +95,9 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {404: _error("No such object for th
 MODEL_OUT_OF_DATE: dict[int | str, dict[str, Any]] = {
     409: _error("The selected answerability model is out of date with its reranker: train it again")
 }
+WEBHOOK_ENDPOINT_LIMIT: dict[int | str, dict[str, Any]] = {
+    409: _error("The tenant has as many webhook endpoints as it may: delete one first")
+}
 UPLOAD_ERRORS: dict[int | str, dict[str, Any]] = {
     400: _error("The upload is malformed (e.g. a bad filename or metadata)"),
     413: _error("The upload is larger than CONCORD_MAX_UPLOAD_BYTES"),

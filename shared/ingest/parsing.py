@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.errors import ParseError, UnsupportedMediaType
+from shared.retry import is_retriable
 from shared.text import storable_text
 
 SUPPORTED_TYPES = {
@@ -263,6 +264,8 @@ def _parse_pdf(raw: bytes) -> ParsedDocument:
         reader = PdfReader(io.BytesIO(raw))
         pages = [page.extract_text() or "" for page in reader.pages]
     except Exception as e:  # pypdf raises many kinds (NotImplementedError for a filter it lacks)
+        if is_retriable(e) or isinstance(e, MemoryError):
+            raise  # the task's time ran out, or the process's memory: not the file's fault
         raise ParseError(f"the PDF could not be read ({type(e).__name__}: {e})") from e
     parts: list[str] = []
     sections: list[Section] = []

@@ -150,9 +150,9 @@ def reprocess_tenant(
             ids = [job.id for job in listed]
             for start in range(0, len(ids), size):
                 uow.after_commit(functools.partial(publish_ingest_jobs, ids[start : start + size]))
-        queued += ids
-        if len(ids) < page:
+        if not ids:  # only an empty page ends it: a locked page may come back short
             return queued
+        queued += ids
         after = ids[-1]
 
 

@@ -34,6 +34,7 @@ from elasticsearch import Elasticsearch
 from sqlalchemy.orm import Session
 
 from shared.db import Transactions
+from shared.db.repository import run_unlock, try_run_lock
 from shared.documents import repository as documents_repo
 from shared.jobs import repository as jobs_repo
 from shared.models import OutboxOp
@@ -136,6 +137,23 @@ def reconcile(
             report=report.as_dict(),
         )
     return report
+
+
+# The periodic reconcile's run lock (see shared/db/repository.try_run_lock): "concrecn".
+_PERIODIC_LOCK = 0x636F6E637265636E
+
+
+def periodic_reconcile(transactions: Transactions) -> dict[str, Any]:
+    """Beat's repairing reconcile of every tenant, one run at a time: a run that outlasts the
+    interval (a large corpus) is not joined by the next, which skips instead of comparing
+    the same ranges beside it and taking another worker process."""
+    with transactions() as guard:
+        if not try_run_lock(guard.session, _PERIODIC_LOCK):
+            return {"skipped": "the previous periodic reconcile is still running"}
+        try:
+            return reconcile(transactions, repair=True).as_dict()
+        finally:
+            run_unlock(guard.session, _PERIODIC_LOCK)
 
 
 def reconcile_and_verify(

@@ -20,9 +20,9 @@ import base64
 import binascii
 import json
 import secrets
-import time
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 from redis.exceptions import RedisError
@@ -58,28 +58,45 @@ def save(settings: Settings, tenant_id: str, request: SearchRequest, retrieved: 
         "vector": retrieved.vector,
         "fused": retrieved.fused,
     }
-    ttl = settings.search_cursor_ttl_s
-    live = _live_cursors(tenant_id)
     try:
-        r = _redis(settings)
-        with r.pipeline() as pipe:  # MULTI: the snapshot and its place in the tenant's set
-            pipe.set(PREFIX + cursor_id, zlib.compress(json.dumps(snapshot).encode(), 1), ex=ttl)
-            pipe.zremrangebyscore(live, "-inf", time.time())  # expired by now
-            pipe.zadd(live, {cursor_id: time.time() + ttl})
-            pipe.expire(live, ttl)
-            pipe.execute()
-        excess = r.zcard(live) - max(1, settings.search_cursors_per_tenant)
-        if excess > 0:
-            oldest = [c.decode() for c, _ in r.zpopmin(live, excess)]
-            r.delete(*(PREFIX + c for c in oldest))
+        client = _redis(settings)
+        client.register_script(_SAVE_SCRIPT)(
+            keys=[PREFIX + cursor_id, _live_cursors(tenant_id)],
+            args=[
+                zlib.compress(json.dumps(snapshot).encode(), 1),
+                settings.search_cursor_ttl_s,
+                max(1, settings.search_cursors_per_tenant),
+                cursor_id,
+                PREFIX,
+            ],
+        )
     except RedisError as e:
         raise StoreUnavailable(f"the cursor could not be stored (Redis: {e})") from e
     return cursor_id
 
 
 def _live_cursors(tenant_id: str) -> str:
-    """The tenant's cursors, each scored by when it expires."""
+    """The tenant's cursors, each scored by when it expires (Redis' clock)."""
     return f"{PREFIX}tenant:{tenant_id}"
+
+
+# Store the snapshot, forget the tenant's expired cursors and drop its oldest past the cap,
+# in one step (a script: two saves at once cannot both count the same excess and drop twice
+# as many). KEYS: the snapshot's key, the tenant's set; ARGV: the snapshot, the TTL, the cap,
+# the cursor's id, the snapshots' key prefix.
+_SAVE_SCRIPT = """
+local time = redis.call('TIME')  -- to the microsecond: the oldest goes first, not the least id
+local now = tonumber(time[1]) + tonumber(time[2]) / 1000000
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[4])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+local excess = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[3])
+if excess > 0 then
+  local oldest = redis.call('ZPOPMIN', KEYS[2], excess)
+  for i = 1, #oldest, 2 do redis.call('DEL', ARGV[5] .. oldest[i]) end
+end
+"""
 
 
 def load(settings: Settings, tenant_id: str, cursor_id: str) -> tuple[SearchRequest, Retrieved]:
@@ -87,7 +104,7 @@ def load(settings: Settings, tenant_id: str, cursor_id: str) -> tuple[SearchRequ
         raw = _redis(settings).get(PREFIX + cursor_id)
     except RedisError as e:
         raise StoreUnavailable(f"the cursor could not be read (Redis: {e})") from e
-    snapshot = json.loads(zlib.decompress(raw)) if raw else None
+    snapshot = _snapshot(raw) if raw else None
     if snapshot is None or snapshot["tenant"] != tenant_id:
         raise NotFound(
             f"no such cursor: it expired (cursors live {settings.search_cursor_ttl_s} s) "
@@ -100,6 +117,11 @@ def load(settings: Settings, tenant_id: str, cursor_id: str) -> tuple[SearchRequ
         fused=[(c, s) for c, s in snapshot["fused"]],
     )
     return SearchRequest.model_validate(snapshot["request"]), retrieved
+
+
+def _snapshot(raw: bytes) -> dict[str, Any]:
+    # A cursor saved before snapshots were compressed (for its TTL after an upgrade) is JSON.
+    return json.loads(raw if raw.startswith(b"{") else zlib.decompress(raw))
 
 
 def encode(cursor_id: str, offset: int) -> str:

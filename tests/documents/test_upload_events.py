@@ -198,3 +198,38 @@ def test_a_message_of_many_events_is_accepted_in_order_a_slice_at_a_time(
         revived = documents_by_external_ids(uow.session, [(tenant, "doc-0.txt")])
     (document,) = revived.values()
     assert not document.deleted and document.version == 3  # written, deleted, written again
+
+
+def test_a_slice_that_fails_after_others_committed_goes_on_as_a_message_of_its_own(
+    worker: Any, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first slice committed; the second fails here (as a store out of reach would): the
+    task does not fail the message (its retry would apply the first slice again), the rest
+    go on in a message of their own, which the worker accepts; every document ends live."""
+    import workers.tasks as tasks
+    from shared.documents.events import EVENTS_PER_MESSAGE
+
+    total = EVENTS_PER_MESSAGE + 8
+    events = [
+        build_upload_event(tenant_id=tenant, external_id=f"n-{i}.txt", raw=f"Note {i}.".encode())
+        for i in range(total)
+    ]
+    real_accept = tasks._accept_together
+    calls: list[int] = []
+
+    def accept(listed: list[Any]) -> Any:
+        calls.append(len(listed))
+        if len(calls) == 2:
+            raise RuntimeError("the second slice fails here")
+        return real_accept(listed)
+
+    monkeypatch.setattr(tasks, "_accept_together", accept)
+    result = tasks.accept_upload_events.apply(args=[events]).get()
+    assert result == {"accepted": EVENTS_PER_MESSAGE, "unchanged": 0, "rejected": 0, "deleted": 0}
+    assert calls == [EVENTS_PER_MESSAGE, 8]
+    wait_for(lambda: len(pg_chunks(tenant)) == total or None, 120, what="every document")
+    with unit_of_work() as uow:
+        documents = documents_by_external_ids(
+            uow.session, [(tenant, f"n-{i}.txt") for i in range(total)]
+        )
+    assert all(d.version == 1 and not d.deleted for d in documents.values())  # none twice

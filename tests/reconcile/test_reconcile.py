@@ -417,6 +417,24 @@ def test_one_reindex_runs_at_a_time():
     assert reindex_target(get_es(), get_settings()) is None  # it started nothing
 
 
+def test_a_periodic_reconcile_still_running_is_not_joined_by_the_next():
+    """Beat's reconcile runs on the ingest workers without the task time limit: one that
+    outlasts the interval makes the next skip, rather than run beside it."""
+    from shared.db.repository import run_unlock, try_run_lock
+    from shared.reconcile.service import _PERIODIC_LOCK, periodic_reconcile
+
+    with unit_of_work() as running:
+        assert try_run_lock(running.session, _PERIODIC_LOCK)  # a run under way elsewhere
+        try:
+            assert periodic_reconcile(unit_of_work) == {
+                "skipped": "the previous periodic reconcile is still running"
+            }
+        finally:
+            run_unlock(running.session, _PERIODIC_LOCK)
+    ran = periodic_reconcile(unit_of_work)
+    assert "skipped" not in ran and ran["tenants"] >= 1
+
+
 def test_admin_endpoints_need_the_admin_scope(client, auth, tenant):
     admin = key_headers(tenant, ["admin"])
     assert client.get("/v1/admin/stats", headers=auth).status_code == 403

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -631,6 +632,11 @@ def test_a_tenant_keeps_a_bounded_number_of_cursors_and_cannot_drop_anothers(
     gone = client.post("/v1/search/next", json={"cursor": first}, headers=auth)
     assert gone.status_code == 404  # the tenant's oldest, dropped for its newest
     assert cursors.load(settings, tenant, newest)[1].fused == deep.fused
+    # One saved as JSON before snapshots were compressed still loads, for its TTL.
+    legacy = {"tenant": tenant, "request": {"query": "okapi"}, "degraded": []}
+    legacy |= {"arms": {}, "vector": [], "fused": [["c:0", 0.5]]}
+    r.set(cursors.PREFIX + "legacy", json.dumps(legacy), ex=60)
+    assert cursors.load(settings, tenant, "legacy")[1].fused == [("c:0", 0.5)]
     kept = client.post("/v1/search/next", json={"cursor": theirs}, headers=other_auth)
     assert kept.status_code == 200, kept.text
     assert kept.json()["results"][0]["external_id"].startswith("b-")

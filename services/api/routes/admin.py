@@ -11,7 +11,7 @@ from fastapi import APIRouter, Path, Query
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, StrictBool
 
-from services.api.deps import NOT_FOUND, PROTECTED_ROUTE_ERRORS, Admin
+from services.api.deps import NOT_FOUND, PROTECTED_ROUTE_ERRORS, WEBHOOK_ENDPOINT_LIMIT, Admin
 from shared.admin import service as ops
 from shared.admin.schemas import (
     Discarded,
@@ -143,7 +143,7 @@ def revoke_key_route(key_id: uuid.UUID, principal: Admin) -> None:
     forget_key(key_id)  # committed: this process refuses it from now on
 
 
-@router.post("/webhooks", status_code=201)
+@router.post("/webhooks", status_code=201, responses=WEBHOOK_ENDPOINT_LIMIT)
 def create_webhook_route(body: EndpointRequest, principal: Admin) -> CreatedEndpoint:
     """A webhook endpoint for this tenant's job (and training) events; the signing secret is
     in this response only. Deliveries are signed (Concord-Signature: t=..,v1=HMAC-SHA256 of
