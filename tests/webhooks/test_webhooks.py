@@ -55,6 +55,14 @@ class Receiver:
             self.server.server_close()
 
 
+def register(client: TestClient, tenant: str, url: str, events: list[str] | None = None) -> str:
+    """A webhook endpoint of ``tenant`` (its admin key) at ``url``; its id."""
+    body = {"url": url, "events": events or ["job.indexed"]}
+    created = client.post("/v1/admin/webhooks", json=body, headers=key_headers(tenant, ["admin"]))
+    assert created.status_code == 201, created.text
+    return str(created.json()["id"])
+
+
 def test_a_receiver_down_for_a_while_gets_every_event_signed_once_it_is_back(
     client: TestClient, auth: dict[str, str], tenant: str, worker: Any
 ) -> None:
@@ -170,16 +178,8 @@ def test_a_dead_endpoint_of_one_tenant_costs_one_attempt_per_run_and_others_are_
     receiver.start()
     other = f"{tenant}-b"
     try:
-        dead = client.post(
-            "/v1/admin/webhooks",
-            json={"url": "http://127.0.0.1:9/hangs-up", "events": ["job.indexed"]},
-            headers=key_headers(tenant, ["admin"]),
-        ).json()["id"]
-        live = client.post(
-            "/v1/admin/webhooks",
-            json={"url": receiver.url, "events": ["job.indexed"]},
-            headers=key_headers(other, ["admin"]),
-        ).json()["id"]
+        dead = register(client, tenant, "http://127.0.0.1:9/hangs-up")
+        live = register(client, other, receiver.url)
         with paused(worker):
             with unit_of_work() as uow:
                 events = [(t, "job.indexed", {"n": i}) for i in range(5) for t in (tenant, other)]
@@ -258,18 +258,9 @@ def test_a_trickling_or_nul_answering_receiver_costs_one_bounded_attempt_each(
     other = f"{tenant}-b"
     try:
         endpoints = {
-            path: client.post(
-                "/v1/admin/webhooks",
-                json={"url": f"{hostile.base}/{path}", "events": ["job.indexed"]},
-                headers=key_headers(tenant, ["admin"]),
-            ).json()["id"]
-            for path in ("trickle", "nul")
+            path: register(client, tenant, f"{hostile.base}/{path}") for path in ("trickle", "nul")
         }
-        live = client.post(
-            "/v1/admin/webhooks",
-            json={"url": receiver.url, "events": ["job.indexed"]},
-            headers=key_headers(other, ["admin"]),
-        ).json()["id"]
+        live = register(client, other, receiver.url)
         with paused(worker):
             with unit_of_work() as uow:
                 webhooks.emit(
