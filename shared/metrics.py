@@ -113,26 +113,25 @@ class SystemCollector(Collector):
         figures = self.figures()
         if figures is None:
             return
-        depths, backlog, dead = figures.depths, figures.backlog, figures.dead
-        jobs, stages, last = figures.jobs, figures.stages, figures.last
         queue = GaugeMetricFamily("concord_queue_depth", "Messages waiting", labels=["queue"])
-        for name, depth in depths.items():
+        for name, depth in figures.depths.items():
             queue.add_metric([name], depth)
         yield queue
         yield GaugeMetricFamily(
-            "concord_outbox_backlog", "Outbox rows not yet in ES", value=backlog
+            "concord_outbox_backlog", "Outbox rows not yet in ES", value=figures.backlog
         )
-        yield GaugeMetricFamily("concord_dead_letters", "Dead letters recorded", value=dead)
+        yield GaugeMetricFamily("concord_dead_letters", "Dead letters recorded", value=figures.dead)
         job_family = GaugeMetricFamily("concord_jobs", "Ingest jobs by state", labels=["state"])
-        for state, count in jobs.items():
+        for state, count in figures.jobs.items():
             job_family.add_metric([state], count)
         yield job_family
         summary = SummaryMetricFamily(
             "concord_ingest_stage_seconds", "Time spent per ingest stage", labels=["stage"]
         )
-        for stage, (count, total) in stages.items():
+        for stage, (count, total) in figures.stages.items():
             summary.add_metric([stage], count_value=count, sum_value=total)
         yield summary
+        last = figures.last  # the last reconcile run
         if last is not None:
             drift = GaugeMetricFamily(
                 "concord_drift", "Drift found by the last reconcile", labels=["class"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import secrets
 import zlib
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.commands.core import Script
 from redis.exceptions import RedisError
 
 from shared.errors import BadRequest, NotFound, StoreUnavailable
@@ -59,8 +61,7 @@ def save(settings: Settings, tenant_id: str, request: SearchRequest, retrieved: 
         "fused": retrieved.fused,
     }
     try:
-        client = _redis(settings)
-        client.register_script(_SAVE_SCRIPT)(
+        _save_script(_redis(settings))(
             keys=[PREFIX + cursor_id, _live_cursors(tenant_id)],
             args=[
                 zlib.compress(json.dumps(snapshot).encode(), 1),
@@ -73,6 +74,13 @@ def save(settings: Settings, tenant_id: str, request: SearchRequest, retrieved: 
     except RedisError as e:
         raise StoreUnavailable(f"the cursor could not be stored (Redis: {e})") from e
     return cursor_id
+
+
+@functools.cache
+def _save_script(client: redis.Redis) -> Script:
+    """The save script, bound to the process's client (registered once: its SHA-1 is sent
+    after the first call, the script itself only when Redis does not know it)."""
+    return client.register_script(_SAVE_SCRIPT)
 
 
 def _live_cursors(tenant_id: str) -> str:
