@@ -89,6 +89,9 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 18000
     max_upload_bytes: int = 10 * 1024 * 1024
+    # Every other request body (a search, a profile, a key): read whole before a route or its
+    # API key check sees it, so bounded here, before anything is parsed.
+    max_request_bytes: int = 1024 * 1024
     # Where upload events may point with content_path (a directory producers and workers
     # share); empty: content by reference is refused.
     ingest_content_root: str = ""
@@ -234,6 +237,10 @@ class Settings(BaseSettings):
     # Candidates a search hydrates from Postgres and diversifies (MMR) at most, and the time
     # it spends hydrating more of them for a per-document cap.
     search_candidate_window: int = 400
+    # A search's Postgres reads are cancelled past this, and it waits for either arm at most
+    # this (plus a second): a stalled or locked store makes the other arm's results come back
+    # marked degraded, or a 503, never a request that waits with nothing to say.
+    search_store_timeout_s: float = 10.0
     search_hydrate_budget_ms: int = 1000
     # How long a paginated search's ranking is kept for its next pages (shared/search/cursors.py).
     search_cursor_ttl_s: int = 600

@@ -39,7 +39,7 @@ from shared.queue import (
     webhooks_started,
 )
 from shared.reconcile.service import periodic_reconcile
-from shared.retry import is_retriable
+from shared.retry import describe_error, is_retriable
 from shared.settings import get_settings
 from shared.stores import partitions
 from shared.webhooks import delivery as webhook_delivery
@@ -93,12 +93,24 @@ def _accept_one_at_a_time(task: Task, error: Exception, events: Any) -> EventsOu
             outcome.add(_accept_together([event]))
         except Exception as e:
             retry_if_retriable(task, e)
-            with unit_of_work() as uow:
-                add_event_dead_letter(
-                    uow.session, event if isinstance(event, dict) else {"event": repr(event)}, e
-                )
+            _dead_letter_event(task, event, e)
             outcome.rejected += 1
     return outcome
+
+
+def _dead_letter_event(task: Task, event: Any, error: Exception) -> None:
+    """The refused event's dead letter. Should the database refuse even that (for a reason a
+    retry will not fix), a letter that names only the error, and should that fail too, a log
+    line: the message's other events (any tenant's) are accepted whatever one event holds."""
+    recorded = event if isinstance(event, dict) else {"event": repr(event)[:1000]}
+    for letter in (recorded, {"unrecorded": "the event itself could not be recorded"}):
+        try:
+            with unit_of_work() as uow:
+                add_event_dead_letter(uow.session, letter, error)
+            return
+        except Exception as e:
+            retry_if_retriable(task, e)
+            log.error("could not record a refused event's dead letter: %s", describe_error(e))
 
 
 # The give_up hooks take the task's own parameter names: a message may pass them by name.

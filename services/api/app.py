@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.api.body_limit import BodyLimitMiddleware
 from services.api.readiness import readiness_checks
 from services.api.routes import admin, documents, jobs, search
 from shared.db import unit_of_work
@@ -55,6 +56,8 @@ def _allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
 STORE_ERRORS: dict[type[Exception], str] = {
     sqlalchemy.exc.OperationalError: "Postgres",
     sqlalchemy.exc.InterfaceError: "Postgres",
+    # every pooled connection busy past the pool's wait (a slow or stalled Postgres)
+    sqlalchemy.exc.TimeoutError: "Postgres",
     elasticsearch.ConnectionError: "Elasticsearch",
     elasticsearch.ConnectionTimeout: "Elasticsearch",
     redis.ConnectionError: "Redis",
@@ -152,7 +155,8 @@ def create_app() -> FastAPI:
     app.include_router(admin.router)
     app.mount("/console", StaticFiles(directory=CONSOLE_DIR, html=True), name="console")
 
-    app.add_middleware(RequestContextMiddleware)
+    app.add_middleware(BodyLimitMiddleware, limit=get_settings().max_request_bytes)
+    app.add_middleware(RequestContextMiddleware)  # outermost: a 413 gets a request id too
 
     @app.exception_handler(ConcordError)
     async def _concord_error(_: Request, exc: ConcordError) -> JSONResponse:

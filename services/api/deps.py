@@ -83,6 +83,7 @@ PROTECTED_ROUTE_ERRORS: dict[int | str, dict[str, Any]] = {
     400: _error("The request body could not be parsed, or a value is not acceptable"),
     401: _error("No API key, or an unknown or revoked one"),
     403: _error("The key lacks the scope this route needs"),
+    413: _error("The request body is larger than CONCORD_MAX_REQUEST_BYTES"),
     422: _error("The request is invalid; the message says which field and why"),
     429: _error(
         "The key's rate limit is exhausted",

@@ -37,6 +37,15 @@ def replayed_past(session: Session, lsn: str) -> bool:
     )
 
 
+def limit_statements(session: Session, seconds: float) -> None:
+    """Postgres cancels any statement of this transaction that runs longer than ``seconds``
+    (a lock wait included), with an error the caller sees as ``OperationalError``."""
+    session.execute(
+        text("SELECT set_config('statement_timeout', :ms, true)"),
+        {"ms": str(max(1, round(seconds * 1000)))},
+    )
+
+
 def schema_revision(session: Session) -> str | None:
     """The Alembic revision the database is at (None before the first migration)."""
     revision = session.scalar(text("SELECT version_num FROM alembic_version"))

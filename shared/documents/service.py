@@ -23,9 +23,11 @@ from shared.logs import current_request_id
 from shared.models import Document, DocumentVersion, IngestJob, JobState, OutboxOp
 from shared.outbox import repository as outbox_repo
 from shared.queue import publish_ingest_job, publish_relay
+from shared.retry import MAX_ERROR_MESSAGE_CHARS
 from shared.settings import Settings
 from shared.stores.vector_store import PgVectorStore
 from shared.tenants import repository as tenants_repo
+from shared.text import storable_text
 
 
 def content_hash(upload: Upload) -> str:
@@ -154,35 +156,48 @@ def accept_uploads(
     ]
 
 
+# What a dead letter keeps of a refused event: the producer's mistake must be visible, but
+# the letter is written for any event at all, so its size and depth are bounded here.
+LETTER_MAX_DEPTH = 16
+LETTER_MAX_STRING = 1000
+LETTER_MAX_ITEMS = 100
+LETTER_MAX_REF = 512  # an external id's own limit
+
+
 def add_event_dead_letter(session: Session, event: dict[str, Any], error: Exception) -> None:
     """Record an upload event that can never be accepted as a dead letter (without its
     content, which may be large), so the producer's mistake is visible."""
     message = error.message if isinstance(error, ConcordError) else str(error)
     jobs_repo.add_dead_letter(
         session,
-        tenant_id=_storable(str(event.get("tenant_id") or "?"))[:64],
+        tenant_id=storable_text(str(event.get("tenant_id") or "?"))[:64],
         source="event",
-        ref=_storable(str(event.get("external_id") or "?")),
+        ref=storable_text(str(event.get("external_id") or "?")[:LETTER_MAX_REF]),
         stage="intake",
         error_class=type(error).__name__,
-        message=_storable(message),
+        message=storable_text(message[:MAX_ERROR_MESSAGE_CHARS]),
         attempts=1,
-        payload=_storable({k: v for k, v in event.items() if k != "content_base64"}),
+        payload=_letter_value({k: v for k, v in event.items() if k != "content_base64"}),
     )
 
 
-def _storable(value: Any) -> Any:
-    """An event refused for holding what Postgres cannot store (see refuse_unstorable) must
-    still be recorded: NUL characters are dropped, lone surrogates replaced, and NaN and
-    infinities written as text."""
+def _letter_value(value: Any, depth: int = 0) -> Any:
+    """What a dead letter keeps of one value of a refused event: what Postgres cannot store
+    (NUL, lone surrogates, NaN and infinities; see refuse_unstorable) made storable, long
+    strings and lists cut, and nesting below ``LETTER_MAX_DEPTH`` summarised (an event nested
+    hundreds deep must be recordable too, without recursing that deep)."""
     if isinstance(value, str):
-        return value.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+        cut = value[:LETTER_MAX_STRING]
+        return storable_text(cut) + ("…" if len(value) > LETTER_MAX_STRING else "")
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if isinstance(value, dict | list) and depth >= LETTER_MAX_DEPTH:
+        return f"({type(value).__name__} nested deeper than {LETTER_MAX_DEPTH} levels)"
     if isinstance(value, dict):
-        return {_storable(str(k)): _storable(v) for k, v in value.items()}
+        items = list(value.items())[:LETTER_MAX_ITEMS]
+        return {_letter_value(str(k)): _letter_value(v, depth + 1) for k, v in items}
     if isinstance(value, list):
-        return [_storable(v) for v in value]
+        return [_letter_value(v, depth + 1) for v in value[:LETTER_MAX_ITEMS]]
     return value
 
 

@@ -23,7 +23,8 @@ from shared.settings import Settings, get_settings
 log = logging.getLogger(__name__)
 
 # One thread: a stage that overran its budget finishes in the background without piling up
-# more concurrent model calls.
+# more concurrent model calls; one still waiting for the thread when its budget ends is
+# cancelled (see rerank_within_budget).
 _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rerank")
 
 
@@ -148,10 +149,16 @@ def warm_up(settings: Settings | None = None) -> None:
 def rerank_within_budget(
     reranker: Reranker, query: str, passages: list[str], budget_ms: int
 ) -> list[float]:
+    """The reranker's scores, or RerankUnavailable once ``budget_ms`` has passed.
+
+    Work whose budget ran out before the thread took it up is cancelled, not left queued: a
+    caller sending wide windows with tiny budgets would otherwise pile up model work that every
+    later search (any tenant's) waits behind. Only a call already running finishes late."""
     future = _executor.submit(reranker.score, query, passages)
     try:
         return future.result(timeout=budget_ms / 1000)
     except FutureTimeout as e:
+        future.cancel()
         raise RerankUnavailable(f"rerank exceeded its {budget_ms} ms budget") from e
     except Exception as e:
         log.warning("rerank failed: %s: %s", type(e).__name__, e)

@@ -10,9 +10,11 @@ shifts the pages (a document written since is not in this ranking: a new search 
 A cursor belongs to the tenant that made it: another tenant's lookup finds nothing.
 
 Redis is also the broker, so what cursors hold is bounded: a snapshot is stored compressed
-(a deep request's is about 280 KB of JSON), and a tenant keeps at most
-``search_cursors_per_tenant`` live ones, the oldest dropped first (its next page is then a
-404, as for an expired one). One tenant's paging cannot evict another's."""
+(a deep request's is about 280 KB of JSON, 85 KB compressed) and may be at most
+``MAX_SNAPSHOT_BYTES`` so (a search whose filters hold megabytes of incompressible values is
+refused pagination), and a tenant keeps at most ``search_cursors_per_tenant`` live ones, the
+oldest dropped first (its next page is then a 404, as for an expired one): at most 50 MiB a
+tenant under the defaults. One tenant's paging cannot evict another's."""
 
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from shared.search.schemas import SearchRequest
 from shared.settings import Settings
 
 PREFIX = "concord:search-cursor:"
+MAX_SNAPSHOT_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -60,11 +63,18 @@ def save(settings: Settings, tenant_id: str, request: SearchRequest, retrieved: 
         "vector": retrieved.vector,
         "fused": retrieved.fused,
     }
+    stored = zlib.compress(json.dumps(snapshot).encode(), 1)
+    if len(stored) > MAX_SNAPSHOT_BYTES:
+        raise BadRequest(
+            f"this search is too large to paginate: its cursor would hold {len(stored)} bytes "
+            f"compressed, the limit is {MAX_SNAPSHOT_BYTES} (shorten the filters' values or "
+            "lower candidate_depth)"
+        )
     try:
         _save_script(_redis(settings))(
             keys=[PREFIX + cursor_id, _live_cursors(tenant_id)],
             args=[
-                zlib.compress(json.dumps(snapshot).encode(), 1),
+                stored,
                 settings.search_cursor_ttl_s,
                 max(1, settings.search_cursors_per_tenant),
                 cursor_id,

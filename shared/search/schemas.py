@@ -35,7 +35,10 @@ Arm = Literal["dense", "lexical"]
 FieldBoost = Annotated[float, Field(gt=0, le=100)]
 # Postgres text and JSONB cannot hold NUL: a string with one is invalid input, not a 500.
 NO_NUL = r"^[^\x00]*$"
-Text = Annotated[str, StringConstraints(pattern=NO_NUL)]
+# A filter value longer than a document's whole metadata may be (MAX_METADATA_BYTES of
+# shared/documents/schemas.py, which imports this module) could never match.
+MAX_FILTER_VALUE_CHARS = 16 * 1024
+Text = Annotated[str, StringConstraints(pattern=NO_NUL, max_length=MAX_FILTER_VALUE_CHARS)]
 Scalar = Text | int | float | bool
 METADATA_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 ISO_DATE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9:.]+(Z|[+-][0-9]{2}:?[0-9]{2})?)?$")
@@ -44,11 +47,15 @@ MAX_IN_VALUES = 100
 PROFILE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 
-class Strict(BaseModel):
-    """Unknown fields are errors, and so are values of the wrong JSON type (``"explain": 0``
-    or ``"top_k": true`` are not quietly coerced)."""
+# Unknown fields are errors, and so are values of the wrong JSON type (``"explain": 0`` or
+# ``"top_k": true`` are not quietly coerced). Python's JSON parser reads the non-standard
+# NaN and Infinity: refused too (a NaN weight or filter value has no meaning, and Postgres'
+# JSONB refuses one).
+STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+
+class Strict(BaseModel):
+    model_config = STRICT
 
 
 BOUNDS = ("gt", "gte", "lt", "lte")
@@ -74,11 +81,7 @@ def _range_schema(schema: dict[str, Any]) -> None:
 class Range(Strict):
     """Bounds that are all numbers or all ISO-8601 dates (the OpenAPI document says so too)."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        json_schema_extra=lambda schema, _: _range_schema(schema),
-    )
+    model_config = ConfigDict(**STRICT, json_schema_extra=lambda schema, _: _range_schema(schema))
 
     gt: float | str | None = None
     gte: float | str | None = None
@@ -188,7 +191,7 @@ class LexicalOptions(Strict):
 class Mmr(Strict):
     lambda_: float = Field(default=0.7, ge=0.0, le=1.0, alias="lambda")
 
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    model_config = ConfigDict(**STRICT, populate_by_name=True)
 
 
 class Boost(Strict):
@@ -282,7 +285,7 @@ NOT_IN_PROFILE = frozenset({"query", "profile", "explain"})
 
 ProfileSettings = create_model(  # type: ignore[call-overload]
     "ProfileSettings",
-    __config__=ConfigDict(extra="forbid", strict=True),
+    __config__=STRICT,
     __doc__="Search request fields a profile sets (all optional; query, profile and explain "
     "belong to each request)",
     **{

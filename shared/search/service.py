@@ -13,8 +13,10 @@ import logging
 import os
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -28,7 +30,8 @@ from sqlalchemy.orm import Session
 from shared.answerability import service as answerability
 from shared.answerability.features import RERANK_WINDOW
 from shared.answerability.schemas import AnswerabilityTrace
-from shared.db import Transactions
+from shared.db import Transactions, UnitOfWork
+from shared.db import repository as db_repo
 from shared.db.replica import reads_for_search
 from shared.errors import BadRequest, Conflict, NotFound, StoreUnavailable
 from shared.ingest.embedding import get_embedder
@@ -75,7 +78,13 @@ from shared.vector_type import vector_from_bytes
 
 log = logging.getLogger(__name__)
 
-_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="search-arm")
+# The lexical arm runs beside the query's encoding, on a pool of its own; each of its requests
+# ends within the client's timeout (``es_request_timeout_s``), and a search waits for it at
+# most ``search_store_timeout_s`` (plus a margin: an error says more than a wait that ran
+# out). The dense arm runs on the request's thread, under Postgres' statement timeout.
+_lexical_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="search-lexical")
+ARM_WAIT_MARGIN_S = 1.0
+ARM_ERRORS = (ApiError, TransportError, SQLAlchemyError)
 T = TypeVar("T")
 EMPTY_SCORES: Mapping[str, float] = {}
 # Results hydrated with their embeddings: more than a default token budget packs; the policy
@@ -84,23 +93,27 @@ EMBEDDINGS_UP_FRONT = 24
 
 
 @lru_cache(maxsize=1)
-def _query_cache(size: int) -> Callable[[str, int], tuple[float, ...]]:
+def _query_cache(size: int) -> Callable[[str, str, int], tuple[float, ...]]:
     @lru_cache(maxsize=size)
-    def embed(query: str, threads: int) -> tuple[float, ...]:
+    def embed(scope: str, query: str, threads: int) -> tuple[float, ...]:
         return tuple(get_embedder().embed_query(query, threads).tolist())
 
     return embed
 
 
 def query_vector(
-    query: str, settings: Settings, threads: int = 1, cached: bool = True
+    query: str, settings: Settings, threads: int = 1, cached: bool = True, scope: str = ""
 ) -> list[float]:
     """Query embeddings are cached in a bounded LRU (repeated queries skip the encoder);
     ``cached=False`` encodes the query whatever the cache holds (a caller measuring the
-    encoder's share, as concord eval does, asks for that with Cache-Control: no-cache)."""
+    encoder's share, as concord eval does, asks for that with Cache-Control: no-cache).
+
+    Entries are kept per ``scope`` (a search's tenant): a hit is some 3 ms faster than a miss,
+    and the Server-Timing header shows it, so a shared entry would tell one tenant what
+    another had searched for."""
     if not cached:
         return get_embedder().embed_query(query, threads).tolist()  # type: ignore[no-any-return]
-    return list(_query_cache(settings.query_cache_size)(query, threads))
+    return list(_query_cache(settings.query_cache_size)(scope, query, threads))
 
 
 # The encoder's threads for a query: every core when Elasticsearch has no part in the search
@@ -240,7 +253,21 @@ def _reads(
     counted by where they go."""
     reads, source = reads_for_search(transactions, replica, settings)
     SEARCH_READS.labels(source).inc()
-    return reads
+    return _bounded(reads, settings.search_store_timeout_s)
+
+
+def _bounded(transactions: Transactions, seconds: float) -> Transactions:
+    """``transactions`` whose statements Postgres cancels after ``seconds``: a search that
+    meets a locked or overloaded Postgres fails (503) or degrades instead of holding its
+    threads and connections for as long as the store takes."""
+
+    @contextmanager
+    def bounded() -> Iterator[UnitOfWork]:
+        with transactions() as uow:
+            db_repo.limit_statements(uow.session, seconds)
+            yield uow
+
+    return bounded
 
 
 def _measured(
@@ -273,35 +300,49 @@ def _search(query: _Query, timings: StageTimes, trained_reranker: str | None) ->
 def _retrieve(query: _Query, timings: StageTimes) -> Retrieved:
     """Both arms (concurrently, each degrading alone) and their fused ranking."""
     tenant_id, request, settings = query.tenant_id, query.request, query.settings
-    futures: dict[str, Future[list[ArmHit]]] = {}
+    lexical: Future[list[ArmHit]] | None = None
+    dense: list[ArmHit] | Exception | None = None
     with timings.stage("retrieve"):
         # BM25 needs no vector: Elasticsearch works on it while this thread embeds the query.
         # That pays on 2 cores because the ONNX query encoder keeps to one thread (torch on
         # two was slowed by the overlap more than it saved: p50 79 ms embedding first vs 100).
         if request.mode in ("lexical", "hybrid"):
-            futures["lexical"] = _pool.submit(
+            lexical = _lexical_pool.submit(
                 _timed_arm, timings, "lexical", lambda: lexical_arm(tenant_id, request, settings)
             )
+        lexical_deadline = time.monotonic() + settings.search_store_timeout_s + ARM_WAIT_MARGIN_S
         threads = ALL_CORES if request.mode == "dense" else 1
         vector = timings.timed(
             "embed",
-            lambda: query_vector(request.query, settings, threads, query.embedding_cache),
+            lambda: query_vector(
+                request.query, settings, threads, query.embedding_cache, scope=tenant_id
+            ),
         )
         if request.mode in ("dense", "hybrid"):
-            futures["dense"] = _pool.submit(
-                _timed_arm,
-                timings,
-                "dense",
-                lambda: dense_arm(query.reads, tenant_id, vector, request, settings),
-            )
+            # On this request's own thread: a tenant whose reads Postgres is slow to answer
+            # holds its own requests' threads, never a pool every search shares.
+            try:
+                dense = _timed_arm(
+                    timings,
+                    "dense",
+                    lambda: dense_arm(query.reads, tenant_id, vector, request, settings),
+                )
+            except ARM_ERRORS as e:
+                dense = e
         arms: dict[str, list[ArmHit]] = {}
         degraded: list[str] = []
-        for arm, future in futures.items():
+        if lexical is not None:
             try:
-                arms[arm] = future.result()
-            except (ApiError, TransportError, SQLAlchemyError) as e:
-                log.warning("%s arm unavailable: %s: %s", arm, type(e).__name__, e)
-                degraded.append(f"{arm}_unavailable")
+                arms["lexical"] = lexical.result(
+                    timeout=max(0.0, lexical_deadline - time.monotonic())
+                )
+            except (*ARM_ERRORS, FutureTimeout) as e:
+                lexical.cancel()  # one still waiting for a thread need not run at all
+                degraded.append(_arm_unavailable("lexical", e))
+        if isinstance(dense, Exception):
+            degraded.append(_arm_unavailable("dense", dense))
+        elif dense is not None:
+            arms["dense"] = dense
     if not arms:
         raise StoreUnavailable("neither Postgres nor Elasticsearch answered the search")
     fused = timings.timed("fuse", lambda: fuse(arms, request.fusion))
@@ -309,6 +350,11 @@ def _retrieve(query: _Query, timings: StageTimes) -> Retrieved:
     if boost is not None:
         fused = timings.timed("boost", lambda: _boost(query, fused, boost))
     return Retrieved(arms, degraded, vector, fused)
+
+
+def _arm_unavailable(arm: str, error: Exception) -> str:
+    log.warning("%s arm unavailable: %s: %s", arm, type(error).__name__, error)
+    return f"{arm}_unavailable"
 
 
 def _boost(query: _Query, fused: list[tuple[str, float]], boost: Boost) -> list[tuple[str, float]]:

@@ -67,10 +67,13 @@ def test_intake_bounds_stay_linear_and_refuse_with_a_4xx():
     from shared.errors import BadRequest
     from shared.search.filters import _encode_date, parse_iso_date, range_terms
 
-    def scan_time(n: int) -> float:
-        started = time.perf_counter()
-        check_json_structure(b'"' + b'\\"' * n, lines=False)
-        return time.perf_counter() - started
+    def scan_time(n: int) -> float:  # the best of three: a busy machine's pauses left out
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            check_json_structure(b'"' + b'\\"' * n, lines=False)
+            times.append(time.perf_counter() - started)
+        return min(times)
 
     small, large = scan_time(20_000), scan_time(200_000)
     assert large < max(small * 30, 0.05), (small, large)

@@ -118,14 +118,23 @@ def test_deletes_and_references_in_one_message_with_another_tenants_bad_events(
         build_upload_event(tenant_id=tenant, external_id="reef.txt", content_path="notes/reef.txt"),
         build_upload_event(tenant_id=tenant, external_id="gone.txt", raw=b"Soon deleted, this."),
     ]
+    nested: Any = "bottom"
+    for _ in range(600):  # deeper than Python's recursion allows a naive walk of it
+        nested = {"deeper": nested}
     poison = [
         build_upload_event(tenant_id=other, external_id="x", content_path="../../etc/passwd"),
         {**build_delete_event(tenant_id=other, external_id="y"), "content_base64": TEXT},
+        # refused, and its dead letter must still be written (it once raised RecursionError,
+        # which ended the message: the events after it were never accepted nor recorded)
+        {
+            **build_upload_event(tenant_id=other, external_id="z" * 5000, raw=b"z"),
+            "metadata": nested,
+        },
     ]
     result = accept_upload_events.apply(
-        args=[[first[0], poison[0], first[1], poison[1], first[2]]]
+        args=[[first[0], poison[0], first[1], poison[1], poison[2], first[2]]]
     ).get()
-    assert result == {"accepted": 3, "unchanged": 0, "rejected": 2, "deleted": 0}
+    assert result == {"accepted": 3, "unchanged": 0, "rejected": 3, "deleted": 0}
     wait_for(lambda: len(pg_chunks(tenant)) == 3 or None, 90, what="the three documents")
 
     second = [
@@ -147,9 +156,11 @@ def test_deletes_and_references_in_one_message_with_another_tenants_bad_events(
     with unit_of_work() as uow:
         letters = uow.session.scalars(select(DeadLetter).where(DeadLetter.tenant_id == other)).all()
         reasons = sorted(letter.message for letter in letters)
-    assert len(reasons) == 2
+        deep = next(letter for letter in letters if letter.ref.startswith("z"))
+    assert len(reasons) == 3
     assert any("content root" in r or "relative" in r for r in reasons)
     assert any("delete event names only the document" in r for r in reasons)
+    assert len(deep.ref) == 512 and "nested deeper than 16 levels" in json.dumps(deep.payload)
 
 
 def test_a_message_of_many_events_is_accepted_in_order_a_slice_at_a_time(

@@ -289,10 +289,22 @@ def test_instruction_like_evidence_is_flagged(client, auth, tenant, worker):
         {"query": "x", "fusion": {"method": "rrf", "weights": {"sparse": 1}}},
         {"query": "x", "unknown": True},
         {"top_k": 3},
+        # JSON's non-standard NaN and Infinity (Python's parser reads them): no meaning as a
+        # filter value or weight, and Postgres' JSONB refuses them
+        {"query": "x", "filters": {"metadata": {"year": float("nan")}}},
+        {"query": "x", "filters": {"metadata": {"year": [2019, float("inf")]}}},
+        {"query": "x", "filters": {"metadata": {"year": {"gte": float("-inf")}}}},
+        {"query": "x", "fusion": {"weights": {"dense": float("inf")}}},
+        # longer than a document's whole metadata may be
+        {"query": "x", "filters": {"metadata": {"team": "z" * 16385}}},
     ],
 )
 def test_bad_search_input_is_a_422_with_a_message(client, auth, payload):
-    response = client.post("/v1/search", headers=auth, json=payload)
+    response = client.post(  # json.dumps writes NaN and Infinity as Python's parser reads them
+        "/v1/search",
+        headers={**auth, "content-type": "application/json"},
+        content=json.dumps(payload).encode(),
+    )
     assert response.status_code == 422, response.text
     error = response.json()["error"]
     assert error["code"] == "invalid_request" and error["message"]

@@ -427,3 +427,60 @@ def test_a_result_whose_first_sentence_cannot_fit_is_omitted_without_counting_it
     assert [e.chunk_id for e in known.evidence] == [e.chunk_id for e in counted.evidence]
     assert len(known.evidence) == 2 and known.per_result == counted.per_result
     assert list(known.per_result.values()).count("over_budget") == 28
+
+
+def test_rerank_work_whose_budget_ran_out_is_not_left_queued() -> None:
+    """Wide windows with tiny budgets, many times over: each request gives up at once, and
+    its model work, still waiting for the one rerank thread, is cancelled rather than queued,
+    so the next search's rerank (any tenant's) waits for at most the one call running."""
+    import threading
+
+    from shared.rerankers.scoring import RerankUnavailable, rerank_within_budget
+
+    release = threading.Event()
+    calls: list[int] = []
+
+    class Slow:
+        name = "slow"
+
+        def score(self, query: str, passages: list[str]) -> list[float]:
+            calls.append(len(passages))
+            release.wait(5)
+            return [0.0] * len(passages)
+
+    class Fast:
+        name = "fast"
+
+        def score(self, query: str, passages: list[str]) -> list[float]:
+            return [1.0] * len(passages)
+
+    for _ in range(10):
+        with pytest.raises(RerankUnavailable):
+            rerank_within_budget(Slow(), "q", ["p"] * 200, budget_ms=20)
+    release.set()  # the one call that started finishes
+    assert rerank_within_budget(Fast(), "q", ["a", "b"], budget_ms=2000) == [1.0, 1.0]
+    assert calls == [200]  # the other nine never ran
+
+
+def test_query_embeddings_are_cached_per_tenant(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache hit is faster than a miss and Server-Timing shows it: a tenant must not learn
+    from it what another searched for."""
+    import numpy as np
+
+    from shared.search import service
+    from shared.settings import Settings
+
+    encoded: list[str] = []
+
+    class Encoder:
+        def embed_query(self, query: str, threads: int = 1) -> np.ndarray:
+            encoded.append(query)
+            return np.ones(4, dtype=np.float32)
+
+    monkeypatch.setattr(service, "get_embedder", lambda: Encoder())
+    settings = Settings(query_cache_size=17)  # a cache of its own for this test
+    service.query_vector("secret merger plans", settings, scope="tenant-a")
+    service.query_vector("secret merger plans", settings, scope="tenant-a")
+    assert encoded == ["secret merger plans"]
+    service.query_vector("secret merger plans", settings, scope="tenant-b")
+    assert encoded == ["secret merger plans"] * 2
