@@ -19,7 +19,7 @@ BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 def is_upload(scope: Scope) -> bool:
     """``POST /v1/documents``: bounded by its route, while it streams, at the upload limit."""
-    return scope["method"] == "POST" and scope["path"].rstrip("/") == "/v1/documents"
+    return bool(scope["method"] == "POST" and scope["path"].rstrip("/") == "/v1/documents")
 
 
 class BodyLimitMiddleware:

@@ -25,7 +25,7 @@ import json
 import secrets
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.commands.core import Script
@@ -122,7 +122,7 @@ def load(settings: Settings, tenant_id: str, cursor_id: str) -> tuple[SearchRequ
         raw = _redis(settings).get(PREFIX + cursor_id)
     except RedisError as e:
         raise StoreUnavailable(f"the cursor could not be read (Redis: {e})") from e
-    snapshot = _snapshot(raw) if raw else None
+    snapshot = _snapshot(cast(bytes, raw)) if raw else None
     if snapshot is None or snapshot["tenant"] != tenant_id:
         raise NotFound(
             f"no such cursor: it expired (cursors live {settings.search_cursor_ttl_s} s) "
@@ -139,7 +139,8 @@ def load(settings: Settings, tenant_id: str, cursor_id: str) -> tuple[SearchRequ
 
 def _snapshot(raw: bytes) -> dict[str, Any]:
     # A cursor saved before snapshots were compressed (for its TTL after an upgrade) is JSON.
-    return json.loads(raw if raw.startswith(b"{") else zlib.decompress(raw))
+    snapshot: dict[str, Any] = json.loads(raw if raw.startswith(b"{") else zlib.decompress(raw))
+    return snapshot
 
 
 def encode(cursor_id: str, offset: int) -> str:
