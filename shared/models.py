@@ -26,6 +26,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -186,6 +187,7 @@ class IngestJob(Base):
     __table_args__ = (
         Index("ix_ingest_jobs_state_lease", "state", "lease_expires_at"),
         Index("ix_ingest_jobs_tenant_created", "tenant_id", "created_at"),
+        Index("ix_ingest_jobs_document_version", "document_id", "version", "created_at"),
         ForeignKeyConstraint(
             ["document_id", "version"],
             ["document_versions.document_id", "document_versions.version"],
@@ -199,6 +201,11 @@ class IngestJob(Base):
     version: Mapped[int] = mapped_column(Integer, nullable=False)
     state: Mapped[str] = mapped_column(String(16), nullable=False)
     attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    # Attempts that ended with no outcome of the job's own (its worker lost, its batch out of
+    # time): from ISOLATE_AFTER_LOST_ATTEMPTS on, the job runs alone (shared/jobs/service.py).
+    attempts_lost: Mapped[int] = mapped_column(
+        Integer, nullable=False, default=0, server_default="0"
+    )
     # While the lease runs, the job belongs to whoever holds it; the sweep re-enqueues the
     # job once it expires, so recovery never depends on Redis redelivery.
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -230,7 +237,11 @@ class EsOutbox(Base):
 
 class DeadLetter(Base):
     __tablename__ = "dead_letters"
-    __table_args__ = (Index("ix_dead_letters_tenant_created", "tenant_id", "created_at"),)
+    __table_args__ = (
+        Index("ix_dead_letters_tenant_created", "tenant_id", "created_at"),
+        # outbox refs are chunk ids, looked up by reconcile; other refs may be long
+        Index("ix_dead_letters_outbox_ref", "ref", postgresql_where=text("source = 'outbox'")),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     tenant_id: Mapped[str] = mapped_column(String(64), nullable=False)

@@ -17,13 +17,13 @@ from shared.db import UnitOfWork
 from shared.db.repository import insert_rows, lock_key, lock_keys, now
 from shared.documents import repository as repo
 from shared.documents.schemas import Upload, UploadResult
-from shared.errors import ConcordError, NotFound
+from shared.errors import NotFound
 from shared.jobs import repository as jobs_repo
 from shared.logs import current_request_id
 from shared.models import Document, DocumentVersion, IngestJob, JobState, OutboxOp
 from shared.outbox import repository as outbox_repo
 from shared.queue import publish_ingest_job, publish_relay
-from shared.retry import MAX_ERROR_MESSAGE_CHARS
+from shared.retry import describe_error
 from shared.settings import Settings
 from shared.stores.vector_store import PgVectorStore
 from shared.tenants import repository as tenants_repo
@@ -167,7 +167,6 @@ LETTER_MAX_REF = 512  # an external id's own limit
 def add_event_dead_letter(session: Session, event: dict[str, Any], error: Exception) -> None:
     """Record an upload event that can never be accepted as a dead letter (without its
     content, which may be large), so the producer's mistake is visible."""
-    message = error.message if isinstance(error, ConcordError) else str(error)
     jobs_repo.add_dead_letter(
         session,
         tenant_id=storable_text(str(event.get("tenant_id") or "?"))[:64],
@@ -175,7 +174,8 @@ def add_event_dead_letter(session: Session, event: dict[str, Any], error: Except
         ref=storable_text(str(event.get("external_id") or "?")[:LETTER_MAX_REF]),
         stage="intake",
         error_class=type(error).__name__,
-        message=storable_text(message[:MAX_ERROR_MESSAGE_CHARS]),
+        # a database error's primary message only: not its statement and parameters
+        message=describe_error(error),
         attempts=1,
         payload=_letter_value({k: v for k, v in event.items() if k != "content_base64"}),
     )

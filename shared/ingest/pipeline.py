@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from billiard.exceptions import SoftTimeLimitExceeded
 
 from shared.db import Transactions, UnitOfWork
 from shared.db.repository import lock_keys, now
@@ -146,7 +147,10 @@ def claim(uow: UnitOfWork, job_id: uuid.UUID, settings: Settings) -> list[Claim]
     versions = documents_repo.versions(session, [(job.document_id, job.version)])
     own = versions.get((job.document_id, job.version))
     room = settings.ingest_batch_bytes - (len(own.raw or b"") if own else 0)
-    others = jobs_repo.claim_queued_jobs(session, settings.ingest_batch_jobs - 1, job.id, room)
+    mates = 0 if _runs_alone_once_claimed(job) else settings.ingest_batch_jobs - 1
+    others = jobs_repo.claim_queued_jobs(
+        session, mates, job.id, room, jobs.ISOLATE_AFTER_LOST_ATTEMPTS
+    )
     versions.update(documents_repo.versions(session, [(o.document_id, o.version) for o in others]))
     first = _start(uow, job, versions, current, settings)
     if first is None:  # the batch-mates stay queued, untouched
@@ -159,11 +163,20 @@ def claim_listed(uow: UnitOfWork, job_ids: list[uuid.UUID], settings: Settings) 
     """The leases of the jobs accepted together (one message for all of them); those
     finished or running elsewhere by now are left alone."""
     session = uow.session
-    listed = jobs_repo.claimable_jobs(session, job_ids)
+    # One that has lost too many attempts is left to its own message (the sweep's).
+    claimable = jobs_repo.claimable_jobs(session, job_ids)
+    listed = [job for job in claimable if not _runs_alone_once_claimed(job)]
     current = now(session)
     versions = documents_repo.versions(session, [(j.document_id, j.version) for j in listed])
     claims = [_start(uow, job, versions, current, settings) for job in listed]
     return [c for c in claims if c is not None]
+
+
+def _runs_alone_once_claimed(job: IngestJob) -> bool:
+    """Whether ``job`` runs in a batch of its own (shared/jobs/service.runs_alone), counting
+    the attempt it lost if it is claimed while still ``running`` under a lease that ran out."""
+    lost = job.attempts_lost + (1 if job.state == JobState.RUNNING else 0)
+    return lost >= jobs.ISOLATE_AFTER_LOST_ATTEMPTS
 
 
 def _duplicate_delivery(uow: UnitOfWork, job_id: uuid.UUID) -> JobOutcome | None:
@@ -235,9 +248,11 @@ def run(
                 ),
             )
             steps.together(ready, "write", steps.write_in_own_transaction)
-        except Exception:
+        except Exception as e:
             unfinished = [c.job_id for c in claims if c.job_id not in steps.outcomes]
-            _release(transactions, unfinished, settings, retried_by_task)
+            # Out of time: no job's own outcome, and any of them may be the reason.
+            lost = isinstance(e, SoftTimeLimitExceeded)
+            _release(transactions, unfinished, settings, retried_by_task, lost)
             raise
     return steps.outcomes
 
@@ -334,6 +349,7 @@ def _release(
     job_ids: list[uuid.UUID],
     settings: Settings,
     retried_by_task: uuid.UUID | None,
+    lost: bool,
 ) -> None:
     """Hand unfinished jobs back to the queue (shared/jobs/service.release). Best effort: if
     Postgres is out of reach too, the jobs' leases (no longer renewed) run out and the sweep
@@ -342,7 +358,7 @@ def _release(
         return
     try:
         with transactions() as uow:
-            jobs.release(uow, job_ids, settings, retried_by_task)
+            jobs.release(uow, job_ids, settings, retried_by_task, lost)
     except Exception as e:
         log.warning("could not release %d jobs (%s); their leases will run out", len(job_ids), e)
 

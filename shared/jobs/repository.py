@@ -60,7 +60,7 @@ def job_state(session: Session, job_id: uuid.UUID) -> tuple[str, bool] | None:
 
 
 def claim_queued_jobs(
-    session: Session, limit: int, exclude: uuid.UUID, max_bytes: int
+    session: Session, limit: int, exclude: uuid.UUID, max_bytes: int, alone_after_lost: int
 ) -> Sequence[IngestJob]:
     """Oldest queued jobs that no one else is claiming right now (for batching), at most
     ``limit`` of them and at most ``max_bytes`` of raw content together: a batch is bounded
@@ -78,7 +78,12 @@ def claim_queued_jobs(
             (DocumentVersion.document_id == IngestJob.document_id)
             & (DocumentVersion.version == IngestJob.version),
         )
-        .where(IngestJob.state == JobState.QUEUED, IngestJob.id != exclude)
+        .where(
+            IngestJob.state == JobState.QUEUED,
+            IngestJob.id != exclude,
+            # one that lost this many attempts runs alone, by its own message
+            IngestJob.attempts_lost < alone_after_lost,
+        )
         .order_by(IngestJob.created_at)
         .limit(limit)
         .with_for_update(of=IngestJob, skip_locked=True)

@@ -27,12 +27,33 @@ FINISHED = (JobState.INDEXED, JobState.FAILED, JobState.DEAD_LETTERED)
 TRAINING_LOST_AFTER = timedelta(minutes=10)
 
 
+# A batch holds many tenants' jobs. When it ends with no outcome of any job's own (its worker
+# killed or out of memory while it ran, or the batch out of time), nothing says which job
+# caused it, so each job counts a lost attempt; one that has lost this many runs alone from
+# then on. A document that kills its worker every time then uses up its own attempts alone,
+# and its batch-mates lose at most this many of theirs (two: one random kill does not slow
+# the recovery of a whole batch by running it one job at a time).
+ISOLATE_AFTER_LOST_ATTEMPTS = 2
+
+
+def runs_alone(job: IngestJob) -> bool:
+    return job.attempts_lost >= ISOLATE_AFTER_LOST_ATTEMPTS
+
+
+def lose_attempt(job: IngestJob) -> None:
+    """The job's attempt ended without an outcome of its own (see above)."""
+    job.attempts_lost += 1
+
+
 def extend_lease(job: IngestJob, at: datetime, seconds: int) -> None:
     job.lease_expires_at = at + timedelta(seconds=seconds)
 
 
 def start(job: IngestJob, at: datetime, settings: Settings) -> None:
-    """Claimed: running under a fresh lease, one more attempt counted."""
+    """Claimed: running under a fresh lease, one more attempt counted. A job claimed while
+    still ``running`` (its lease ran out before the sweep saw it) lost its last attempt."""
+    if job.state == JobState.RUNNING:
+        lose_attempt(job)
     job.state = JobState.RUNNING
     job.attempts += 1
     job.started_at = at
@@ -87,14 +108,18 @@ def release(
     job_ids: Sequence[uuid.UUID],
     settings: Settings,
     retried_by_task: uuid.UUID | None,
+    lost: bool = False,
 ) -> None:
     """Hand unfinished jobs back to the queue at once, each with a message of its own, except
     ``retried_by_task``: its task's retry brings it back, and should that message be lost,
-    its lease (expired now) lets the next sweep publish it."""
+    its lease (expired now) lets the next sweep publish it. ``lost``: the attempt ended with
+    no outcome of the jobs' own (the batch ran out of time), counted as such."""
     current = now(uow.session)
     for job in repo.lock_jobs(uow.session, job_ids).values():
         if job.state != JobState.RUNNING:
             continue
+        if lost:
+            lose_attempt(job)
         job.state = JobState.QUEUED
         if job.id == retried_by_task:
             job.lease_expires_at = current
@@ -114,8 +139,9 @@ def give_up(uow: UnitOfWork, job: IngestJob, at: datetime) -> None:
     job.state = JobState.DEAD_LETTERED
     job.error_stage = job.error_stage or "lease"
     job.error_class = job.error_class or "LeaseExpired"
+    lost = f" ({job.attempts_lost} ended with their worker lost or out of time)"
     job.error_message = (
-        f"gave up after {job.attempts} attempts; last error: "
+        f"gave up after {job.attempts} attempts{lost if job.attempts_lost else ''}; last error: "
         f"{job.error_message or 'the worker disappeared while holding the lease'}"
     )
     job.finished_at = at

@@ -4,7 +4,9 @@ A running job whose lease expired lost its worker (kill -9, OOM, a lost host): a
 renews it every few seconds (shared/jobs/heartbeat.py). A queued job whose lease expired
 has waited ``queued_republish_seconds`` since its message was published: the message was lost.
 The sweep gives either a fresh lease and publishes the job again; a job that has used up its
-attempts is dead-lettered with the last error it recorded.
+attempts is dead-lettered with the last error it recorded. A running one lost its attempt with
+its worker, which may have been killed by a batch-mate (shared/jobs/service.py,
+``ISOLATE_AFTER_LOST_ATTEMPTS``): counted, so that a job that keeps losing them runs alone.
 
 Waiting out a queued job's lease (minutes) is too slow when Redis comes back empty: then the
 ingest queue is empty while Postgres still has queued jobs published more than a sweep period
@@ -55,6 +57,8 @@ def sweep_expired_jobs(
     with transactions() as uow:
         current = now(uow.session)
         for job in repo.expired_jobs(uow.session, limit):
+            if job.state == JobState.RUNNING:
+                jobs.lose_attempt(job)  # its worker was lost while it ran
             if job.attempts >= settings.job_max_attempts:
                 jobs.give_up(uow, job, current)
                 report.dead_lettered.append(str(job.id))

@@ -478,8 +478,8 @@ def test_events_with_fields_postgres_cannot_store_are_dead_lettered_with_the_rea
     for name, (_, reason) in bad.items():
         assert found[name].stage == "intake" and reason in found[name].message, name
     # Recorded although Postgres could not store them as they came.
-    assert found["nul.txt"].payload["metadata"] == {"note": "ab"}
-    assert found["surrogate.txt"].payload["metadata"] == {"note": "a?b"}
+    assert found["nul.txt"].payload["metadata"] == {"note": "a b"}
+    assert found["surrogate.txt"].payload["metadata"] == {"note": "a\ufffdb"}
     assert found["nan.txt"].payload["metadata"] == {"score": "nan"}
     wait_for(lambda: len(pg_chunks(tenant)) == 2 or None, 60, what="both good documents")
     assert len(wait_converged(tenant)) == 2
@@ -509,7 +509,8 @@ def test_an_event_the_database_refuses_is_dead_lettered_and_its_neighbours_accep
     with unit_of_work() as uow:
         letter = uow.session.scalar(select(DeadLetter).where(DeadLetter.tenant_id == tenant))
     assert letter is not None and letter.ref == "nul.txt"
-    assert "json" in letter.message.lower() and letter.payload["metadata"] == {"note": "ab"}
+    assert "unicode" in letter.message.lower() and "[SQL:" not in letter.message
+    assert letter.payload["metadata"] == {"note": "a b"}
     wait_for(lambda: len(pg_chunks(tenant)) == 2 or None, 60, what="both good documents")
     assert len(wait_converged(tenant)) == 2
 

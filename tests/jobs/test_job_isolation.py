@@ -283,3 +283,84 @@ def test_a_batch_mate_of_another_tenant_does_not_move_a_victims_vectors(
             chunk_id,
             float(stored[chunk_id] @ alone),
         )
+
+
+# A stand-in for a worker process that a document kills (a parser's crash, the OOM killer):
+# it takes one job's message the way the task does, and SIGKILLs itself on parsing the pill.
+CRASHER = """
+import os, signal, sys, uuid
+from shared.db import unit_of_work
+from shared.ingest import pipeline
+
+real_parse = pipeline.parse
+
+def parse(raw, *args, **kwargs):
+    if b"poison-pill" in raw:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_parse(raw, *args, **kwargs)
+
+pipeline.parse = parse
+pipeline.process_job(unit_of_work, uuid.UUID(sys.argv[1]))
+"""
+
+
+def test_a_document_that_kills_its_worker_uses_up_its_own_attempts_not_its_batch_mates(
+    client: TestClient, worker: CeleryProcess
+) -> None:
+    """The poison's message is delivered first every round, so it claims whoever is queued
+    beside it. Each crash ends every job of its batch with no outcome of its own; a job that
+    has lost two attempts runs alone from then on. The victim tenant's jobs lose at most two
+    attempts and are indexed; the poison is dead-lettered alone after its five. (The lease
+    running out is stood in for by back-dating it; the sweep is the real one.)"""
+    import subprocess
+    import sys
+
+    from sqlalchemy import text
+
+    from shared.jobs.service import ISOLATE_AFTER_LOST_ATTEMPTS
+    from shared.jobs.sweep import sweep_expired_jobs
+    from tests.conftest import ROOT
+
+    settings = get_settings()
+    victim, offender = f"v-{uuid.uuid4().hex[:10]}", f"o-{uuid.uuid4().hex[:10]}"
+    victim_auth = key_headers(victim, ["read", "write"])
+    offender_auth = key_headers(offender, ["read", "write"])
+    crashes, runs = 0, 0
+    with paused(worker):
+        victim_jobs = _victim_uploads(client, victim_auth, n=7, run=uuid.uuid4().hex[:6])
+        poison = upload_text(client, offender_auth, "pill.txt", "A poison-pill document.")
+        ours = [poison["job_id"], *victim_jobs]
+        for _ in range(12):
+            queued = [j for j in ours if _jobs([j])[j].state == "queued"]
+            if not queued:
+                break
+            for job_id in queued:  # the poison's message first
+                runs += 1
+                ended = subprocess.run(
+                    [sys.executable, "-c", CRASHER, job_id], cwd=ROOT, timeout=120
+                ).returncode
+                if ended == -9:
+                    crashes += 1
+                    with unit_of_work() as uow:  # its leases run out (20 s under the defaults)
+                        uow.session.execute(
+                            text(
+                                "UPDATE ingest_jobs SET lease_expires_at = now() - interval '1 s'"
+                                " WHERE id = ANY(CAST(:ids AS uuid[])) AND state = 'running'"
+                            ),
+                            {"ids": ours},
+                        )
+                    sweep_expired_jobs(unit_of_work, settings)
+                    break
+                assert ended == 0
+        jobs = _jobs(ours)
+    assert crashes == settings.job_max_attempts
+    pill = jobs[poison["job_id"]]
+    assert pill.state == "dead_lettered"
+    assert f"({settings.job_max_attempts} ended with their worker lost" in pill.error_message
+    for job_id in victim_jobs:
+        job = jobs[job_id]
+        assert job.state == "indexed", (job.state, job.error_message)
+        assert job.attempts_lost <= ISOLATE_AFTER_LOST_ATTEMPTS
+        assert job.attempts <= ISOLATE_AFTER_LOST_ATTEMPTS + 1
+    print(f"\n[poison that kills its worker] {crashes} crashes in {runs} runs; victims indexed")
+    _assert_victim_unharmed(victim, victim_jobs)
