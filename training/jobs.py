@@ -114,7 +114,7 @@ def _heartbeat(job_id: uuid.UUID) -> Iterator[None]:
             try:
                 with unit_of_work() as uow:
                     repo.touch_running_training_job(uow.session, job_id)
-            except Exception as e:  # the next beat tries again; ten minutes of them may fail
+            except Exception as e:  # the next beat tries again (see shared/jobs/sweep.py)
                 log.warning("training job %s: heartbeat not written: %s", job_id, e)
 
     thread = threading.Thread(target=beat, name=f"training-heartbeat-{job_id}", daemon=True)

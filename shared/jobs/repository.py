@@ -228,12 +228,18 @@ def stage_time_totals(session: Session) -> dict[str, tuple[int, float]]:
     return {stage: (int(count), float(total)) for stage, count, total in rows}
 
 
-def silent_training_jobs(session: Session, before: datetime, limit: int) -> Sequence[TrainingJob]:
-    """Queued or running training jobs that have written nothing since ``before``, locked
-    (skipping any a run is writing to right now)."""
+def silent_training_jobs(
+    session: Session, running_before: datetime | None, queued_before: datetime, limit: int
+) -> Sequence[TrainingJob]:
+    """Running training jobs that have written nothing since ``running_before`` (None: none
+    are asked for) and queued ones silent since ``queued_before``, locked (skipping any a run
+    is writing to right now)."""
+    silent = (TrainingJob.state == "queued") & (TrainingJob.updated_at < queued_before)
+    if running_before is not None:
+        silent |= (TrainingJob.state == "running") & (TrainingJob.updated_at < running_before)
     return session.scalars(
         select(TrainingJob)
-        .where(TrainingJob.state.in_(["queued", "running"]), TrainingJob.updated_at < before)
+        .where(silent)
         .order_by(TrainingJob.updated_at)
         .limit(limit)
         .with_for_update(skip_locked=True)

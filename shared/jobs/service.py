@@ -22,9 +22,12 @@ from shared.settings import Settings
 from shared.webhooks import service as webhooks
 
 FINISHED = (JobState.INDEXED, JobState.FAILED, JobState.DEAD_LETTERED)
-# A running training job writes progress at least every few seconds; one silent for this long
-# lost its worker (the task acks on start, so nothing redelivers it).
-TRAINING_LOST_AFTER = timedelta(minutes=10)
+# A running training job's heartbeat writes every 10 s (training/jobs.py); one silent for this
+# long lost its worker (the task acks on start, so nothing redelivers it). A queued one silent
+# for TRAINING_MESSAGE_LOST_AFTER lost its message (it may be waiting behind a long run on
+# the training queue: published again only that rarely).
+TRAINING_LOST_AFTER = timedelta(minutes=1)
+TRAINING_MESSAGE_LOST_AFTER = timedelta(minutes=10)
 
 
 # A batch holds many tenants' jobs. When it ends with no outcome of any job's own (its worker

@@ -14,10 +14,11 @@ ago, and those are published again at once. A job whose message was only taken b
 moment ago gets a second message, which finds it running: a no-op.
 
 Training jobs are acknowledged when they start (a run outlives the broker's visibility
-timeout), so nothing redelivers them either: one that has written nothing for
-``TRAINING_LOST_AFTER`` is settled here. A running one lost its worker: it fails, with the
-reason and its ``training.failed`` webhook. A queued one lost its message: it is published
-again (a duplicate is harmless, a run starts only from ``queued``).
+timeout), so nothing redelivers them either. A running one whose heartbeat has been silent
+for ``TRAINING_LOST_AFTER`` (a minute: six beats) lost its worker: it fails, with the reason
+and its ``training.failed`` webhook. A queued one silent for ``TRAINING_MESSAGE_LOST_AFTER``
+lost its message: it is published again (a duplicate is harmless, a run starts only from
+``queued``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from shared.db import Transactions
 from shared.db.repository import now
@@ -47,15 +50,31 @@ class SweepReport:
     training_failed: list[str] = field(default_factory=list)
 
 
+# When this process's sweeps (re)gained Postgres, on the database's clock. An outage silences
+# every live training run's heartbeat too: a run is judged lost only by a sweep that has
+# itself reached Postgres for TRAINING_LOST_AFTER, so a live run has had its beats by then.
+_reachable_since: datetime | None = None
+
+
 def sweep_expired_jobs(
     transactions: Transactions, settings: Settings | None = None, limit: int = 500
 ) -> SweepReport:
     """Two transactions: the jobs whose lease ran out (published again, or given up on), then
-    the queued jobs whose message Redis lost."""
-    settings = settings or get_settings()
+    the queued jobs whose message Redis lost; then the silent training jobs."""
+    global _reachable_since
+    try:
+        return _sweep(transactions, settings or get_settings(), limit)
+    except SQLAlchemyError:
+        _reachable_since = None  # the next sweep that reaches Postgres starts counting anew
+        raise
+
+
+def _sweep(transactions: Transactions, settings: Settings, limit: int) -> SweepReport:
+    global _reachable_since
     report = SweepReport()
     with transactions() as uow:
         current = now(uow.session)
+        _reachable_since = _reachable_since or current
         for job in repo.expired_jobs(uow.session, limit):
             if job.state == JobState.RUNNING:
                 jobs.lose_attempt(job)  # its worker was lost while it ran
@@ -81,8 +100,14 @@ def _settle_silent_training_jobs(
 ) -> None:
     with transactions() as uow:
         current = now(uow.session)
+        judged = (
+            _reachable_since is not None and current - _reachable_since >= jobs.TRAINING_LOST_AFTER
+        )
         for job in repo.silent_training_jobs(
-            uow.session, current - jobs.TRAINING_LOST_AFTER, limit
+            uow.session,
+            current - jobs.TRAINING_LOST_AFTER if judged else None,
+            current - jobs.TRAINING_MESSAGE_LOST_AFTER,
+            limit,
         ):
             job.updated_at = current  # settled once per silence, not on every sweep
             if job.state == "queued":
@@ -91,8 +116,8 @@ def _settle_silent_training_jobs(
                 continue
             job.state = "failed"
             job.error = (
-                f"its worker stopped: no progress for {jobs.TRAINING_LOST_AFTER.seconds // 60} "
-                "minutes (start the training again)"
+                f"its worker stopped: no heartbeat for {jobs.TRAINING_LOST_AFTER.seconds} s "
+                "(start the training again)"
             )
             webhooks.training_finished(uow, job)
             report.training_failed.append(str(job.id))

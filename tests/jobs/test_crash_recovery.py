@@ -124,13 +124,13 @@ def test_a_silent_training_job_is_failed_or_published_again_by_the_sweep(
     whose worker died (no progress for TRAINING_LOST_AFTER) fails with the reason and its
     webhook, a queued one whose message was lost is published again, once per silence, and
     a live one is left alone."""
-    from datetime import timedelta
+    from datetime import UTC, datetime, timedelta
 
     from sqlalchemy import update
 
     from shared.db.repository import now
     from shared.jobs import sweep
-    from shared.jobs.service import TRAINING_LOST_AFTER
+    from shared.jobs.service import TRAINING_LOST_AFTER, TRAINING_MESSAGE_LOST_AFTER
     from shared.models import TrainingJob, WebhookDelivery
     from tests.helpers import key_headers
 
@@ -143,6 +143,8 @@ def test_a_silent_training_job_is_failed_or_published_again_by_the_sweep(
     ids = {state: uuid.uuid4() for state in ("dead", "lost-message", "live")}
     published: list[uuid.UUID] = []
     monkeypatch.setattr(sweep, "publish_training_job", published.append)
+    # This process's sweeps have reached Postgres for long (its first would judge no run).
+    monkeypatch.setattr(sweep, "_reachable_since", datetime.now(UTC) - timedelta(hours=1))
     with paused(worker):  # its beat-driven sweeps wait; this test runs the sweep itself
         with unit_of_work() as uow:
             for name, job_id in ids.items():
@@ -153,12 +155,22 @@ def test_a_silent_training_job_is_failed_or_published_again_by_the_sweep(
                     )
                 )
         with unit_of_work() as uow:
-            silent_since = now(uow.session) - TRAINING_LOST_AFTER - timedelta(minutes=1)
-            uow.session.execute(
-                update(TrainingJob)
-                .where(TrainingJob.id.in_([ids["dead"], ids["lost-message"]]))
-                .values(updated_at=silent_since)
-            )
+            current = now(uow.session)
+            for name, silence in [
+                ("dead", TRAINING_LOST_AFTER + timedelta(seconds=10)),  # six beats and one
+                ("lost-message", TRAINING_MESSAGE_LOST_AFTER + timedelta(minutes=1)),
+            ]:
+                uow.session.execute(
+                    update(TrainingJob)
+                    .where(TrainingJob.id == ids[name])
+                    .values(updated_at=current - silence)
+                )
+        # A sweep that has only just reached Postgres again (after an outage, which silenced
+        # live runs' heartbeats as well) judges no running job yet.
+        monkeypatch.setattr(sweep, "_reachable_since", None)
+        after_outage = sweep.sweep_expired_jobs(unit_of_work)
+        assert str(ids["dead"]) not in after_outage.training_failed
+        monkeypatch.setattr(sweep, "_reachable_since", datetime.now(UTC) - timedelta(hours=1))
         first = sweep.sweep_expired_jobs(unit_of_work)
         again = sweep.sweep_expired_jobs(unit_of_work)
         # A run that ended after the sweep settled it (it cannot, with its heartbeat) leaves
@@ -174,7 +186,8 @@ def test_a_silent_training_job_is_failed_or_published_again_by_the_sweep(
             uow.session.query(TrainingJob).filter_by(tenant_id=tenant).delete()  # beat's sweeps
     mine = {str(i) for i in ids.values()}  # other tests' rows are not this test's to count
     assert [j for j in first.training_failed if j in mine] == [str(ids["dead"])]
-    assert [j for j in first.training_republished if j in mine] == [str(ids["lost-message"])]
+    republished = after_outage.training_republished + first.training_republished
+    assert [j for j in republished if j in mine] == [str(ids["lost-message"])]
     assert [j for j in published if str(j) in mine] == [ids["lost-message"]]  # once, after commit
     assert not mine & set(again.training_failed + again.training_republished)
     assert jobs["dead"].state == "failed" and "worker stopped" in (jobs["dead"].error or "")
@@ -188,7 +201,7 @@ def test_a_training_run_silent_in_a_long_phase_keeps_its_heartbeat(
     """Some phases of a run report no progress for long (waiting for Elasticsearch, a graph
     build): a thread of the run writes its heartbeat all the same, so the sweep never fails
     a live run. (The beat is shortened here from 10 s to stay fast.)"""
-    from datetime import timedelta
+    from datetime import UTC, datetime, timedelta
 
     from sqlalchemy import update
 
