@@ -7,10 +7,17 @@ prefetched at a time, and task time limits below the broker's visibility timeout
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from celery import Celery
-from celery.signals import celeryd_after_setup, setup_logging, worker_process_init
+from celery.signals import (
+    celeryd_after_setup,
+    setup_logging,
+    task_received,
+    worker_process_init,
+    worker_ready,
+)
 from kombu.connection import Connection
 
 from shared.logs import configure_json_logging
@@ -27,6 +34,7 @@ from shared.queue import (
     broker_socket_options,
 )
 from shared.settings import get_settings
+from workers import deliveries
 
 
 def create_celery_app() -> Celery:
@@ -171,3 +179,30 @@ def _init_worker_process(**_: Any) -> None:
     torch.set_num_threads(torch_threads_per_process(get_settings(), processes))
     get_embedder().model()
     get_embedder().passage_encoder()  # ONNX (exported and quantized once) when configured
+
+
+# Who holds which message (workers/deliveries.py): the main process records each message it
+# receives and keeps its worker's alive key fresh, so the sweep can hand back at once what a
+# dead worker's main process was holding.
+_alive = threading.Event()
+
+
+@worker_ready.connect  # type: ignore[untyped-decorator]
+def _keep_worker_alive(sender: Any, **_: Any) -> None:
+    deliveries.keep_alive(_delivery_redis(), sender.hostname, _alive)
+
+
+@task_received.connect  # type: ignore[untyped-decorator]
+def _record_delivery(sender: Any, request: Any, **_: Any) -> None:
+    deliveries.record_delivery(
+        _delivery_redis(),
+        str(request.message.delivery_tag),
+        sender.hostname,
+        get_settings().broker_visibility_timeout_s,
+    )
+
+
+def _delivery_redis() -> Any:
+    from shared.redis_client import redis_client
+
+    return redis_client(get_settings().redis_socket_timeout_s)

@@ -9,6 +9,7 @@ from collections import Counter
 from typing import Any
 
 from celery import Task
+from redis.exceptions import RedisError
 
 from shared.db import unit_of_work
 from shared.documents import events as upload_events
@@ -39,10 +40,12 @@ from shared.queue import (
     webhooks_started,
 )
 from shared.reconcile.service import periodic_reconcile
+from shared.redis_client import redis_client
 from shared.retry import describe_error, is_retriable
 from shared.settings import get_settings
 from shared.stores import partitions
 from shared.webhooks import delivery as webhook_delivery
+from workers import deliveries
 from workers.base import concord_task, retry_if_retriable
 
 log = logging.getLogger(__name__)
@@ -192,7 +195,15 @@ def place_tenant_partitions(self: Task) -> dict[str, Any]:
 
 @concord_task(SWEEP_TASK, MAINTENANCE_QUEUE, max_retries=0)
 def sweep_expired_jobs(self: Task) -> dict[str, Any]:
-    return vars(sweep.sweep_expired_jobs(unit_of_work))
+    """Jobs whose lease ran out (shared/jobs/sweep.py), then messages a dead worker's main
+    process was holding (workers/deliveries.py)."""
+    report = vars(sweep.sweep_expired_jobs(unit_of_work))
+    try:
+        client = redis_client(get_settings().redis_socket_timeout_s)
+        report["messages_handed_back"] = deliveries.restore_orphaned(self.app, client)
+    except RedisError as e:  # the next sweep tries again
+        log.warning("orphaned messages not handed back: %s", e)
+    return report
 
 
 @concord_task(TRAIN_RERANKER_TASK, TRAINING_QUEUE, max_retries=0, long_running=True)

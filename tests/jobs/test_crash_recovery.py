@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -41,6 +42,20 @@ with LeaseHeartbeat([c.job_id for c in claims], unit_of_work, get_settings()):
     print(len(claims), flush=True)
     time.sleep(3600)
 """
+
+
+def _documents_of(tenant: str) -> int:
+    from sqlalchemy import func, select
+
+    from shared.models import Document
+
+    with unit_of_work() as uow:
+        return int(
+            uow.session.scalar(
+                select(func.count()).select_from(Document).where(Document.tenant_id == tenant)
+            )
+            or 0
+        )
 
 
 def _attempts(job_ids: list[str]) -> dict[str, tuple[str, int]]:
@@ -201,7 +216,7 @@ def test_a_training_run_silent_in_a_long_phase_keeps_its_heartbeat(
     """Some phases of a run report no progress for long (waiting for Elasticsearch, a graph
     build): a thread of the run writes its heartbeat all the same, so the sweep never fails
     a live run. (The beat is shortened here from 10 s to stay fast.)"""
-    from datetime import UTC, datetime, timedelta
+    from datetime import timedelta
 
     from sqlalchemy import update
 
@@ -227,3 +242,66 @@ def test_a_training_run_silent_in_a_long_phase_keeps_its_heartbeat(
         job = uow.session.get(TrainingJob, job_id)
         assert job is not None and now(uow.session) - job.updated_at < timedelta(seconds=5)
         uow.session.delete(job)
+
+
+def test_upload_events_held_by_a_killed_worker_are_handed_back_in_seconds(
+    tmp_path: Path, tenant: str, worker: CeleryProcess
+) -> None:
+    """A worker's main process SIGKILLed while its child accepts a message of upload events:
+    nothing is left to hand the message back, and kombu would restore it only after the
+    broker's visibility timeout (an hour). The sweep hands it back once the dead worker's
+    alive key has expired (workers/deliveries.py), under the shipped defaults, and every
+    event is accepted and indexed."""
+    import socket
+
+    from shared.documents.events import build_upload_event
+    from shared.queue import INGEST_QUEUE, publish_upload_events
+    from shared.redis_client import redis_client
+    from tests.conftest import celery_worker_command
+    from workers import deliveries
+
+    settings = Settings()  # what ships
+    assert settings.broker_visibility_timeout_s == 3600 and settings.sweep_interval_seconds == 5
+
+    class IngestOnlyWorker(CeleryProcess):
+        def argv(self) -> list[str]:
+            return celery_worker_command([INGEST_QUEUE], 1, self.node)
+
+    r = redis_client(2.0)
+    doomed = IngestOnlyWorker("worker", tmp_path)
+    name = doomed.node.replace("%h", socket.gethostname())
+    n = 150
+    events = [
+        build_upload_event(
+            tenant_id=tenant, external_id=f"held-{i}.txt", raw=long_text(f"gannet{i}", 40).encode()
+        )
+        for i in range(n)
+    ]
+    with paused(worker):  # only the doomed worker takes the message
+        doomed.start()
+        try:
+            wait_for(lambda: r.exists(deliveries.ALIVE + name) > 0, 180, what="the worker up")
+            publish_upload_events(events)
+
+            def holding() -> list[bytes] | None:
+                keys = r.scan_iter(deliveries.DELIVERY + "*")
+                return [k for k in keys if r.get(k) == name.encode()] or None
+
+            held = wait_for(holding, 60, interval=0.02, what="the worker to take the message")
+        finally:
+            doomed.kill()  # the main process and its child, mid-task
+        killed = time.monotonic()
+        tag = held[0].decode().removeprefix(deliveries.DELIVERY)
+        assert r.hexists("unacked", tag)  # taken, not acknowledged: the task was still running
+        at_kill = _documents_of(tenant)
+        assert at_kill < n  # the rest can only come from the message handed back
+    wait_for(lambda: _documents_of(tenant) == n, 120, interval=0.2, what="every event accepted")
+    handed_back_s = time.monotonic() - killed
+    print(
+        f"\n[killed worker's upload events] {at_kill} of {n} accepted at the kill, all "
+        f"{handed_back_s:.1f} s after it"
+    )
+    # The alive key's lifetime, then a sweep, then the message's own work.
+    assert handed_back_s < deliveries.ALIVE_TTL_S + 2 * settings.sweep_interval_seconds + 30
+    assert not r.hexists("unacked", tag)
+    wait_converged(tenant)
