@@ -26,7 +26,6 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     func,
-    text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -237,11 +236,7 @@ class EsOutbox(Base):
 
 class DeadLetter(Base):
     __tablename__ = "dead_letters"
-    __table_args__ = (
-        Index("ix_dead_letters_tenant_created", "tenant_id", "created_at"),
-        # outbox refs are chunk ids, looked up by reconcile; other refs may be long
-        Index("ix_dead_letters_outbox_ref", "ref", postgresql_where=text("source = 'outbox'")),
-    )
+    __table_args__ = (Index("ix_dead_letters_tenant_created", "tenant_id", "created_at"),)
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     tenant_id: Mapped[str] = mapped_column(String(64), nullable=False)
@@ -253,6 +248,10 @@ class DeadLetter(Base):
     attempts: Mapped[int] = mapped_column(Integer, nullable=False)
     payload: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, default=dict)
     created_at: Mapped[datetime] = _now()
+
+
+# Outbox dead letters are looked up by chunk id (reconcile); other refs may be long.
+Index("ix_dead_letters_outbox_ref", DeadLetter.ref, postgresql_where=DeadLetter.source == "outbox")
 
 
 class ReconcileRun(Base):

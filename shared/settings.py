@@ -98,6 +98,9 @@ class Settings(BaseSettings):
     # Per API key token bucket (0 disables): sustained requests/s and the burst allowed.
     rate_limit_per_second: float = 50.0
     rate_limit_burst: int = 100
+    # Per tenant, for all its keys together (a tenant admin may create any number of keys).
+    rate_limit_tenant_per_second: float = 200.0
+    rate_limit_tenant_burst: int = 400
     # An API key verified within this many seconds is not looked up again (0: every request
     # looks its key up; the lookup was 1.6 ms of a 20 ms search). A key revoked through this
     # API process is refused at once; one revoked elsewhere (the CLI, another API process)

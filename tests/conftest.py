@@ -33,6 +33,8 @@ TEST_ENV = {
     # Tests fire requests faster than any client should; the rate-limit test lowers it.
     "CONCORD_RATE_LIMIT_PER_SECOND": "1000",
     "CONCORD_RATE_LIMIT_BURST": "1000",
+    "CONCORD_RATE_LIMIT_TENANT_PER_SECOND": "1000",
+    "CONCORD_RATE_LIMIT_TENANT_BURST": "1000",
 }
 os.environ.update(TEST_ENV)
 

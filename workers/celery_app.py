@@ -182,23 +182,28 @@ def _init_worker_process(**_: Any) -> None:
 
 
 # Who holds which message (workers/deliveries.py): the main process records each message it
-# receives and keeps its worker's alive key fresh, so the sweep can hand back at once what a
-# dead worker's main process was holding.
+# receives under this start's own id and keeps the id's alive key fresh, so the sweep can
+# hand back at once what a dead worker's main process was holding.
 _alive = threading.Event()
+_holder: str | None = None
+
+
+def _this_holder(name: str) -> str:
+    global _holder
+    if _holder is None:
+        _holder = deliveries.worker_id(name)
+    return _holder
 
 
 @worker_ready.connect  # type: ignore[untyped-decorator]
 def _keep_worker_alive(sender: Any, **_: Any) -> None:
-    deliveries.keep_alive(_delivery_redis(), sender.hostname, _alive)
+    deliveries.keep_alive(_delivery_redis(), _this_holder(sender.hostname), _alive)
 
 
 @task_received.connect  # type: ignore[untyped-decorator]
 def _record_delivery(sender: Any, request: Any, **_: Any) -> None:
     deliveries.record_delivery(
-        _delivery_redis(),
-        str(request.message.delivery_tag),
-        sender.hostname,
-        get_settings().broker_visibility_timeout_s,
+        _delivery_redis(), _this_holder(sender.hostname), str(request.message.delivery_tag)
     )
 
 

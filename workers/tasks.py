@@ -8,6 +8,7 @@ import uuid
 from collections import Counter
 from typing import Any
 
+import kombu.exceptions
 from celery import Task
 from redis.exceptions import RedisError
 
@@ -106,7 +107,11 @@ def _dead_letter_event(task: Task, event: Any, error: Exception) -> None:
     retry will not fix), a letter that names only the error, and should that fail too, a log
     line: the message's other events (any tenant's) are accepted whatever one event holds."""
     recorded = event if isinstance(event, dict) else {"event": repr(event)[:1000]}
-    for letter in (recorded, {"unrecorded": "the event itself could not be recorded"}):
+    # its tenant and external id, where they are text, so the tenant still sees the letter
+    named = {k: recorded.get(k) for k in ("tenant_id", "external_id")}
+    unrecorded = {k: v for k, v in named.items() if isinstance(v, str)}
+    unrecorded["unrecorded"] = "the event itself could not be recorded"
+    for letter in (recorded, unrecorded):
         try:
             with unit_of_work() as uow:
                 add_event_dead_letter(uow.session, letter, error)
@@ -195,15 +200,19 @@ def place_tenant_partitions(self: Task) -> dict[str, Any]:
 
 @concord_task(SWEEP_TASK, MAINTENANCE_QUEUE, max_retries=0)
 def sweep_expired_jobs(self: Task) -> dict[str, Any]:
-    """Jobs whose lease ran out (shared/jobs/sweep.py), then messages a dead worker's main
-    process was holding (workers/deliveries.py)."""
-    report = vars(sweep.sweep_expired_jobs(unit_of_work))
+    """Jobs whose lease ran out (shared/jobs/sweep.py), and messages a dead worker's main
+    process was holding (workers/deliveries.py): each whatever became of the other."""
     try:
-        client = redis_client(get_settings().redis_socket_timeout_s)
-        report["messages_handed_back"] = deliveries.restore_orphaned(self.app, client)
-    except RedisError as e:  # the next sweep tries again
+        return vars(sweep.sweep_expired_jobs(unit_of_work))
+    finally:
+        _hand_back_orphaned_messages(self)
+
+
+def _hand_back_orphaned_messages(task: Task) -> None:
+    try:
+        deliveries.restore_orphaned(task.app, redis_client(get_settings().redis_socket_timeout_s))
+    except (RedisError, kombu.exceptions.OperationalError) as e:  # the next sweep tries again
         log.warning("orphaned messages not handed back: %s", e)
-    return report
 
 
 @concord_task(TRAIN_RERANKER_TASK, TRAINING_QUEUE, max_retries=0, long_running=True)

@@ -33,17 +33,25 @@ def upgrade() -> None:
         "ingest_jobs",
         sa.Column("attempts_lost", sa.Integer(), nullable=False, server_default="0"),
     )
-    op.create_index(
-        "ix_ingest_jobs_document_version",
-        "ingest_jobs",
-        ["document_id", "version", "created_at"],
-    )
-    op.create_index(
-        "ix_dead_letters_outbox_ref",
-        "dead_letters",
-        ["ref"],
-        postgresql_where=sa.text("source = 'outbox'"),
-    )
+    # Built concurrently, outside the migration's transaction: ingest_jobs may be large, and a
+    # plain build would block claims and lease renewals (and so expire live workers' leases)
+    # until it ends. A build cut short leaves an invalid index: drop it, run this again.
+    with op.get_context().autocommit_block():
+        op.create_index(
+            "ix_ingest_jobs_document_version",
+            "ingest_jobs",
+            ["document_id", "version", "created_at"],
+            postgresql_concurrently=True,
+            if_not_exists=True,
+        )
+        op.create_index(
+            "ix_dead_letters_outbox_ref",
+            "dead_letters",
+            ["ref"],
+            postgresql_where=sa.text("source = 'outbox'"),
+            postgresql_concurrently=True,
+            if_not_exists=True,
+        )
 
 
 def downgrade() -> None:

@@ -34,7 +34,7 @@ async def current_principal(
     principal = recently_authenticated(secret, ttl_s)
     if principal is None:
         principal = await run_in_threadpool(authenticate_recent, unit_of_work, secret, ttl_s)
-    await ratelimit.enforce(principal.key_id)
+    await ratelimit.enforce(principal.key_id, principal.tenant_id)
     return principal
 
 

@@ -79,6 +79,7 @@ def reindex() -> None:
     from shared.reconcile.reindex import ReindexRunning
     from shared.reconcile.reindex import reindex as run
     from shared.reconcile.service import reconcile as check
+    from shared.stores.chunk_index import ReindexCopyRefused
 
     try:
         with Progress(console=console) as bar:
@@ -88,7 +89,7 @@ def reindex() -> None:
                 lambda done, total: bar.update(task, completed=done, total=total),
                 notice=console.print,
             )
-    except ReindexRunning as e:
+    except (ReindexRunning, ReindexCopyRefused) as e:
         print_error(console, e, label="error:")
         raise typer.Exit(1) from e
     console.print(

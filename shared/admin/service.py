@@ -79,7 +79,10 @@ def replay_dead_letter(uow: UnitOfWork, letter_id: int, tenant_id: str | None = 
         what = f"job {job.id} queued again"
     elif letter.source == "outbox":
         payload = letter.payload
-        op = OutboxOp.DELETE if payload.get("op") in ("delete", "purge") else OutboxOp.INDEX
+        # The letter's own op: a repair or purge may overwrite or remove an equal version
+        # (external_gte), which an index or delete at that version would leave as it is.
+        recorded = str(payload.get("op"))
+        op = OutboxOp(recorded) if recorded in set(OutboxOp) else OutboxOp.INDEX
         outbox_repo.add_outbox(
             session,
             tenant_id=letter.tenant_id,

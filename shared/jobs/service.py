@@ -65,6 +65,7 @@ def start(job: IngestJob, at: datetime, settings: Settings) -> None:
 
 def finish(job: IngestJob, detail: dict[str, Any], at: datetime) -> None:
     job.state = JobState.INDEXED
+    job.attempts_lost = 0  # reprocessed later (concord reembed), it is batched again
     job.finished_at = at
     job.lease_expires_at = None
     job.error_stage = job.error_class = job.error_message = None
@@ -193,7 +194,7 @@ def queue_for_replay(uow: UnitOfWork, job: IngestJob, settings: Settings) -> Non
 
 def _reset_for_replay(job: IngestJob) -> None:
     job.state = JobState.QUEUED
-    job.attempts = 0
+    job.attempts = job.attempts_lost = 0
     job.error_stage = job.error_class = job.error_message = None
     job.finished_at = None
 

@@ -50,10 +50,14 @@ class SweepReport:
     training_failed: list[str] = field(default_factory=list)
 
 
-# When this process's sweeps (re)gained Postgres, on the database's clock. An outage silences
-# every live training run's heartbeat too: a run is judged lost only by a sweep that has
-# itself reached Postgres for TRAINING_LOST_AFTER, so a live run has had its beats by then.
+# Since when this process's sweeps have run without a gap, on the database's clock. An outage
+# of Postgres (or of Redis, or of this worker: whatever kept sweeps from running) silences
+# every live training run's heartbeat too, so a run is judged lost only by a sweep that has
+# itself run for TRAINING_LOST_AFTER without a gap longer than SWEEP_GAP_PERIODS periods:
+# a live run has had its beats by then.
 _reachable_since: datetime | None = None
+_last_sweep: datetime | None = None
+SWEEP_GAP_PERIODS = 3
 
 
 def sweep_expired_jobs(
@@ -70,11 +74,14 @@ def sweep_expired_jobs(
 
 
 def _sweep(transactions: Transactions, settings: Settings, limit: int) -> SweepReport:
-    global _reachable_since
+    global _reachable_since, _last_sweep
     report = SweepReport()
     with transactions() as uow:
         current = now(uow.session)
-        _reachable_since = _reachable_since or current
+        gap = timedelta(seconds=SWEEP_GAP_PERIODS * settings.sweep_interval_seconds)
+        if _reachable_since is None or _last_sweep is None or current - _last_sweep > gap:
+            _reachable_since = current
+        _last_sweep = current
         for job in repo.expired_jobs(uow.session, limit):
             if job.state == JobState.RUNNING:
                 jobs.lose_attempt(job)  # its worker was lost while it ran

@@ -102,7 +102,10 @@ class BiEncoderReranker:
         return [float(v) for v in np.asarray(vectors[1:]) @ np.asarray(vectors[0])]
 
 
-_lock = threading.Lock()
+# One lock per model: a search whose reranker is loaded never waits while another tenant's
+# trained reranker loads (seconds), only one that needs the same model does.
+_locks: dict[tuple[str, ...], threading.Lock] = {}
+_locks_guard = threading.Lock()
 
 
 @lru_cache(maxsize=4)
@@ -129,7 +132,10 @@ def get_trained_reranker(path: str, settings: Settings | None = None) -> Reranke
 
 
 def _loaded(kind: str, model: str, settings: Settings) -> Reranker:
-    with _lock:
+    key = (kind, model, settings.embedding_device, settings.rerank_quantize)
+    with _locks_guard:
+        lock = _locks.setdefault(key, threading.Lock())
+    with lock:
         return _load(
             kind,
             model,

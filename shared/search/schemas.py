@@ -78,15 +78,19 @@ def _range_schema(schema: dict[str, Any]) -> None:
     ]
 
 
+# An ISO-8601 date or timestamp is far shorter; the pattern alone would take any length.
+DateText = Annotated[str, StringConstraints(max_length=64)]
+
+
 class Range(Strict):
     """Bounds that are all numbers or all ISO-8601 dates (the OpenAPI document says so too)."""
 
     model_config = ConfigDict(**STRICT, json_schema_extra=lambda schema, _: _range_schema(schema))
 
-    gt: float | str | None = None
-    gte: float | str | None = None
-    lt: float | str | None = None
-    lte: float | str | None = None
+    gt: float | DateText | None = None
+    gte: float | DateText | None = None
+    lt: float | DateText | None = None
+    lte: float | DateText | None = None
 
     @model_validator(mode="before")
     @classmethod

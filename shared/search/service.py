@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping
@@ -85,6 +86,21 @@ log = logging.getLogger(__name__)
 _lexical_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="search-lexical")
 ARM_WAIT_MARGIN_S = 1.0
 ARM_ERRORS = (ApiError, TransportError, SQLAlchemyError)
+# Dense arms one tenant may run at once in this process: a tenant whose searches Postgres is
+# slow to answer holds at most this many of the process's connections (15), not all of them.
+DENSE_ARMS_PER_TENANT = 4
+_dense_slots: dict[str, threading.BoundedSemaphore] = {}
+_dense_slots_guard = threading.Lock()
+
+
+def _dense_slot(tenant_id: str) -> threading.BoundedSemaphore:
+    with _dense_slots_guard:
+        slot = _dense_slots.get(tenant_id)
+        if slot is None:
+            slot = _dense_slots[tenant_id] = threading.BoundedSemaphore(DENSE_ARMS_PER_TENANT)
+        return slot
+
+
 T = TypeVar("T")
 EMPTY_SCORES: Mapping[str, float] = {}
 # Results hydrated with their embeddings: more than a default token budget packs; the policy
@@ -321,14 +337,7 @@ def _retrieve(query: _Query, timings: StageTimes) -> Retrieved:
         if request.mode in ("dense", "hybrid"):
             # On this request's own thread: a tenant whose reads Postgres is slow to answer
             # holds its own requests' threads, never a pool every search shares.
-            try:
-                dense = _timed_arm(
-                    timings,
-                    "dense",
-                    lambda: dense_arm(query.reads, tenant_id, vector, request, settings),
-                )
-            except ARM_ERRORS as e:
-                dense = e
+            dense = _dense_within_slot(query, timings, vector)
         arms: dict[str, list[ArmHit]] = {}
         degraded: list[str] = []
         if lexical is not None:
@@ -350,6 +359,26 @@ def _retrieve(query: _Query, timings: StageTimes) -> Retrieved:
     if boost is not None:
         fused = timings.timed("boost", lambda: _boost(query, fused, boost))
     return Retrieved(arms, degraded, vector, fused)
+
+
+def _dense_within_slot(
+    query: _Query, timings: StageTimes, vector: list[float]
+) -> list[ArmHit] | Exception:
+    """The dense arm's hits, or why there are none: the store's error, or the tenant's
+    slots all taken for ``search_store_timeout_s``."""
+    slot = _dense_slot(query.tenant_id)
+    if not slot.acquire(timeout=query.settings.search_store_timeout_s):
+        return TimeoutError(f"{DENSE_ARMS_PER_TENANT} dense searches of the tenant still running")
+    try:
+        return _timed_arm(
+            timings,
+            "dense",
+            lambda: dense_arm(query.reads, query.tenant_id, vector, query.request, query.settings),
+        )
+    except ARM_ERRORS as e:
+        return e
+    finally:
+        slot.release()
 
 
 def _arm_unavailable(arm: str, error: Exception) -> str:

@@ -125,6 +125,28 @@ def _shape_of(anchor: dict[str, Any]) -> dict[str, Any]:
     return shape
 
 
+# A reindex page's copies that Elasticsearch answers 429 or 5xx are sent again this often.
+COPY_ATTEMPTS = 4
+COPY_BACKOFF_S = 1.0
+
+
+class ReindexCopyRefused(Exception):
+    """Copies of a reindex page that Elasticsearch would not take: the reindex stops before
+    its progress passes them (and so before switching to a generation missing them)."""
+
+
+def _refused_copies(errors: Any) -> dict[str, int]:
+    """chunk id -> status of each failed copy, but a version conflict: a dual write put a
+    newer version there first, which is what the reindex wants."""
+    refused = {}
+    for error in errors:
+        item = next(iter(error.values()))
+        status = int(item.get("status", 500))
+        if status != 409:
+            refused[str(item.get("_id"))] = status
+    return refused
+
+
 class IndexUnavailable(Exception):
     """A tenant's index could not be created (e.g. the cluster's shard limit): the rows of
     that tenant get this as their item result, the others are sent."""
@@ -676,7 +698,20 @@ class ElasticsearchChunkIndex:
                     "_source": es_document(chunk, doc),
                 }
             )
-        helpers.bulk(self.es, actions, raise_on_error=False, chunk_size=1000)
+        for attempt in range(1, COPY_ATTEMPTS + 1):
+            _, errors = helpers.bulk(self.es, actions, raise_on_error=False, chunk_size=1000)
+            refused = _refused_copies(errors)
+            if not refused:
+                return
+            busy = {i for i, status in refused.items() if status == 429 or status >= 500}
+            if busy != refused.keys() or attempt == COPY_ATTEMPTS:
+                example = next(iter(sorted(refused.items())))
+                raise ReindexCopyRefused(
+                    f"Elasticsearch refused {len(refused)} copies of this page (e.g. {example[0]}:"
+                    f" {example[1]}); the generation is not switched to, a run resumes here"
+                )
+            actions = [a for a in actions if a["_id"] in busy]
+            time.sleep(COPY_BACKOFF_S * attempt)
 
     def mark_reindex_progress(self, generation: str, last_id: str) -> None:
         """Every chunk up to ``last_id`` is copied: an interrupted reindex resumes after it."""

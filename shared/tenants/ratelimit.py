@@ -1,10 +1,13 @@
-"""Per-key rate limits: a token bucket per API key, kept in Redis so every API process shares it.
+"""Rate limits: a token bucket per API key and one per tenant, kept in Redis so every API
+process shares them.
 
-Each key refills ``rate_limit_per_second`` tokens a second up to ``rate_limit_burst``; a request
-takes one. An empty bucket answers 429 with ``Retry-After`` (whole seconds until a token is
-back). Buckets are per key, so one tenant's burst never takes another's tokens. If Redis cannot
-be reached the request is let through (logged): an outage of the limiter must not become an
-outage of search."""
+Each key refills ``rate_limit_per_second`` tokens a second up to ``rate_limit_burst``, and its
+tenant ``rate_limit_tenant_per_second`` up to ``rate_limit_tenant_burst`` for all its keys
+together (a tenant admin may create any number of keys: they share the tenant's bucket); a
+request takes one token of each. An empty bucket answers 429 with ``Retry-After`` (whole
+seconds until a token of each is back). One tenant's burst never takes another's tokens. If
+Redis cannot be reached the request is let through (logged): an outage of the limiter must
+not become an outage of search."""
 
 from __future__ import annotations
 
@@ -21,27 +24,38 @@ from shared.settings import get_settings
 
 log = logging.getLogger(__name__)
 
-# KEYS[1] bucket; ARGV: rate per second, burst, now (s). Returns {allowed, seconds to wait}.
-_TOKEN_BUCKET = """
-local rate, burst, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
-local tokens = tonumber(state[1]) or burst
-local at = tonumber(state[2]) or now
-tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
-local allowed, wait = 0, (1 - tokens) / rate
-if tokens >= 1 then
-  tokens, allowed, wait = tokens - 1, 1, 0
+# KEYS: the key's bucket, the tenant's; ARGV: the key's rate and burst, the tenant's, now (s).
+# Both buckets refill; a token is taken from each only if each has one. Returns {allowed,
+# seconds to wait (the longer of the two)}.
+_TOKEN_BUCKETS = """
+local now = tonumber(ARGV[5])
+local tokens, waits = {}, {0, 0}
+for i = 1, 2 do
+  local rate, burst = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
+  local state = redis.call('HMGET', KEYS[i], 'tokens', 'at')
+  local held = tonumber(state[1]) or burst
+  local at = tonumber(state[2]) or now
+  tokens[i] = math.min(burst, held + math.max(0, now - at) * rate)
+  if tokens[i] < 1 then waits[i] = (1 - tokens[i]) / rate end
 end
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
-redis.call('EXPIRE', KEYS[1], math.ceil(burst / rate) + 1)
-return {allowed, tostring(wait)}
+local allowed = 0
+if tokens[1] >= 1 and tokens[2] >= 1 then
+  allowed = 1
+  tokens[1], tokens[2] = tokens[1] - 1, tokens[2] - 1
+end
+for i = 1, 2 do
+  local rate, burst = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
+  redis.call('HSET', KEYS[i], 'tokens', tostring(tokens[i]), 'at', tostring(now))
+  redis.call('EXPIRE', KEYS[i], math.ceil(burst / rate) + 1)
+end
+return {allowed, tostring(math.max(waits[1], waits[2]))}
 """
 
 
-async def enforce(key_id: uuid.UUID) -> None:
-    """Take one token of the key's bucket, or raise TooManyRequests. A coroutine: the API
-    calls it on its event loop, so a request's limit costs one Redis round trip and no
-    thread."""
+async def enforce(key_id: uuid.UUID, tenant_id: str) -> None:
+    """Take one token of the key's bucket and one of its tenant's, or raise TooManyRequests.
+    A coroutine: the API calls it on its event loop, so a request's limit costs one Redis
+    round trip and no thread."""
     settings = get_settings()
     if settings.rate_limit_per_second <= 0:
         return
@@ -49,11 +63,17 @@ async def enforce(key_id: uuid.UUID) -> None:
     client = async_redis_client(0.5)
     try:
         allowed, wait = await client.eval(
-            _TOKEN_BUCKET,
-            1,
+            _TOKEN_BUCKETS,
+            2,
             f"concord:ratelimit:{key_id}",
+            f"concord:ratelimit:tenant:{tenant_id}",
             settings.rate_limit_per_second,
             settings.rate_limit_burst,
+            # 0 or less: no limit per tenant (a rate no request can outrun)
+            settings.rate_limit_tenant_per_second
+            if settings.rate_limit_tenant_per_second > 0
+            else 1e9,
+            max(1, settings.rate_limit_tenant_burst),
             time.time(),
         )
     except redis.RedisError as e:
@@ -62,7 +82,7 @@ async def enforce(key_id: uuid.UUID) -> None:
     if not int(allowed):
         retry_after = max(1, math.ceil(float(wait)))
         raise TooManyRequests(
-            f"rate limit of {settings.rate_limit_per_second:g} requests/s for this API key "
-            f"exceeded; retry in {retry_after} s",
+            f"rate limit exceeded ({settings.rate_limit_per_second:g} requests/s per API key, "
+            f"{settings.rate_limit_tenant_per_second:g} per tenant); retry in {retry_after} s",
             retry_after=retry_after,
         )

@@ -158,8 +158,7 @@ def test_a_silent_training_job_is_failed_or_published_again_by_the_sweep(
     ids = {state: uuid.uuid4() for state in ("dead", "lost-message", "live")}
     published: list[uuid.UUID] = []
     monkeypatch.setattr(sweep, "publish_training_job", published.append)
-    # This process's sweeps have reached Postgres for long (its first would judge no run).
-    monkeypatch.setattr(sweep, "_reachable_since", datetime.now(UTC) - timedelta(hours=1))
+    hour_ago = datetime.now(UTC) - timedelta(hours=1)
     with paused(worker):  # its beat-driven sweeps wait; this test runs the sweep itself
         with unit_of_work() as uow:
             for name, job_id in ids.items():
@@ -180,12 +179,14 @@ def test_a_silent_training_job_is_failed_or_published_again_by_the_sweep(
                     .where(TrainingJob.id == ids[name])
                     .values(updated_at=current - silence)
                 )
-        # A sweep that has only just reached Postgres again (after an outage, which silenced
-        # live runs' heartbeats as well) judges no running job yet.
-        monkeypatch.setattr(sweep, "_reachable_since", None)
+        # The first sweep after a gap (an outage of Postgres or Redis, or of the worker, which
+        # silenced live runs' heartbeats as well) judges no running job yet.
+        monkeypatch.setattr(sweep, "_reachable_since", hour_ago)
+        monkeypatch.setattr(sweep, "_last_sweep", hour_ago)
         after_outage = sweep.sweep_expired_jobs(unit_of_work)
         assert str(ids["dead"]) not in after_outage.training_failed
-        monkeypatch.setattr(sweep, "_reachable_since", datetime.now(UTC) - timedelta(hours=1))
+        # Sweeps without a gap for long: a running job silent for a minute is judged.
+        monkeypatch.setattr(sweep, "_reachable_since", hour_ago)
         first = sweep.sweep_expired_jobs(unit_of_work)
         again = sweep.sweep_expired_jobs(unit_of_work)
         # A run that ended after the sweep settled it (it cannot, with its heartbeat) leaves
@@ -280,22 +281,36 @@ def test_upload_events_held_by_a_killed_worker_are_handed_back_in_seconds(
     with paused(worker):  # only the doomed worker takes the message
         doomed.start()
         try:
-            wait_for(lambda: r.exists(deliveries.ALIVE + name) > 0, 180, what="the worker up")
+
+            def doomed_holder() -> str | None:  # this start of the doomed worker, once up
+                ids = [h.decode() for h in r.smembers(deliveries.WORKERS)]
+                up = [h for h in ids if h.startswith(name + "/") and r.exists(deliveries.ALIVE + h)]
+                return up[0] if up else None
+
+            holder = wait_for(doomed_holder, 180, what="the worker to be up")
             publish_upload_events(events)
-
-            def holding() -> list[bytes] | None:
-                keys = r.scan_iter(deliveries.DELIVERY + "*")
-                return [k for k in keys if r.get(k) == name.encode()] or None
-
-            held = wait_for(holding, 60, interval=0.02, what="the worker to take the message")
+            held = wait_for(
+                lambda: r.hkeys(deliveries.HOLDING + holder) or None,
+                60,
+                interval=0.02,
+                what="the worker to take the message",
+            )
         finally:
             doomed.kill()  # the main process and its child, mid-task
         killed = time.monotonic()
-        tag = held[0].decode().removeprefix(deliveries.DELIVERY)
+        tag = held[0].decode()
+        # Restarted at once under the same name (as a container is): another holder, which
+        # must not make the dead one's message look held.
+        (tmp_path / "successor").mkdir()
+        successor = IngestOnlyWorker("worker", tmp_path / "successor", node=doomed.node)
+        successor.start()
         assert r.hexists("unacked", tag)  # taken, not acknowledged: the task was still running
         at_kill = _documents_of(tenant)
         assert at_kill < n  # the rest can only come from the message handed back
-    wait_for(lambda: _documents_of(tenant) == n, 120, interval=0.2, what="every event accepted")
+    try:
+        wait_for(lambda: _documents_of(tenant) == n, 120, interval=0.2, what="every event accepted")
+    finally:
+        successor.stop()
     handed_back_s = time.monotonic() - killed
     print(
         f"\n[killed worker's upload events] {at_kill} of {n} accepted at the kill, all "
@@ -304,4 +319,5 @@ def test_upload_events_held_by_a_killed_worker_are_handed_back_in_seconds(
     # The alive key's lifetime, then a sweep, then the message's own work.
     assert handed_back_s < deliveries.ALIVE_TTL_S + 2 * settings.sweep_interval_seconds + 30
     assert not r.hexists("unacked", tag)
+    assert not r.sismember(deliveries.WORKERS, holder)  # the dead holder is forgotten
     wait_converged(tenant)

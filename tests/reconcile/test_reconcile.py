@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import delete
+from sqlalchemy import delete, select
 
 from shared.db import unit_of_work
 from shared.ingest import pipeline
@@ -23,6 +23,7 @@ from shared.outbox import service as relay
 from shared.reconcile.service import drain_repairs, reconcile, reconcile_and_verify
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
+from tests.conftest import wait_for
 from tests.helpers import (
     dead_lettered_upload,
     es_chunks,
@@ -447,3 +448,81 @@ def test_admin_endpoints_need_the_admin_scope(client, auth, tenant):
     assert client.get("/v1/admin/dead-letters/999999", headers=admin).status_code == 404
     # admin implies read and write on its own tenant
     assert client.post("/v1/search", headers=admin, json={"query": "x"}).status_code == 200
+
+
+def test_a_reindex_whose_copies_are_refused_stops_before_switching_and_resumes(
+    client, auth, tenant, worker
+):
+    """Elasticsearch refuses copies of a page: 503s are sent again and get through; a copy it
+    keeps refusing (400) stops the reindex before its progress passes that page, so it never
+    switches to a generation missing chunks, and a run after the fault resumes and switches."""
+    from elasticsearch import Elasticsearch
+
+    from shared.reconcile.reindex import reindex
+    from shared.stores.chunk_index import ElasticsearchChunkIndex, ReindexCopyRefused
+    from shared.stores.es_index import reindex_target
+    from tests.faults import BulkFaultProxy, BulkFaults
+
+    for i in range(4):
+        upload_text(client, auth, f"tern-{i}", f"Arctic tern sighting {i} over the fjord.")
+    chunks = wait_converged(tenant)
+    poison = sorted(chunks)[0]
+    settings = get_settings()
+    faults = BulkFaults({503: 0.02}, permanent_400={poison})
+    proxy = BulkFaultProxy(settings.es_url(), faults)
+    try:
+        proxied = ElasticsearchChunkIndex(Elasticsearch(proxy.url, request_timeout=60))
+        with pytest.raises(ReindexCopyRefused, match="refused"):
+            reindex(unit_of_work, page_size=1000, index=proxied)
+    finally:
+        proxy.close()
+    assert faults.injected[503] > 0 and faults.injected[400] >= 1
+    assert reindex_target(get_es(), settings) is not None  # not switched
+    assert es_chunks(tenant) == pg_chunks(tenant)  # the live generation is untouched
+    result = reindex(unit_of_work, page_size=1000)
+    assert result.resumed and reindex_target(get_es(), settings) is None
+    assert es_chunks(tenant) == pg_chunks(tenant)
+
+
+def test_replaying_a_repair_letter_overwrites_the_equal_version(client, auth, tenant, worker):
+    """A repair (from reconcile) may overwrite a copy at its own version, as a copy edited
+    outside Concord is; replayed from its dead letter it must still be a repair, not an
+    index at that version, which Elasticsearch answers 409 and the relay counts as done."""
+    from shared.admin.service import replay_dead_letter
+    from shared.jobs import repository as jobs_repo
+
+    up = upload_text(client, auth, "petrel", "Storm petrels patter on the waves.")
+    wait_job(client, auth, up["job_id"])
+    wait_converged(tenant)
+    es, alias, chunk = get_es(), tenant_index(tenant), f"{up['document_id']}:0"
+    copy = es.get(index=alias, id=chunk)
+    es.index(  # edited outside Concord, at the same version
+        index=alias,
+        id=chunk,
+        version=copy["_version"],
+        version_type="external_gte",
+        document={**copy["_source"], "text": "edited outside"},
+        refresh=True,
+    )
+    with unit_of_work() as uow:
+        jobs_repo.add_dead_letter(
+            uow.session,
+            tenant_id=tenant,
+            source="outbox",
+            ref=chunk,
+            stage="es_relay",
+            error_class="es_503",
+            message="unavailable",
+            attempts=5,
+            payload={"op": "repair", "version": up["version"], "document_id": up["document_id"]},
+        )
+        letter = uow.session.scalar(select(DeadLetter).where(DeadLetter.ref == chunk))
+    with unit_of_work() as uow:
+        replay_dead_letter(uow, letter.id, tenant)
+
+    def repaired() -> bool:
+        relay.drain(unit_of_work)
+        es.indices.refresh(index=alias)
+        return es.get(index=alias, id=chunk)["_source"]["text"] != "edited outside"
+
+    wait_for(repaired, 30, what="the replayed repair to overwrite the edited copy")

@@ -62,6 +62,23 @@ def test_at_twice_the_rate_limit_the_excess_gets_429_and_other_tenants_do_not(
     assert quiet_statuses == [200] * 5  # the other tenant's bucket is untouched
 
 
+def test_a_tenants_keys_share_its_bucket_and_other_tenants_are_unaffected(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tenant admin may create any number of keys: a new key per request must not outrun
+    the tenant's own limit."""
+    settings = get_settings()
+    monkeypatch.setattr(settings, "rate_limit_tenant_per_second", 5.0)
+    monkeypatch.setattr(settings, "rate_limit_tenant_burst", 5)
+    noisy_tenant = f"t-{uuid.uuid4().hex[:10]}"
+    quiet = key_headers(f"t-{uuid.uuid4().hex[:10]}", ["read"])
+    keys = [key_headers(noisy_tenant, ["read"]) for _ in range(10)]
+    noisy_statuses = [client.get("/v1/profiles", headers=k).status_code for k in keys]
+    assert noisy_statuses[:5] == [200] * 5
+    assert noisy_statuses.count(429) >= 4, noisy_statuses
+    assert [client.get("/v1/profiles", headers=quiet).status_code for _ in range(3)] == [200] * 3
+
+
 def test_a_canary_key_never_reaches_logs_or_error_bodies(
     client: TestClient, caplog: pytest.LogCaptureFixture
 ) -> None:
