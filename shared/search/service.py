@@ -364,16 +364,21 @@ def _retrieve(query: _Query, timings: StageTimes) -> Retrieved:
 def _dense_within_slot(
     query: _Query, timings: StageTimes, vector: list[float]
 ) -> list[ArmHit] | Exception:
-    """The dense arm's hits, or why there are none: the store's error, or the tenant's
-    slots all taken for ``search_store_timeout_s``."""
+    """The dense arm's hits, or why there are none: the store's error, or the tenant's slots
+    all taken. Waiting for a slot and the query share one ``search_store_timeout_s``."""
+    deadline = time.monotonic() + query.settings.search_store_timeout_s
     slot = _dense_slot(query.tenant_id)
     if not slot.acquire(timeout=query.settings.search_store_timeout_s):
         return TimeoutError(f"{DENSE_ARMS_PER_TENANT} dense searches of the tenant still running")
     try:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return TimeoutError("no time left for the dense arm after waiting for a slot")
+        reads = _bounded(query.reads, left)  # what is left of the wait, not all of it again
         return _timed_arm(
             timings,
             "dense",
-            lambda: dense_arm(query.reads, query.tenant_id, vector, query.request, query.settings),
+            lambda: dense_arm(reads, query.tenant_id, vector, query.request, query.settings),
         )
     except ARM_ERRORS as e:
         return e
