@@ -282,6 +282,30 @@ def dead_lettered_upload(client: Any, auth: dict[str, str], worker: Any) -> tupl
     return up["job_id"], letter_id
 
 
+def outbox_dead_letter(
+    tenant: str, chunk: str, error_class: str, message: str, attempts: int, payload: dict[str, Any]
+) -> int:
+    """A dead letter of the relay's, as it writes one for a write Elasticsearch refused."""
+    from sqlalchemy import select
+
+    from shared.jobs import repository as jobs_repo
+    from shared.models import DeadLetter
+
+    with unit_of_work() as uow:
+        jobs_repo.add_dead_letter(
+            uow.session,
+            tenant_id=tenant,
+            source="outbox",
+            ref=chunk,
+            stage="es_relay",
+            error_class=error_class,
+            message=message,
+            attempts=attempts,
+            payload=payload,
+        )
+        return int(uow.session.scalar(select(DeadLetter.id).where(DeadLetter.ref == chunk)))
+
+
 def new_key(tenant: str, scopes: list[str]) -> str:
     """The secret of a new API key of ``tenant`` with ``scopes``."""
     from shared.tenants.service import create_key

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import delete, select
+from sqlalchemy import delete
 
 from shared.db import unit_of_work
 from shared.ingest import pipeline
@@ -489,7 +489,7 @@ def test_replaying_a_repair_letter_overwrites_the_equal_version(client, auth, te
     outside Concord is; replayed from its dead letter it must still be a repair, not an
     index at that version, which Elasticsearch answers 409 and the relay counts as done."""
     from shared.admin.service import replay_dead_letter
-    from shared.jobs import repository as jobs_repo
+    from tests.helpers import outbox_dead_letter
 
     up = upload_text(client, auth, "petrel", "Storm petrels patter on the waves.")
     wait_job(client, auth, up["job_id"])
@@ -504,21 +504,16 @@ def test_replaying_a_repair_letter_overwrites_the_equal_version(client, auth, te
         document={**copy["_source"], "text": "edited outside"},
         refresh=True,
     )
+    letter_id = outbox_dead_letter(
+        tenant,
+        chunk,
+        "es_503",
+        "unavailable",
+        5,
+        {"op": "repair", "version": up["version"], "document_id": up["document_id"]},
+    )
     with unit_of_work() as uow:
-        jobs_repo.add_dead_letter(
-            uow.session,
-            tenant_id=tenant,
-            source="outbox",
-            ref=chunk,
-            stage="es_relay",
-            error_class="es_503",
-            message="unavailable",
-            attempts=5,
-            payload={"op": "repair", "version": up["version"], "document_id": up["document_id"]},
-        )
-        letter = uow.session.scalar(select(DeadLetter).where(DeadLetter.ref == chunk))
-    with unit_of_work() as uow:
-        replay_dead_letter(uow, letter.id, tenant)
+        replay_dead_letter(uow, letter_id, tenant)
 
     def repaired() -> bool:
         relay.drain(unit_of_work)

@@ -164,23 +164,19 @@ def test_a_dead_lettered_write_is_not_repaired_again_until_an_operator_acts(
     from sqlalchemy import delete
 
     from shared.db import unit_of_work
-    from shared.jobs import repository as jobs_repo
     from shared.models import DeadLetter
+    from tests.helpers import outbox_dead_letter
 
     [chunk] = _ingest(client, auth, tenant, 1)
     _remove(tenant, chunk)
-    with unit_of_work() as uow:
-        jobs_repo.add_dead_letter(
-            uow.session,
-            tenant_id=tenant,
-            source="outbox",
-            ref=chunk,
-            stage="es_relay",
-            error_class="es_400",
-            message="mapper_parsing_exception: as if the copy could not be indexed",
-            attempts=1,
-            payload={"op": "index", "version": 1},
-        )
+    outbox_dead_letter(
+        tenant,
+        chunk,
+        "es_400",
+        "mapper_parsing_exception: as if the copy could not be indexed",
+        1,
+        {"op": "index", "version": 1},
+    )
     with paused(worker):
         held = reconcile(unit_of_work, tenant, repair=True)
     assert held.repairs_queued == 0 and held.repairs_held == {chunk}
