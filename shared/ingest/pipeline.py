@@ -147,7 +147,7 @@ def claim(uow: UnitOfWork, job_id: uuid.UUID, settings: Settings) -> list[Claim]
     versions = documents_repo.versions(session, [(job.document_id, job.version)])
     own = versions.get((job.document_id, job.version))
     room = settings.ingest_batch_bytes - (len(own.raw or b"") if own else 0)
-    mates = 0 if _runs_alone_once_claimed(job) else settings.ingest_batch_jobs - 1
+    mates = 0 if jobs.runs_alone(job) else settings.ingest_batch_jobs - 1
     others = jobs_repo.claim_queued_jobs(
         session, mates, job.id, room, jobs.ISOLATE_AFTER_LOST_ATTEMPTS
     )
@@ -165,18 +165,11 @@ def claim_listed(uow: UnitOfWork, job_ids: list[uuid.UUID], settings: Settings) 
     session = uow.session
     # One that has lost too many attempts is left to its own message (the sweep's).
     claimable = jobs_repo.claimable_jobs(session, job_ids)
-    listed = [job for job in claimable if not _runs_alone_once_claimed(job)]
+    listed = [job for job in claimable if not jobs.runs_alone(job)]
     current = now(session)
     versions = documents_repo.versions(session, [(j.document_id, j.version) for j in listed])
     claims = [_start(uow, job, versions, current, settings) for job in listed]
     return [c for c in claims if c is not None]
-
-
-def _runs_alone_once_claimed(job: IngestJob) -> bool:
-    """Whether ``job`` runs in a batch of its own (shared/jobs/service.runs_alone), counting
-    the attempt it lost if it is claimed while still ``running`` under a lease that ran out."""
-    lost = job.attempts_lost + (1 if job.state == JobState.RUNNING else 0)
-    return lost >= jobs.ISOLATE_AFTER_LOST_ATTEMPTS
 
 
 def _duplicate_delivery(uow: UnitOfWork, job_id: uuid.UUID) -> JobOutcome | None:

@@ -40,7 +40,10 @@ ISOLATE_AFTER_LOST_ATTEMPTS = 2
 
 
 def runs_alone(job: IngestJob) -> bool:
-    return job.attempts_lost >= ISOLATE_AFTER_LOST_ATTEMPTS
+    """Whether ``job``, about to be claimed, runs in a batch of its own: counting the attempt
+    it lost if it is still ``running`` under a lease that ran out."""
+    lost = job.attempts_lost + (1 if job.state == JobState.RUNNING else 0)
+    return lost >= ISOLATE_AFTER_LOST_ATTEMPTS
 
 
 def lose_attempt(job: IngestJob) -> None:

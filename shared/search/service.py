@@ -171,15 +171,23 @@ class _Query:
     """What every stage of one search needs: whose, what, with which settings, and the
     boundary's transactions (each stage that reads Postgres opens its own: the arms run on
     threads of their own): ``reads`` for the query path's reads (the replica's, when it is
-    fresh enough: shared/db/replica.py), ``transactions`` for the primary."""
+    fresh enough: shared/db/replica.py), bounded by ``search_store_timeout_s``;
+    ``transactions`` for the primary."""
 
     tenant_id: str
     request: SearchRequest
     settings: Settings
     transactions: Transactions
-    reads: Transactions
+    unbounded_reads: Transactions
     answerability: answerability.LoadedModel | None = None
     embedding_cache: bool = True  # False: the query is encoded even when the cache holds it
+
+    @property
+    def reads(self) -> Transactions:
+        return self.reads_within(self.settings.search_store_timeout_s)
+
+    def reads_within(self, seconds: float) -> Transactions:
+        return _bounded(self.unbounded_reads, seconds)
 
 
 def _answerability_model(
@@ -269,7 +277,7 @@ def _reads(
     counted by where they go."""
     reads, source = reads_for_search(transactions, replica, settings)
     SEARCH_READS.labels(source).inc()
-    return _bounded(reads, settings.search_store_timeout_s)
+    return reads
 
 
 def _bounded(transactions: Transactions, seconds: float) -> Transactions:
@@ -374,7 +382,7 @@ def _dense_within_slot(
         left = deadline - time.monotonic()
         if left <= 0:
             return TimeoutError("no time left for the dense arm after waiting for a slot")
-        reads = _bounded(query.reads, left)  # what is left of the wait, not all of it again
+        reads = query.reads_within(left)  # what is left of the wait, not all of it again
         return _timed_arm(
             timings,
             "dense",

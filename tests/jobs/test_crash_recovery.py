@@ -23,7 +23,7 @@ from shared.ingest import pipeline
 from shared.models import IngestJob
 from shared.settings import Settings, get_settings
 from tests.conftest import ROOT, CeleryProcess, wait_for
-from tests.helpers import job_state, long_text, paused, upload_text, wait_converged
+from tests.helpers import document_count, job_state, long_text, paused, upload_text, wait_converged
 from training import jobs as training_jobs
 
 # A stand-in for a worker process: it claims a batch the way a task does, keeps it alive
@@ -42,20 +42,6 @@ with LeaseHeartbeat([c.job_id for c in claims], unit_of_work, get_settings()):
     print(len(claims), flush=True)
     time.sleep(3600)
 """
-
-
-def _documents_of(tenant: str) -> int:
-    from sqlalchemy import func, select
-
-    from shared.models import Document
-
-    with unit_of_work() as uow:
-        return int(
-            uow.session.scalar(
-                select(func.count()).select_from(Document).where(Document.tenant_id == tenant)
-            )
-            or 0
-        )
 
 
 def _attempts(job_ids: list[str]) -> dict[str, tuple[str, int]]:
@@ -305,10 +291,10 @@ def test_upload_events_held_by_a_killed_worker_are_handed_back_in_seconds(
         successor = IngestOnlyWorker("worker", tmp_path / "successor", node=doomed.node)
         successor.start()
         assert r.hexists("unacked", tag)  # taken, not acknowledged: the task was still running
-        at_kill = _documents_of(tenant)
+        at_kill = document_count(tenant)
         assert at_kill < n  # the rest can only come from the message handed back
     try:
-        wait_for(lambda: _documents_of(tenant) == n, 120, interval=0.2, what="every event accepted")
+        wait_for(lambda: document_count(tenant) == n, 120, interval=0.2, what="all accepted")
     finally:
         successor.stop()
     handed_back_s = time.monotonic() - killed

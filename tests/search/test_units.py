@@ -219,7 +219,9 @@ def test_hydration_for_a_per_document_cap_stops_at_the_candidate_window(monkeypa
         {"query": "q", "top_k": 10, "per_document_cap": 1, "mmr": {"lambda": 0.5}}
     )
     settings = Settings(search_candidate_window=100)
-    query = service._Query("t", request, settings, transactions=unit_of_work, reads=unit_of_work)
+    query = service._Query(
+        "t", request, settings, transactions=unit_of_work, unbounded_reads=unit_of_work
+    )
     candidates, _ = service._hydrate_enough(query, fused, [0.0])
     assert len(candidates) <= 100 + max(hydrated)  # one slice past the window at most
     assert sum(hydrated) < 2000
