@@ -40,6 +40,7 @@ import time
 from typing import Any
 
 from celery import Celery
+from kombu.transport.redis import Mutex, MutexHeld
 from redis import Redis
 from redis.exceptions import RedisError
 
@@ -95,53 +96,65 @@ def keep_alive(client: Redis, holder: str, stop: threading.Event) -> threading.T
 
 def restore_orphaned(app: Celery, client: Redis) -> list[str]:
     """Hand back to their queues the unacknowledged messages whose holder is dead, and
-    forget what was acknowledged; returns the delivery tags handed back."""
+    forget what was acknowledged; returns the delivery tags handed back. One sweep at a time,
+    and never beside kombu's own restore (both under kombu's unacked mutex)."""
     with app.connection_for_write() as connection:
         channel: Any = connection.default_channel
-        now = time.time()
-        unacked = _scores(client.zrange(channel.unacked_index_key, 0, -1, withscores=True))
-        holders = sorted(h.decode() for h in client.smembers(WORKERS))  # type: ignore[union-attr]
-        pipe = client.pipeline()
-        for holder in holders:
-            pipe.exists(ALIVE + holder)
-            pipe.hgetall(HOLDING + holder)
-        answers = pipe.execute()
-        held = {
-            holder: ({t.decode(): float(at) for t, at in tags.items()}, bool(alive))
-            for holder, alive, tags in zip(holders, answers[::2], answers[1::2], strict=True)
-        }
-        live = {tag for tags, alive in held.values() if alive for tag in tags}
-        recorded = {tag for tags, _ in held.values() for tag in tags}
-        orphaned: list[str] = []
-        for holder, (tags, alive) in held.items():
-            if alive:
-                acknowledged = tags.keys() - unacked.keys()
-                if acknowledged:
-                    client.hdel(HOLDING + holder, *acknowledged)
-                continue
-            orphaned += [
-                tag
-                for tag, received_at in tags.items()
-                # still unacknowledged, not since taken by a live worker (a message handed
-                # back keeps its tag; its new delivery is later than this holder's record)
-                if tag in unacked and tag not in live and unacked[tag] <= received_at + 1.0
-            ]
-            pipe = client.pipeline()
-            pipe.delete(HOLDING + holder)
-            pipe.srem(WORKERS, holder)
-            pipe.execute()
-        orphaned += [
-            tag
-            for tag, delivered_at in unacked.items()
-            if tag not in recorded and now - delivered_at >= UNRECORDED_GRACE_S
-        ]
-        for tag in sorted(set(orphaned)):
-            # kombu's restore: in a transaction that watches the unacked hash, so a message
-            # acknowledged meanwhile (or handed back by another sweep) is not pushed again
-            channel.qos.restore_by_tag(tag)
+        try:
+            with Mutex(client, channel.unacked_mutex_key, channel.unacked_mutex_expire):
+                orphaned = _orphaned(client, channel)
+                for tag in orphaned:
+                    # kombu's restore: in a transaction that watches the unacked hash, so a
+                    # message acknowledged meanwhile is not pushed again
+                    channel.qos.restore_by_tag(tag)
+        except MutexHeld:
+            return []  # another sweep (or kombu's restore) is at it; the next sweep looks again
     if orphaned:
         log.warning("handed back %d messages held by dead workers: %s", len(orphaned), orphaned)
-    return sorted(set(orphaned))
+    return orphaned
+
+
+def _orphaned(client: Redis, channel: Any) -> list[str]:
+    # The holders first, then the unacked set: kombu adds a message to that set before its
+    # holder records it, so a recorded tag missing from the later read was acknowledged.
+    holders = sorted(h.decode() for h in client.smembers(WORKERS))  # type: ignore[union-attr]
+    pipe = client.pipeline()
+    for holder in holders:
+        pipe.exists(ALIVE + holder)
+        pipe.hgetall(HOLDING + holder)
+    answers = pipe.execute()
+    now = time.time()
+    unacked = _scores(client.zrange(channel.unacked_index_key, 0, -1, withscores=True))
+    held = {
+        holder: ({t.decode(): float(at) for t, at in tags.items()}, bool(alive))
+        for holder, alive, tags in zip(holders, answers[::2], answers[1::2], strict=True)
+    }
+    live = {tag for tags, alive in held.values() if alive for tag in tags}
+    recorded = {tag for tags, _ in held.values() for tag in tags}
+    orphaned: set[str] = set()
+    for holder, (tags, alive) in held.items():
+        if alive:
+            acknowledged = tags.keys() - unacked.keys()
+            if acknowledged:
+                client.hdel(HOLDING + holder, *acknowledged)
+            continue
+        orphaned |= {
+            tag
+            for tag, received_at in tags.items()
+            # still unacknowledged, not since taken by a live worker (a message handed back
+            # keeps its tag; its new delivery is later than this holder's record)
+            if tag in unacked and tag not in live and unacked[tag] <= received_at + 1.0
+        }
+        pipe = client.pipeline()
+        pipe.delete(HOLDING + holder)
+        pipe.srem(WORKERS, holder)
+        pipe.execute()
+    orphaned |= {
+        tag
+        for tag, delivered_at in unacked.items()
+        if tag not in recorded and now - delivered_at >= UNRECORDED_GRACE_S
+    }
+    return sorted(orphaned)
 
 
 def _scores(rows: Any) -> dict[str, float]:

@@ -19,7 +19,6 @@ Create Date: 2026-12-03 01:20:00
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0015"
@@ -28,30 +27,26 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
+# (name, table, columns, partial index condition)
+INDEXES = [
+    ("ix_ingest_jobs_document_version", "ingest_jobs", "document_id, version, created_at", ""),
+    ("ix_dead_letters_outbox_ref", "dead_letters", "ref", "WHERE source = 'outbox'"),
+]
+
+
 def upgrade() -> None:
-    op.add_column(
-        "ingest_jobs",
-        sa.Column("attempts_lost", sa.Integer(), nullable=False, server_default="0"),
+    # Re-runnable: the index builds below commit what came before them, and this revision is
+    # recorded only after them, so a build that failed leaves the column in place.
+    op.execute(
+        "ALTER TABLE ingest_jobs ADD COLUMN IF NOT EXISTS attempts_lost integer NOT NULL DEFAULT 0"
     )
     # Built concurrently, outside the migration's transaction: ingest_jobs may be large, and a
     # plain build would block claims and lease renewals (and so expire live workers' leases)
-    # until it ends. A build cut short leaves an invalid index: drop it, run this again.
+    # until it ends. An index a failed build left behind (invalid) is dropped and built again.
     with op.get_context().autocommit_block():
-        op.create_index(
-            "ix_ingest_jobs_document_version",
-            "ingest_jobs",
-            ["document_id", "version", "created_at"],
-            postgresql_concurrently=True,
-            if_not_exists=True,
-        )
-        op.create_index(
-            "ix_dead_letters_outbox_ref",
-            "dead_letters",
-            ["ref"],
-            postgresql_where=sa.text("source = 'outbox'"),
-            postgresql_concurrently=True,
-            if_not_exists=True,
-        )
+        for name, table, columns, where in INDEXES:
+            op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+            op.execute(f"CREATE INDEX CONCURRENTLY {name} ON {table} ({columns}) {where}")
 
 
 def downgrade() -> None:

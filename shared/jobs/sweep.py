@@ -53,11 +53,13 @@ class SweepReport:
 # Since when this process's sweeps have run without a gap, on the database's clock. An outage
 # of Postgres (or of Redis, or of this worker: whatever kept sweeps from running) silences
 # every live training run's heartbeat too, so a run is judged lost only by a sweep that has
-# itself run for TRAINING_LOST_AFTER without a gap longer than SWEEP_GAP_PERIODS periods:
-# a live run has had its beats by then.
+# itself run for TRAINING_LOST_AFTER without a gap longer than SWEEP_GAP: a live run has had
+# its beats by then. The gap is longer than the relay queue's tasks that hold up its sweeps
+# (a webhook run takes at most its 20 s budget and 5 s timeout); a longer one only delays
+# the verdict.
 _reachable_since: datetime | None = None
 _last_sweep: datetime | None = None
-SWEEP_GAP_PERIODS = 3
+SWEEP_GAP = timedelta(seconds=30)
 
 
 def sweep_expired_jobs(
@@ -78,8 +80,7 @@ def _sweep(transactions: Transactions, settings: Settings, limit: int) -> SweepR
     report = SweepReport()
     with transactions() as uow:
         current = now(uow.session)
-        gap = timedelta(seconds=SWEEP_GAP_PERIODS * settings.sweep_interval_seconds)
-        if _reachable_since is None or _last_sweep is None or current - _last_sweep > gap:
+        if _reachable_since is None or _last_sweep is None or current - _last_sweep > SWEEP_GAP:
             _reachable_since = current
         _last_sweep = current
         for job in repo.expired_jobs(uow.session, limit):

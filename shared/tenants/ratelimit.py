@@ -24,6 +24,8 @@ from shared.settings import get_settings
 
 log = logging.getLogger(__name__)
 
+UNLIMITED = 1e9  # tokens a second: what a bucket that is turned off refills
+
 # KEYS: the key's bucket, the tenant's; ARGV: the key's rate and burst, the tenant's, now (s).
 # Both buckets refill; a token is taken from each only if each has one. Returns {allowed,
 # seconds to wait (the longer of the two)}.
@@ -57,7 +59,8 @@ async def enforce(key_id: uuid.UUID, tenant_id: str) -> None:
     A coroutine: the API calls it on its event loop, so a request's limit costs one Redis
     round trip and no thread."""
     settings = get_settings()
-    if settings.rate_limit_per_second <= 0:
+    per_key, per_tenant = settings.rate_limit_per_second, settings.rate_limit_tenant_per_second
+    if per_key <= 0 and per_tenant <= 0:
         return
     # Half a second at most per request; the limiter fails open at once after that.
     client = async_redis_client(0.5)
@@ -67,12 +70,10 @@ async def enforce(key_id: uuid.UUID, tenant_id: str) -> None:
             2,
             f"concord:ratelimit:{key_id}",
             f"concord:ratelimit:tenant:{tenant_id}",
-            settings.rate_limit_per_second,
-            settings.rate_limit_burst,
-            # 0 or less: no limit per tenant (a rate no request can outrun)
-            settings.rate_limit_tenant_per_second
-            if settings.rate_limit_tenant_per_second > 0
-            else 1e9,
+            # 0 or less turns a bucket off: a rate no request can outrun
+            per_key if per_key > 0 else UNLIMITED,
+            max(1, settings.rate_limit_burst),
+            per_tenant if per_tenant > 0 else UNLIMITED,
             max(1, settings.rate_limit_tenant_burst),
             time.time(),
         )
@@ -81,8 +82,9 @@ async def enforce(key_id: uuid.UUID, tenant_id: str) -> None:
         return
     if not int(allowed):
         retry_after = max(1, math.ceil(float(wait)))
+        limits = [f"{per_key:g} requests/s per API key"] if per_key > 0 else []
+        limits += [f"{per_tenant:g} per tenant"] if per_tenant > 0 else []
         raise TooManyRequests(
-            f"rate limit exceeded ({settings.rate_limit_per_second:g} requests/s per API key, "
-            f"{settings.rate_limit_tenant_per_second:g} per tenant); retry in {retry_after} s",
+            f"rate limit exceeded ({', '.join(limits)}); retry in {retry_after} s",
             retry_after=retry_after,
         )
