@@ -30,8 +30,8 @@ def es_document(chunk: Chunk, doc: Document) -> dict[str, Any]:
         # families are written whichever analysis is configured: an index indexes one of them
         # (the one of the analysis it was made under), and searches fall back to it.
         "stemmed": {
-            "title": english_analysis.analyze(chunk.title),
-            "section": english_analysis.analyze(chunk.section),
+            "title": english_analysis.analyze_repeated(chunk.title),
+            "section": english_analysis.analyze_repeated(chunk.section),
             "text": english_analysis.analyze(chunk.text),
         },
         "metadata": metadata,

@@ -453,9 +453,16 @@ def test_admin_endpoints_need_the_admin_scope(client, auth, tenant):
 def test_a_reindex_whose_copies_are_refused_stops_before_switching_and_resumes(
     client, auth, tenant, worker
 ):
-    """Elasticsearch refuses copies of a page: 503s are sent again and get through; a copy it
-    keeps refusing (400) stops the reindex before its progress passes that page, so it never
-    switches to a generation missing chunks, and a run after the fault resumes and switches."""
+    """Elasticsearch refuses copies of a page: a copy it keeps refusing (400) stops the reindex
+    before its progress passes that page, so it never switches to a generation missing chunks;
+    the next run meets only 503s, sends those copies again until they get through, resumes
+    and switches.
+
+    The faults are drawn from seeded random numbers, one per copy sent (the permanent 400
+    draws none), so what a run meets does not depend on how many other tenants' chunks the
+    database holds: run alone, this tenant's three other copies draw 0.324, 0.151, 0.651 with
+    seed 7 (the second is a 503 at a rate of 0.2), and the first copy of the second run draws
+    0.012 with seed 31 (a 503 at 0.05)."""
     from elasticsearch import Elasticsearch
 
     from shared.reconcile.reindex import reindex
@@ -468,19 +475,27 @@ def test_a_reindex_whose_copies_are_refused_stops_before_switching_and_resumes(
     chunks = wait_converged(tenant)
     poison = sorted(chunks)[0]
     settings = get_settings()
-    faults = BulkFaults({503: 0.02}, permanent_400={poison})
-    proxy = BulkFaultProxy(settings.es_url(), faults)
-    try:
-        proxied = ElasticsearchChunkIndex(Elasticsearch(proxy.url, request_timeout=60))
-        with pytest.raises(ReindexCopyRefused, match="refused"):
-            reindex(unit_of_work, page_size=1000, index=proxied)
-    finally:
-        proxy.close()
-    assert faults.injected[503] > 0 and faults.injected[400] >= 1
+
+    def reindex_through(faults: BulkFaults):  # type: ignore[no-untyped-def]
+        proxy = BulkFaultProxy(settings.es_url(), faults)
+        try:
+            proxied = ElasticsearchChunkIndex(Elasticsearch(proxy.url, request_timeout=60))
+            return reindex(unit_of_work, page_size=1000, index=proxied)
+        finally:
+            proxy.close()
+
+    refused = BulkFaults({503: 0.2}, seed=7, permanent_400={poison})
+    with pytest.raises(ReindexCopyRefused, match="refused"):
+        reindex_through(refused)
+    assert refused.injected[503] > 0 and refused.injected[400] >= 1
     assert reindex_target(get_es(), settings) is not None  # not switched
     assert es_chunks(tenant) == pg_chunks(tenant)  # the live generation is untouched
-    result = reindex(unit_of_work, page_size=1000)
+
+    busy = BulkFaults({503: 0.05}, seed=31)
+    result = reindex_through(busy)
+    assert busy.injected[503] > 0
     assert result.resumed and reindex_target(get_es(), settings) is None
+    # Switched to: the copies refused with a 503 were sent again until they got in.
     assert es_chunks(tenant) == pg_chunks(tenant)
 
 

@@ -104,6 +104,30 @@ def test_onnx_query_encoder_matches_the_sentence_transformers_model(tmp_path) ->
     assert (tmp_path / "model.onnx").stat().st_mtime_ns == mtime
 
 
+def test_the_onnx_encoders_tokenizer_gives_the_wrappers_ids_masks_and_types() -> None:
+    """The encoders call the fast tokenizer directly (half the time a text); what they feed
+    the model must be what the transformers wrapper gives, truncation included."""
+    from shared.ingest.embedding import get_embedder
+    from shared.ingest.onnx_encoder import _direct_tokenizer
+
+    model = get_embedder().model()
+    direct = _direct_tokenizer(model, model.max_seq_length)
+    texts = [
+        "",
+        "a",
+        "IL-6 in CD4+ T cells: the patient\u2019s 3.5-fold rise (p<0.01)",
+        "Das Gehirn \u00e9t\u00e9 \u65b0\u3057\u3044 \U0001f600  tabs\tand\nnewlines",
+        "word " * 400,  # past the model's 256 tokens
+    ]
+    for text in texts:
+        wrapped = model.tokenizer([text], truncation=True, max_length=model.max_seq_length)
+        tokens = direct.encode(text)
+        assert tokens.ids == wrapped["input_ids"][0]
+        assert tokens.attention_mask == wrapped["attention_mask"][0]
+        assert tokens.type_ids == wrapped["token_type_ids"][0]
+    assert len(direct.encode(texts[-1]).ids) == model.max_seq_length
+
+
 def test_likely_results_keep_the_per_document_cap_by_chunk_id() -> None:
     from shared.search.service import _within_cap
     from shared.stores.schemas import document_of_chunk
@@ -517,3 +541,22 @@ def test_a_reranker_loading_for_one_tenant_does_not_hold_up_anothers(monkeypatch
     assert time.monotonic() - started < 1.0
     release.set()
     slow.join(5)
+
+
+def test_english_analysis_drops_possessives_and_stop_words_then_stems() -> None:
+    """What Lucene's EnglishAnalyzer makes of text: the possessive 's (straight or curly) goes,
+    other apostrophes stay, stop words go, the rest is Porter-stemmed; the cached variant for
+    titles and sections gives the same."""
+    from shared.stores.english_analysis import analyze, analyze_repeated
+
+    cases = {
+        "The cat's toys": "cat toi",
+        "James\u2019s running studies": "jame run studi",
+        "O'Neil's books and the rest": "o'neil book rest",
+        "x's's": "x'",
+        "it is not such a thing": "thing",
+        "": "",
+    }
+    for text, expected in cases.items():
+        assert analyze(text) == expected
+        assert analyze_repeated(text) == expected
