@@ -20,6 +20,7 @@ from typing import Any
 from elasticsearch import ApiError, Elasticsearch
 from elasticsearch import ConnectionError as EsConnectionError
 from elasticsearch import ConnectionTimeout as EsConnectionTimeout
+from redis.exceptions import RedisError
 from sqlalchemy.orm import Session
 
 from shared.db import Transactions
@@ -28,6 +29,7 @@ from shared.jobs import repository as jobs_repo
 from shared.models import Chunk, Document, EsOutbox, OutboxOp
 from shared.outbox import repository as repo
 from shared.queue import publish_relay
+from shared.redis_client import redis_client
 from shared.retry import retry_delay
 from shared.settings import Settings, get_settings
 from shared.stores.chunk_document import es_document
@@ -378,12 +380,38 @@ def queue_stale_copy_purges(
         if doc is None or doc.tenant_id != tenant_id:
             continue
         live = store.chunks_by_ids(cids)
+        version = doc.version if doc.deleted else doc.version - 1
         orphans = [c for c in cids if c not in live or doc.deleted]
         repo.add_outbox(
             session,
             tenant_id=tenant_id,
             document_id=doc_id,
             op=OutboxOp.PURGE,
-            version=doc.version if doc.deleted else doc.version - 1,
-            chunk_ids=orphans,
+            version=version,
+            chunk_ids=_not_queued_lately(settings, tenant_id, version, orphans),
         )
+
+
+# A search that meets a stale copy queues its purge. Behind a relay backlog (a large ingest
+# ahead of it in the outbox) a hot query meets the same copies with every request and would
+# queue them again each time, growing the backlog it waits behind by its own request rate.
+# Each (tenant, chunk, version) is queued at most once in this many seconds, whichever API
+# process meets it; one queued again after that (or when Redis cannot say) is harmless: the
+# relay's purge of a copy already gone is a no-op.
+PURGE_QUEUED_TTL_S = 60
+
+
+def _not_queued_lately(
+    settings: Settings, tenant_id: str, version: int, chunk_ids: list[str]
+) -> list[str]:
+    if not chunk_ids:
+        return []
+    try:
+        with redis_client(settings.redis_socket_timeout_s).pipeline(transaction=False) as pipe:
+            for cid in chunk_ids:
+                key = f"concord:purge-queued:{tenant_id}:{cid}:{version}"
+                pipe.set(key, 1, nx=True, ex=PURGE_QUEUED_TTL_S)
+            first = pipe.execute()
+    except RedisError:
+        return chunk_ids
+    return [cid for cid, new in zip(chunk_ids, first, strict=True) if new]

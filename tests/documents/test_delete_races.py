@@ -14,7 +14,7 @@ from sqlalchemy import select
 from shared.db import unit_of_work
 from shared.documents.service import delete_document
 from shared.ingest import pipeline
-from shared.models import DeadLetter, OutboxOp
+from shared.models import DeadLetter, EsOutbox, OutboxOp
 from shared.outbox import repository as outbox_repo
 from shared.outbox import service as relay
 from tests.conftest import CeleryProcess
@@ -74,6 +74,36 @@ def test_a_stale_copy_cleanup_never_blocks_the_next_versions_write(
         assert set(es_chunks(tenant).values()) == {3} == set(pg_chunks(tenant).values())
     hits = search(client, auth, "ibis nests", mode="lexical")["results"]
     assert [h["document_id"] for h in hits] == [first["document_id"]]
+
+
+def test_a_hot_query_meeting_stale_copies_queues_each_purge_once(
+    client: TestClient, auth: dict[str, str], tenant: str, worker: CeleryProcess
+) -> None:
+    """While the relay is behind (here: stopped), every search of a hot query meets the same
+    stale copies; each queued its purge again, so the outbox the relay was behind grew by the
+    query rate. Each copy's purge is queued once, and the relay then removes it."""
+    upload_text(client, auth, "heron.txt", long_text("heron", 60))
+    old = wait_converged(tenant)
+    assert len(old) > 1
+    with paused(worker):
+        again = upload_text(client, auth, "heron.txt", "Herons stalk the shallows at dawn.")
+        assert pipeline.process_job(unit_of_work, uuid.UUID(again["job_id"])).state == "indexed"
+        dropped = [search(client, auth, "heron", mode="lexical")["dropped_stale"] for _ in range(6)]
+        assert dropped[0] >= 1 and dropped == dropped[:1] * 6  # met by every search
+        with unit_of_work() as uow:
+            purges = uow.session.execute(
+                select(EsOutbox.chunk_id, EsOutbox.version).where(
+                    EsOutbox.tenant_id == tenant, EsOutbox.op == OutboxOp.PURGE
+                )
+            ).all()
+        stale = set(old) - set(pg_chunks(tenant))
+        assert stale
+        # Per stale copy: the new version's own purge of the chunks it no longer has (at 2),
+        # and the first search's (at 1); none from the five searches after it.
+        assert sorted(purges) == sorted([(c, 2) for c in stale] + [(c, 1) for c in stale])
+        relay.drain(unit_of_work)
+    assert es_chunks(tenant) == pg_chunks(tenant)
+    assert search(client, auth, "heron", mode="lexical")["dropped_stale"] == 0
 
 
 def test_an_upload_racing_a_delete_of_the_same_document_becomes_the_next_version(
