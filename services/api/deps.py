@@ -99,6 +99,9 @@ MODEL_OUT_OF_DATE: dict[int | str, dict[str, Any]] = {
 WEBHOOK_ENDPOINT_LIMIT: dict[int | str, dict[str, Any]] = {
     409: _error("The tenant has as many webhook endpoints as it may: delete one first")
 }
+API_KEY_LIMIT: dict[int | str, dict[str, Any]] = {
+    409: _error("The tenant has as many unrevoked API keys as it may: revoke one first")
+}
 UPLOAD_ERRORS: dict[int | str, dict[str, Any]] = {
     400: _error("The upload is malformed (e.g. a bad filename or metadata)"),
     413: _error("The upload is larger than CONCORD_MAX_UPLOAD_BYTES"),

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Sequence
 from typing import TypeVar
 
-from sqlalchemy import select, true
+from sqlalchemy import func, select, true
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -42,6 +42,18 @@ def key_by_id(session: Session, key_id: uuid.UUID) -> ApiKey | None:
 
 def key_by_hash(session: Session, key_hash: str) -> ApiKey | None:
     return session.scalar(select(ApiKey).where(ApiKey.key_hash == key_hash))
+
+
+def live_key_count(session: Session, tenant_id: str) -> int:
+    """The tenant's keys not revoked."""
+    return int(
+        session.scalar(
+            select(func.count())
+            .select_from(ApiKey)
+            .where(ApiKey.tenant_id == tenant_id, ApiKey.revoked_at.is_(None))
+        )
+        or 0
+    )
 
 
 def keys_of(session: Session, tenant_id: str | None) -> Sequence[ApiKey]:

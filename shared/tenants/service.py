@@ -15,14 +15,18 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session
 
 from shared.db import Transactions
-from shared.db.repository import now
-from shared.errors import BadRequest, Forbidden, NotFound, Unauthorized
+from shared.db.repository import lock_key, now
+from shared.errors import BadRequest, Conflict, Forbidden, NotFound, Unauthorized
 from shared.models import ApiKey
 from shared.tenants import repository as repo
 from shared.tenants.repository import Named
 from shared.tenants.schemas import SCOPES, KeyView
 
 KEY_PREFIX = "ck_"
+# Unrevoked keys a tenant may hold. Each is a rate-limit bucket, a row every key listing
+# returns and an entry the API may keep in memory; a script minting a key per request would
+# otherwise grow all three without end.
+MAX_LIVE_KEYS_PER_TENANT = 100
 _TENANT_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 
 
@@ -60,6 +64,11 @@ def create_key(
     if unknown or not scopes:
         raise BadRequest(f"scopes must be a non-empty subset of {list(SCOPES)}")
     repo.ensure_tenant(session, tenant_id)
+    lock_key(session, f"api-keys:{tenant_id}")  # two creates cannot both pass the count
+    if repo.live_key_count(session, tenant_id) >= MAX_LIVE_KEYS_PER_TENANT:
+        raise Conflict(
+            f"a tenant has at most {MAX_LIVE_KEYS_PER_TENANT} unrevoked API keys: revoke one first"
+        )
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey(
         id=uuid.uuid4(),

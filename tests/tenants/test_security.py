@@ -129,6 +129,34 @@ def test_a_key_revoked_by_another_process_is_refused_within_the_shipped_cache_ti
     assert client.get("/v1/profiles", headers=wrong).status_code == 401
 
 
+def test_a_tenant_holds_a_bounded_number_of_live_keys_and_others_are_unaffected(
+    client: TestClient,
+) -> None:
+    """Minting a key per request would grow the key table, the listing and the per-key rate
+    buckets without end: past the cap a new key is a 409 until one is revoked; another
+    tenant's admin still creates keys meanwhile."""
+    from shared.db import unit_of_work
+    from shared.tenants.service import MAX_LIVE_KEYS_PER_TENANT, create_key
+
+    tenant, other = f"t-{uuid.uuid4().hex[:10]}", f"t-{uuid.uuid4().hex[:10]}"
+    admin = key_headers(tenant, ["admin"])
+    with unit_of_work() as uow:  # the rest of the allowance, without 99 requests
+        for _ in range(MAX_LIVE_KEYS_PER_TENANT - 2):
+            create_key(uow.session, tenant, "bulk", ["read"])
+    last = client.post("/v1/admin/keys", headers=admin, json={"scopes": ["read"]})
+    assert last.status_code == 201, last.text
+    refused = client.post("/v1/admin/keys", headers=admin, json={"scopes": ["read"]})
+    assert refused.status_code == 409
+    assert "revoke one first" in refused.json()["error"]["message"]
+    assert len(client.get("/v1/admin/keys", headers=admin).json()) == MAX_LIVE_KEYS_PER_TENANT
+    other_admin = key_headers(other, ["admin"])
+    assert client.post("/v1/admin/keys", headers=other_admin, json={}).status_code == 201
+    revoked = client.delete(f"/v1/admin/keys/{last.json()['id']}", headers=admin)
+    assert revoked.status_code == 204
+    again = client.post("/v1/admin/keys", headers=admin, json={"scopes": ["read"]})
+    assert again.status_code == 201
+
+
 def test_admin_key_endpoints_create_list_and_revoke_for_their_own_tenant(
     client: TestClient,
 ) -> None:

@@ -11,7 +11,13 @@ from fastapi import APIRouter, Path, Query
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, StrictBool
 
-from services.api.deps import NOT_FOUND, PROTECTED_ROUTE_ERRORS, WEBHOOK_ENDPOINT_LIMIT, Admin
+from services.api.deps import (
+    API_KEY_LIMIT,
+    NOT_FOUND,
+    PROTECTED_ROUTE_ERRORS,
+    WEBHOOK_ENDPOINT_LIMIT,
+    Admin,
+)
 from shared.admin import service as ops
 from shared.admin.schemas import (
     Discarded,
@@ -119,7 +125,7 @@ def stats_route(principal: Admin) -> Stats:
     return ops.system_stats(unit_of_work, principal.tenant_id)
 
 
-@router.post("/keys", status_code=201)
+@router.post("/keys", status_code=201, responses=API_KEY_LIMIT)
 def create_key_route(body: KeyRequest, principal: Admin) -> CreatedKey:
     """A new key for this tenant; the secret is in this response only and never stored."""
     with unit_of_work() as uow:
