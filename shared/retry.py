@@ -24,6 +24,11 @@ RETRIABLE: tuple[type[BaseException], ...] = (
     # A task past its soft time limit: the work it did is kept (embeddings are cached as
     # they are made, see shared/ingest/pipeline.embed_batch), so the next attempt goes further.
     SoftTimeLimitExceeded,
+    # A process out of memory: not a property of the one piece of work that met it (in an
+    # ingest batch, another tenant's document may hold the memory). The ingest pipeline
+    # counts it as an attempt lost, like a time limit, so a document that exhausts memory
+    # on its own soon runs alone and uses up its own attempts (shared/jobs/service.runs_alone).
+    MemoryError,
 )
 
 MAX_ERROR_MESSAGE_CHARS = 1000
@@ -32,7 +37,21 @@ MAX_ERROR_MESSAGE_CHARS = 1000
 def is_retriable(error: BaseException) -> bool:
     if isinstance(error, DBAPIError) and error.connection_invalidated:
         return True
+    if isinstance(error, DBAPIError) and _sqlstate(error).startswith(WORK_OVER_A_LIMIT):
+        return False
     return isinstance(error, RETRIABLE)
+
+
+# Postgres' class 54, "program limit exceeded" (an index row or a statement too large):
+# psycopg raises it as an OperationalError, like an outage, but it is the work's own and a
+# retry meets it again. Retried, one job's row released its whole batch, over and over, and
+# the task's own job (any tenant's) was dead-lettered for it; not retried, the batch falls
+# back to one job at a time and the job that meets it fails alone.
+WORK_OVER_A_LIMIT = "54"
+
+
+def _sqlstate(error: DBAPIError) -> str:
+    return str(getattr(error.orig, "sqlstate", None) or "")
 
 
 def retry_delay(retries: int, base: float = 2.0, cap: float = 120.0) -> float:

@@ -148,6 +148,10 @@ class Settings(BaseSettings):
     chunk_overlap_tokens: int = 32
     # Characters per chunk, whatever its token count (a word over 100 characters is one token)
     chunk_max_chars: int = 4000
+    # Chunks one document may make (one upload may be 10 MiB of headings or records, each
+    # a chunk at least; each chunk carries a copy of the document's metadata into both
+    # stores): past this the job fails with the reason, before anything is embedded.
+    max_chunks_per_document: int = 100_000
 
     # Processes of the ingest worker `concord stack up` starts (each loads the model once),
     # and of its relay worker (Elasticsearch relay, sweeps, reconciliation; no model).

@@ -33,14 +33,13 @@ from shared.documents.schemas import (
 )
 from shared.documents.screening import screen_upload
 from shared.errors import BadRequest, ParseError, PayloadTooLarge
-from shared.ingest.parsing import SUPPORTED_TYPES
+from shared.ingest.parsing import MAX_JSON_RECORDS, SUPPORTED_TYPES
 from shared.search.filters import parse_iso_date
 from shared.search.schemas import ISO_DATE, METADATA_KEY
 from shared.settings import Settings
 
 MAX_JSON_DEPTH = 64
 MAX_JSON_NUMBER_CHARS = 1000  # Python refuses integers of more than 4,300 digits
-MAX_JSON_RECORDS = 100_000
 
 # A JSON string, escapes included; the unrolled form, linear and without backtracking. An
 # unclosed string runs to the end: otherwise each failed match would restart at the next

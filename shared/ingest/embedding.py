@@ -90,9 +90,14 @@ class Embedder:
             counting.no_truncation()
             counting.no_padding()
             self._counting_tokenizer = counting
-        offsets: list[tuple[int, int]] = self._counting_tokenizer.encode(
-            text, add_special_tokens=False
-        ).offsets
+        tokenizer = self._counting_tokenizer
+        offsets: list[tuple[int, int]] = []
+        # A long text a window at a time: one call holds the GIL throughout (10 MiB of
+        # punctuation took 17 s), and a worker's lease heartbeat, a thread of the same
+        # process, must beat every few seconds or the batch's leases run out under it.
+        for start, end in tokenizing_windows(text):
+            part = tokenizer.encode(text[start:end], add_special_tokens=False).offsets
+            offsets += part if start == 0 else [(s + start, e + start) for s, e in part]
         return offsets
 
     def embed_passages(self, texts: list[str], token_counts: list[int] | None = None) -> np.ndarray:
@@ -226,6 +231,26 @@ def torch_threads_per_process(settings: Settings, processes: int) -> int:
     configured count, else a fair share of the cores (two processes of two threads on two
     cores ran at half the speed of two of one)."""
     return settings.embedding_threads or max(1, (os.cpu_count() or 1) // max(processes, 1))
+
+
+TOKENIZING_WINDOW_CHARS = 100_000
+
+
+def tokenizing_windows(text: str, size: int = TOKENIZING_WINDOW_CHARS) -> list[tuple[int, int]]:
+    """``text`` cut into spans of at most about ``size`` characters, each ending just after a
+    space or a newline where the second half of the span has one: no token spans
+    whitespace, so the tokens of the spans are the tokens of the whole. A span of more than
+    half a window without any (one "word" of 50,000 characters) is cut where it is; there
+    the counts may differ by a token or two from one call's, on a text no one reads."""
+    windows, start = [], 0
+    while len(text) - start > size:
+        end = start + size
+        cut = max(text.rfind(" ", start + size // 2, end), text.rfind("\n", start + size // 2, end))
+        end = cut + 1 if cut >= 0 else end
+        windows.append((start, end))
+        start = end
+    windows.append((start, len(text)))
+    return windows
 
 
 def length_batches(lengths: list[int], max_batch: int, batch_cost: int) -> list[list[int]]:

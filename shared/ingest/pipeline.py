@@ -83,6 +83,11 @@ class Claim:
     vectors: list[np.ndarray] = field(default_factory=list)
     cache_hits: int = 0
 
+    def drop_content(self) -> None:
+        """Let go of what the steps made of the document (a failed job's parsed text may be
+        hundreds of megabytes)."""
+        self.raw, self.parsed, self.pieces, self.hashes, self.vectors = b"", None, [], [], []
+
 
 def _chunker(settings: Settings, embedder: Embedder) -> Chunker:
     return Chunker(
@@ -232,7 +237,9 @@ def run(
             embedder = get_embedder()
             chunker = _chunker(settings, embedder)
             ready = steps.each_alone(claims, "parse", lambda c: parse_job(c, settings))
-            ready = steps.each_alone(ready, "chunk", lambda c: chunk_job(c, chunker))
+            ready = steps.each_alone(
+                ready, "chunk", lambda c: chunk_job(c, chunker, settings.max_chunks_per_document)
+            )
             ready = steps.together(
                 ready,
                 "embed",
@@ -243,8 +250,9 @@ def run(
             steps.together(ready, "write", steps.write_in_own_transaction)
         except Exception as e:
             unfinished = [c.job_id for c in claims if c.job_id not in steps.outcomes]
-            # Out of time: no job's own outcome, and any of them may be the reason.
-            lost = isinstance(e, SoftTimeLimitExceeded)
+            # Out of time or of memory: no job's own outcome, and any of them may be the
+            # reason.
+            lost = isinstance(e, (SoftTimeLimitExceeded, MemoryError))
             _release(transactions, unfinished, settings, retried_by_task, lost)
             raise
     return steps.outcomes
@@ -271,6 +279,7 @@ class _Steps:
             try:
                 step(claim)
             except Exception as e:
+                claim.drop_content()  # not held while its batch-mates go on
                 self.outcomes[claim.job_id] = self._job_failed(claim, stage, e)
                 continue
             done.append(claim)
@@ -364,12 +373,18 @@ def parse_job(claim: Claim, settings: Settings) -> None:
         claim.parsed = parse(claim.raw, claim.content_type, settings.json_text_fields)
 
 
-def chunk_job(claim: Claim, chunker: Chunker) -> None:
+def chunk_job(claim: Claim, chunker: Chunker, max_chunks: int) -> None:
     assert claim.parsed is not None
     with StageTimes(claim.timings).stage("chunk"):
-        claim.pieces = chunker.chunk(claim.parsed)
-        claim.hashes = [text_hash(p.text) for p in claim.pieces]
-    claim.parsed = None  # the chunks hold what is needed now
+        pieces = chunker.chunk(claim.parsed)
+        claim.parsed = None  # the chunks hold what is needed now
+        if len(pieces) > max_chunks:
+            raise ParseError(
+                f"the document makes {len(pieces)} chunks; the limit is {max_chunks} "
+                "(CONCORD_MAX_CHUNKS_PER_DOCUMENT): split it into several documents"
+            )
+        claim.pieces = pieces
+        claim.hashes = [text_hash(p.text) for p in pieces]
 
 
 def embed_batch(

@@ -218,3 +218,39 @@ def test_contextual_text_puts_the_title_and_section_before_the_chunk() -> None:
         == "Quokka\nHabits\n\nIt smiles."
     )
     assert contextual_text("It smiles.", "", "", "title_section") == "It smiles."
+
+
+def test_nested_html_is_read_in_one_pass_each_text_once() -> None:
+    """Each row's cells, each block's own words: a text node is read once however deep it
+    sits. Asking every element for its ancestors and descendants made 17 KB of nested tables
+    a gigabyte of text, and 100 KB of nested divs a minute of parsing."""
+    tables = b"<table><tr><td>" * 300 + b"x" * 2000
+    doc = parse(tables, "text/html")
+    assert doc.text == "x" * 2000  # each outer row's own cells are empty: no line of its own
+    divs = b"<div>" * 20_000 + b"deep" + b"</div>" * 20_000
+    assert parse(divs, "text/html").text == "deep"
+    headings = b"<h1>" * 3000 + b"y" * 3000
+    assert parse(headings, "text/html").text == "y" * 3000
+    nested = b"""<body><table><tr><td>outer <table><tr><td>inner</td><td>cell</td></tr></table>
+    tail</td><td>last</td></tr></table><h2>Head <p>in heading</p></h2></body>"""
+    assert parse(nested, "text/html").text.split("\n\n") == [
+        "outer tail | last",
+        "inner | cell",
+        "Head in heading",
+    ]
+
+
+def test_json_records_are_counted_as_intake_counts_them_and_bounded() -> None:
+    from shared.ingest.parsing import MAX_JSON_RECORDS
+
+    # U+2028 is a line separator to str.splitlines, not to JSON Lines: inside a string it is
+    # text, and records separated by it are one (invalid) line, as intake counted them.
+    inside = json.dumps({"text": "one\u2028record"}, ensure_ascii=False).encode()
+    assert parse(inside + b"\n", "application/x-ndjson").text == "one\u2028record"
+    two = '{"text": "a"}\u2028{"text": "b"}'.encode()
+    with pytest.raises(ParseError, match="invalid JSON on line 1"):
+        parse(two, "application/x-ndjson")
+    array = json.dumps(["w"] * (MAX_JSON_RECORDS + 1)).encode()
+    with pytest.raises(ParseError, match=f"the limit is {MAX_JSON_RECORDS}"):
+        parse(array, "application/json")
+    assert len(parse(json.dumps(["w"] * 3).encode(), "application/json").sections) == 3

@@ -26,6 +26,7 @@ from tests.helpers import (
     es_chunks,
     exhaust_attempts,
     job_state,
+    key_headers,
     long_text,
     paused,
     pg_chunks,
@@ -668,3 +669,39 @@ def test_relay_requests_wait_one_at_a_time_and_the_last_commit_of_a_burst_is_not
     queue._request_taken(key)
     assert not queue._publish_debounced(key, task)
     assert not queue._redis().exists(key)  # nothing waits: the next commit asks again
+
+
+def test_a_document_of_too_many_chunks_fails_alone_and_its_batch_mates_are_indexed(
+    client: TestClient, auth, tenant, worker
+):
+    """One batch: a markdown file of more sections than a document may make chunks, 4 KB of
+    nested tables (which once parsed into 600 KB of text), and another tenant's ordinary
+    upload. The first fails with the reason before anything is embedded; the others are
+    indexed, the tables as the one line of text they hold."""
+    other = f"{tenant}-b"
+    other_auth = key_headers(other, ["read", "write"])
+    many = "".join(f"# Heading {i}\nWords of section {i}.\n" for i in range(30)).encode()
+    tables = b"<html><body>" + b"<table><tr><td>" * 300 + b"Terns migrate far." * 10
+
+    def post(headers: dict[str, str], name: str, raw: bytes, content_type: str) -> uuid.UUID:
+        response = client.post(
+            "/v1/documents", headers=headers, files={"file": (name, raw, content_type)}
+        )
+        assert response.status_code == 202, response.text
+        return uuid.UUID(response.json()["job_id"])
+
+    with paused(worker):
+        jobs = {
+            "many": post(auth, "many.md", many, "text/markdown"),
+            "tables": post(auth, "tables.html", tables, "text/html"),
+            "fine": post(other_auth, "fine.txt", b"Puffins nest in burrows.", "text/plain"),
+        }
+        settings = get_settings().model_copy(update={"max_chunks_per_document": 20})
+        outcomes = pipeline.process_jobs(unit_of_work, list(jobs.values()), settings)
+    states = {name: outcomes[job].state for name, job in jobs.items()}
+    assert states == {"many": "failed", "tables": "indexed", "fine": "indexed"}
+    failed = wait_job(client, auth, str(jobs["many"]), state="failed")
+    assert failed["error"]["stage"] == "chunk" and "the limit is 20" in failed["error"]["message"]
+    assert outcomes[jobs["tables"]].detail["chunks"] == 1
+    wait_converged(tenant)
+    assert len(wait_converged(other)) == 1

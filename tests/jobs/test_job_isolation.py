@@ -215,6 +215,36 @@ def test_an_unexpected_error_of_one_job_dead_letters_it_alone(
     assert VICTIM_MARKER not in letter.message and VICTIM_MARKER not in json.dumps(letter.payload)
 
 
+def test_a_batch_that_runs_out_of_memory_loses_an_attempt_and_blames_no_one(
+    client: TestClient, worker: CeleryProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A MemoryError met while parsing one job says nothing of that job: another tenant's
+    document in the batch may hold the memory. It was charged to whichever job was being
+    parsed, dead-lettered at once; now the batch goes back to the queue with an attempt lost
+    by each job (so a document that exhausts memory alone soon runs alone), and the
+    batch-mates are indexed."""
+    victim, offender = f"v-{uuid.uuid4().hex[:10]}", f"o-{uuid.uuid4().hex[:10]}"
+    real_parse = pipeline.parse  # type: ignore[attr-defined]
+
+    def parse(raw: bytes, content_type: str, fields: tuple[str, ...]) -> Any:
+        if b"unlucky" in raw:
+            raise MemoryError()
+        return real_parse(raw, content_type, fields)
+
+    monkeypatch.setattr(pipeline, "parse", parse)  # in this process only, not the worker's
+    with paused(worker):
+        victim_jobs = _victim_uploads(client, key_headers(victim, ["read", "write"]), n=4)
+        unlucky = upload_text(
+            client, key_headers(offender, ["read", "write"]), "m.txt", "An unlucky document."
+        )["job_id"]
+        with pytest.raises(MemoryError):
+            pipeline.run(_claims_of([*victim_jobs, unlucky]), unit_of_work, get_settings())
+        jobs = _jobs([*victim_jobs, unlucky])
+        assert {(j.state, j.attempts_lost) for j in jobs.values()} == {("queued", 1)}
+    _assert_victim_unharmed(victim, victim_jobs)
+    assert _wait_finished([unlucky])[unlucky].state == "indexed"
+
+
 def test_an_upload_waiting_on_a_lock_does_not_stall_other_requests(live_api: str) -> None:
     """The upload route's transaction runs in a worker thread: while one upload waits for
     its document's lock (a slow writer of the same external id), the API keeps answering."""
@@ -364,3 +394,26 @@ def test_a_document_that_kills_its_worker_uses_up_its_own_attempts_not_its_batch
         assert job.attempts <= ISOLATE_AFTER_LOST_ATTEMPTS + 1
     print(f"\n[poison that kills its worker] {crashes} crashes in {runs} runs; victims indexed")
     _assert_victim_unharmed(victim, victim_jobs)
+
+
+def test_a_row_over_a_postgres_limit_is_the_works_own_error_not_an_outage() -> None:
+    """Postgres' "program limit exceeded" class (54: an index row too large) arrives from
+    psycopg as an OperationalError, the class of an outage; retried, one job's row released
+    its batch again and again and got the task's own job (any tenant's) dead-lettered."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import OperationalError
+
+    from shared.retry import is_retriable
+
+    with pytest.raises(OperationalError) as raised, unit_of_work() as uow:
+        uow.session.execute(text("CREATE TEMP TABLE limited (x text)"))
+        uow.session.execute(text("CREATE INDEX ON limited (x)"))
+        uow.session.execute(  # 32,000 characters no compression shrinks under 2,704 bytes
+            text(
+                "INSERT INTO limited"
+                " SELECT string_agg(md5(i::text), '') FROM generate_series(1, 1000) i"
+            )
+        )
+    assert getattr(raised.value.orig, "sqlstate", "").startswith("54")
+    assert not is_retriable(raised.value)
+    assert is_retriable(OperationalError("SELECT 1", {}, Exception("server closed the connection")))

@@ -3,6 +3,7 @@ encoders, MMR and the hydration window; no services."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -80,6 +81,26 @@ def test_token_counts_are_the_embedders_tokenizer_counts_of_any_length() -> None
     for text in texts:
         assert counter(text) == len(tokenizer.encode(text, add_special_tokens=False))
     assert counter(texts[-1]) > 1000
+
+
+def test_a_long_text_is_tokenized_a_window_at_a_time_into_the_same_tokens() -> None:
+    """Chunking tokenizes a whole document; in windows cut after whitespace (so the worker's
+    lease heartbeat gets the GIL between them) the offsets are those of one call."""
+    from shared.ingest.embedding import get_embedder, tokenizing_windows
+
+    embedder = get_embedder()
+    sentence = "Résumé: IL-6 rose 2.5-fold in CD4+ cells; see Fig. 3 \u65b0\u3057\u3044!\n"
+    text = sentence * 5000 + "x" * 120_000 + " tail"  # and one "word" past a window
+    windows = tokenizing_windows(text)
+    assert len(windows) > 3 and windows[0][0] == 0 and windows[-1][1] == len(text)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(windows))
+    assert all(end - start <= 100_000 for start, end in windows)
+    embedder.token_offsets("")  # loads the counting tokenizer
+    one_call = embedder._counting_tokenizer
+    assert one_call is not None
+    expected = one_call.encode(sentence * 5000, add_special_tokens=False)
+    assert embedder.token_offsets(sentence * 5000) == expected.offsets
+    assert len(embedder.token_offsets(text)) >= len(expected.offsets) + 2
 
 
 def test_onnx_query_encoder_matches_the_sentence_transformers_model(tmp_path) -> None:
