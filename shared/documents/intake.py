@@ -33,7 +33,7 @@ from shared.documents.schemas import (
 )
 from shared.documents.screening import screen_upload
 from shared.errors import BadRequest, ParseError, PayloadTooLarge
-from shared.ingest.parsing import MAX_JSON_RECORDS, SUPPORTED_TYPES
+from shared.ingest.parsing import MAX_JSON_RECORDS, SUPPORTED_TYPES, jsonl_line_count
 from shared.search.filters import parse_iso_date
 from shared.search.schemas import ISO_DATE, METADATA_KEY
 from shared.settings import Settings
@@ -70,7 +70,7 @@ def check_json_structure(raw: bytes, lines: bool) -> None:
     """Refuse JSON whose numbers, nesting or record count the parser would choke on, before
     it is stored (the worker refuses the same, later and at a cost)."""
     if lines:
-        records = raw.count(b"\n") + (not raw.endswith(b"\n"))
+        records = jsonl_line_count(raw)
         if records > MAX_JSON_RECORDS:
             raise ParseError(f"the file has {records} JSON lines; the limit is {MAX_JSON_RECORDS}")
     structure = _JSON_STRING.sub(b'""', raw)  # what strings hold is text, not structure

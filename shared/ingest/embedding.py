@@ -237,16 +237,21 @@ TOKENIZING_WINDOW_CHARS = 100_000
 
 
 def tokenizing_windows(text: str, size: int = TOKENIZING_WINDOW_CHARS) -> list[tuple[int, int]]:
-    """``text`` cut into spans of at most about ``size`` characters, each ending just after a
-    space or a newline where the second half of the span has one: no token spans
-    whitespace, so the tokens of the spans are the tokens of the whole. A span of more than
-    half a window without any (one "word" of 50,000 characters) is cut where it is; there
-    the counts may differ by a token or two from one call's, on a text no one reads."""
+    """``text`` cut into spans of at most about ``size`` characters, each cut just before a
+    space that stands between two other characters, in the second half of the span: no
+    token spans it, and a tokenizer that puts a word's space in the word's token (byte-level
+    BPE, SentencePiece) finds it at the start of the next span, as in the whole text; so the
+    tokens of the spans are the tokens of the whole. A span of more than half a window with
+    no such space (one "word" of 50,000 characters, text spaced by tabs only) is cut where it
+    is; there the counts may differ by a token or two from one call's, on a text no one
+    reads."""
     windows, start = [], 0
     while len(text) - start > size:
-        end = start + size
-        cut = max(text.rfind(" ", start + size // 2, end), text.rfind("\n", start + size // 2, end))
-        end = cut + 1 if cut >= 0 else end
+        end, lowest = start + size, start + size // 2
+        cut = text.rfind(" ", lowest, end)
+        while cut > lowest and (text[cut - 1].isspace() or text[cut + 1].isspace()):
+            cut = text.rfind(" ", lowest, cut)
+        end = cut if cut > lowest else end
         windows.append((start, end))
         start = end
     windows.append((start, len(text)))

@@ -214,17 +214,23 @@ def _parse_html(html: str) -> ParsedDocument:
 @dataclass
 class _Block:
     kind: str  # "block", "heading", "row" or "cell"
-    slot: int  # its line's place among the document's lines (a cell's is its row's)
+    # Its line's place among the document's lines (a cell's is its row's); None for a block
+    # whose text so far went into a line before a block it holds: its next words start a
+    # line after that block, so that words after a heading stay in the heading's section.
+    slot: int | None
     level: int = 0  # a heading's
+    row: _Block | None = None  # a cell's
     pieces: list[str] = field(default_factory=list)
+    closed: bool = False  # a cell whose next cell was nested in it (no </td>) closed it
 
 
 class _HtmlLines:
     """The document's lines, in one pass over its elements, each text node read once: a
     block's (paragraph, list item, ...) own text, a heading, a table row's cells joined with
     " | ". A block inside a row or a heading is text of that row or heading, a row inside a
-    cell is a line of its own, and a block that holds others keeps only its own words (the
-    others are lines of their own, after it). Linear in the document whatever its nesting:
+    cell is a line of its own, and a block that holds others keeps only its own words, in
+    lines before and after the ones it holds (words after a heading are in its section).
+    Linear in the document whatever its nesting:
     asking each element for its ancestors or its descendants, as this once did, made 17 KB
     of nested tables a gigabyte of text and 100 KB of nested divs a minute of parsing, in a
     batch shared with other tenants' documents."""
@@ -260,30 +266,54 @@ class _HtmlLines:
         if inner is not None and inner.kind == "heading":
             return None  # all of a heading is its text
         if name == "tr":
-            return self._reserve("row")
+            return self._reserve("row", inner)
         if inner is not None and inner.kind in ("row", "cell"):
-            if name in ("td", "th") and inner.kind == "row":
-                return _Block("cell", inner.slot)
-            return None  # a block in a cell is the cell's text
+            if name not in ("td", "th"):
+                return None  # a block in a cell is the cell's text
+            if inner.kind == "row":
+                return _Block("cell", inner.slot, row=inner)
+            # A cell whose </td> was left out (valid HTML): html.parser nests the next cell
+            # in it. The first ends where the second starts, and both are cells of the row.
+            self._close(inner)
+            return _Block("cell", inner.slot, row=inner.row)
         if name in _HEADING_TAGS:
-            return self._reserve("heading", int(name[1]))
+            return self._reserve("heading", inner, int(name[1]))
         if name in _BLOCK_TAGS:
-            return self._reserve("block")
+            return self._reserve("block", inner)
         return None
 
-    def _reserve(self, kind: str, level: int = 0) -> _Block:
+    def _reserve(self, kind: str, inner: _Block | None, level: int = 0) -> _Block:
+        if inner is not None and inner.kind == "block":
+            self._end_line(inner)  # its words after this block go after it
         self.slots.append("")
         return _Block(kind, len(self.slots) - 1, level)
 
+    def _end_line(self, block: _Block) -> None:
+        if block.slot is not None and block.pieces:
+            self.slots[block.slot] = " ".join(block.pieces)
+            block.pieces = []
+        block.slot = None
+
     def _text(self, text: str) -> None:
         text = text.strip()
-        if text and self.open and self.open[-1].kind != "row":  # not between a row's cells
-            self.open[-1].pieces.append(text)
+        if not text or not self.open:
+            return
+        block = self.open[-1]
+        if block.kind == "row" or block.closed:
+            return  # between a row's cells
+        if block.slot is None:
+            self.slots.append("")
+            block.slot = len(self.slots) - 1
+        block.pieces.append(text)
 
     def _close(self, block: _Block) -> None:
         text = " ".join(block.pieces)
         if block.kind == "cell":
-            self.open[-1].pieces.append(text)  # its row's, cells in order
+            if not block.closed and block.row is not None:
+                block.row.pieces.append(text)  # its row's, cells in order
+            block.closed = True
+        elif block.slot is None:
+            return
         elif block.kind == "row":
             self.slots[block.slot] = " | ".join(block.pieces).strip(" |")
         else:
@@ -348,14 +378,23 @@ def _load_json(raw: bytes) -> object:
 # Records of a JSON Lines file or a top-level JSON array: each is a section (and a chunk at
 # least), whatever its size.
 MAX_JSON_RECORDS = 100_000
+# Where a JSON Lines record ends, here and in intake's count of them (jsonl_line_count):
+# "\n", "\r\n" or a lone "\r". Not str.splitlines' other separators (U+2028, U+0085...):
+# those may sit inside a record's strings (a valid record cut in two), or stand in for line
+# ends past intake's count.
+_JSONL_LINE_END = re.compile(r"\r\n|\r|\n")
+_JSONL_LINE_END_BYTES = re.compile(rb"\r\n|\r|\n")
+
+
+def jsonl_line_count(raw: bytes) -> int:
+    """The lines of a JSON Lines file, as the parser splits them (the last may lack an end)."""
+    ends = len(_JSONL_LINE_END_BYTES.findall(raw))
+    return ends + (not raw.endswith((b"\n", b"\r")))
 
 
 def _load_jsonl(raw: bytes) -> list[object]:
     records = []
-    # Lines end at "\n" only, as intake counts them: str.splitlines also splits at U+2028 and
-    # other separators, which may sit inside a record's strings (a valid record cut in two)
-    # or stand in for newlines (past intake's count of records).
-    for number, line in enumerate(_decode(raw).split("\n"), start=1):
+    for number, line in enumerate(_JSONL_LINE_END.split(_decode(raw)), start=1):
         if not line.strip():
             continue
         try:

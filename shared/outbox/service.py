@@ -11,6 +11,7 @@ dead-lettered with its reason.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -23,7 +24,7 @@ from elasticsearch import ConnectionTimeout as EsConnectionTimeout
 from redis.exceptions import RedisError
 from sqlalchemy.orm import Session
 
-from shared.db import Transactions
+from shared.db import Transactions, UnitOfWork
 from shared.documents import repository as documents_repo
 from shared.jobs import repository as jobs_repo
 from shared.models import Chunk, Document, EsOutbox, OutboxOp
@@ -359,7 +360,7 @@ def _reason(result: dict[str, Any]) -> str:
 
 
 def queue_stale_copy_purges(
-    session: Session, settings: Settings, tenant_id: str, stale_ids: list[str]
+    uow: UnitOfWork, settings: Settings, tenant_id: str, stale_ids: list[str]
 ) -> None:
     """Queue the Elasticsearch delete of hits Postgres does not hold live (a search met them).
 
@@ -373,6 +374,7 @@ def queue_stale_copy_purges(
         doc_id = document_id_of(cid)
         if doc_id.int:
             by_doc.setdefault(doc_id, []).append(cid)
+    session = uow.session
     docs = documents_repo.documents_by_ids(session, list(by_doc))
     store = PgVectorStore(session, settings)
     for doc_id, cids in by_doc.items():
@@ -382,14 +384,18 @@ def queue_stale_copy_purges(
         live = store.chunks_by_ids(cids)
         version = doc.version if doc.deleted else doc.version - 1
         orphans = [c for c in cids if c not in live or doc.deleted]
+        keys = _not_queued_lately(settings, [_purge_key(tenant_id, c, version) for c in orphans])
         repo.add_outbox(
             session,
             tenant_id=tenant_id,
             document_id=doc_id,
             op=OutboxOp.PURGE,
             version=version,
-            chunk_ids=_not_queued_lately(settings, tenant_id, version, orphans),
+            chunk_ids=[c for c, key in zip(orphans, keys, strict=True) if key is not None],
         )
+        # Marked once the rows are committed: a purge rolled back is queued by the next
+        # search that meets the copy.
+        uow.after_commit(functools.partial(_mark_queued, settings, [k for k in keys if k]))
 
 
 # A search that meets a stale copy queues its purge. Behind a relay backlog (a large ingest
@@ -401,17 +407,31 @@ def queue_stale_copy_purges(
 PURGE_QUEUED_TTL_S = 60
 
 
-def _not_queued_lately(
-    settings: Settings, tenant_id: str, version: int, chunk_ids: list[str]
-) -> list[str]:
-    if not chunk_ids:
+def _purge_key(tenant_id: str, chunk_id: str, version: int) -> str:
+    return f"concord:purge-queued:{tenant_id}:{chunk_id}:{version}"
+
+
+def _not_queued_lately(settings: Settings, keys: list[str]) -> list[str | None]:
+    """Each key, or None where its purge was queued less than PURGE_QUEUED_TTL_S ago."""
+    if not keys:
         return []
     try:
         with redis_client(settings.redis_socket_timeout_s).pipeline(transaction=False) as pipe:
-            for cid in chunk_ids:
-                key = f"concord:purge-queued:{tenant_id}:{cid}:{version}"
-                pipe.set(key, 1, nx=True, ex=PURGE_QUEUED_TTL_S)
-            first = pipe.execute()
+            for key in keys:
+                pipe.exists(key)
+            queued = pipe.execute()
     except RedisError:
-        return chunk_ids
-    return [cid for cid, new in zip(chunk_ids, first, strict=True) if new]
+        return list(keys)
+    return [None if found else key for key, found in zip(keys, queued, strict=True)]
+
+
+def _mark_queued(settings: Settings, keys: list[str]) -> None:
+    if not keys:
+        return
+    try:
+        with redis_client(settings.redis_socket_timeout_s).pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.set(key, 1, ex=PURGE_QUEUED_TTL_S)
+            pipe.execute()
+    except RedisError:
+        log.warning("could not mark %d queued purges; a search may queue them again", len(keys))

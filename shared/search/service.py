@@ -712,7 +712,7 @@ def _hydrate(
     stale = [cid for cid in ids if cid not in live]
     if stale:
         with query.transactions() as uow:
-            queue_stale_copy_purges(uow.session, query.settings, query.tenant_id, stale)
+            queue_stale_copy_purges(uow, query.settings, query.tenant_id, stale)
     candidates = []
     for cid in ids:
         row = live.get(cid)

@@ -8,6 +8,7 @@ import time
 import uuid
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
@@ -17,6 +18,8 @@ from shared.ingest import pipeline
 from shared.models import DeadLetter, EsOutbox, OutboxOp
 from shared.outbox import repository as outbox_repo
 from shared.outbox import service as relay
+from shared.outbox.service import queue_stale_copy_purges
+from shared.settings import get_settings
 from tests.conftest import CeleryProcess
 from tests.helpers import (
     es_chunks,
@@ -88,6 +91,12 @@ def test_a_hot_query_meeting_stale_copies_queues_each_purge_once(
     with paused(worker):
         again = upload_text(client, auth, "heron.txt", "Herons stalk the shallows at dawn.")
         assert pipeline.process_job(unit_of_work, uuid.UUID(again["job_id"])).state == "indexed"
+        stale = set(old) - set(pg_chunks(tenant))
+        assert stale
+        # A purge whose transaction rolls back is not taken for queued.
+        with pytest.raises(RuntimeError), unit_of_work() as uow:
+            queue_stale_copy_purges(uow, get_settings(), tenant, sorted(stale))
+            raise RuntimeError("rolled back")
         dropped = [search(client, auth, "heron", mode="lexical")["dropped_stale"] for _ in range(6)]
         assert dropped[0] >= 1 and dropped == dropped[:1] * 6  # met by every search
         with unit_of_work() as uow:
@@ -96,8 +105,6 @@ def test_a_hot_query_meeting_stale_copies_queues_each_purge_once(
                     EsOutbox.tenant_id == tenant, EsOutbox.op == OutboxOp.PURGE
                 )
             ).all()
-        stale = set(old) - set(pg_chunks(tenant))
-        assert stale
         # Per stale copy: the new version's own purge of the chunks it no longer has (at 2),
         # and the first search's (at 1); none from the five searches after it.
         assert sorted(purges) == sorted([(c, 2) for c in stale] + [(c, 1) for c in stale])

@@ -238,6 +238,17 @@ def test_nested_html_is_read_in_one_pass_each_text_once() -> None:
         "inner | cell",
         "Head in heading",
     ]
+    # Cells whose </td> is left out (valid HTML; html.parser nests each in the one before)
+    unclosed = b"<table><tr><th>Name<th>Age<tr><td>Ann<td>31<tr><td>Bob<td>42</table>"
+    assert parse(unclosed, "text/html").text.split("\n\n") == [
+        "Name | Age",
+        "Ann | 31",
+        "Bob | 42",
+    ]
+    # Words after a heading inside a block are in that heading's section, after it.
+    after = parse(b"<div><p>Before</p><h2>Intro</h2>Loose words</div>", "text/html")
+    assert after.text.split("\n\n") == ["Before", "Intro", "Loose words"]
+    assert after.section_at(after.text.index("Loose")) == "Intro"
 
 
 def test_json_records_are_counted_as_intake_counts_them_and_bounded() -> None:
@@ -250,6 +261,12 @@ def test_json_records_are_counted_as_intake_counts_them_and_bounded() -> None:
     two = '{"text": "a"}\u2028{"text": "b"}'.encode()
     with pytest.raises(ParseError, match="invalid JSON on line 1"):
         parse(two, "application/x-ndjson")
+    # "\r\n" and a lone "\r" end a line, here and in intake's count.
+    from shared.ingest.parsing import jsonl_line_count
+
+    crlf = b'{"text": "a"}\r\n{"text": "b"}\r{"text": "c"}'
+    assert parse(crlf, "application/x-ndjson").text.split("\n\n") == ["a", "b", "c"]
+    assert jsonl_line_count(crlf) == 3 and jsonl_line_count(two) == 1
     array = json.dumps(["w"] * (MAX_JSON_RECORDS + 1)).encode()
     with pytest.raises(ParseError, match=f"the limit is {MAX_JSON_RECORDS}"):
         parse(array, "application/json")
