@@ -148,12 +148,28 @@ _FENCES = ("```", "~~~")
 MAX_SECTION_CHARS = 500  # of a heading path kept with each chunk
 
 
+class _HeadingPath:
+    """The headings above a point of a document, as its section path. A heading replaces
+    those of its level and below and sits under the nearest one above its level: a page
+    whose headings start at h2 has its h2s side by side (by position, "Title > Next" was
+    each under the one before)."""
+
+    def __init__(self) -> None:
+        self.levels: list[tuple[int, str]] = []
+
+    def enter(self, level: int, title: str) -> str:
+        while self.levels and self.levels[-1][0] >= level:
+            self.levels.pop()
+        self.levels.append((level, title[:MAX_SECTION_CHARS].rstrip()))
+        return " > ".join(t for _, t in self.levels)[-MAX_SECTION_CHARS:]
+
+
 def _parse_markdown(text: str) -> ParsedDocument:
     """Heading lines go to the section path, not into the text (a chunk's text never starts
     with ``## ``); a ``#`` line inside a fenced code block is code, not a heading. One pass
     over the lines: linear in the input whatever its lines hold."""
     sections: list[Section] = []
-    path: list[str] = []
+    path = _HeadingPath()
     kept: list[str] = []
     titles: list[str] = []
     offset = 0
@@ -166,8 +182,7 @@ def _parse_markdown(text: str) -> ParsedDocument:
             title = match.group(2).rstrip(" \t#\r").strip()
             if title:
                 level = len(match.group(1))
-                path = [*path[: level - 1], title[:MAX_SECTION_CHARS].rstrip()]
-                sections.append(Section(offset, " > ".join(path)[-MAX_SECTION_CHARS:]))
+                sections.append(Section(offset, path.enter(level, title)))
                 titles.append(title)
                 continue
         kept.append(line)
@@ -238,7 +253,7 @@ class _HtmlLines:
     def __init__(self) -> None:
         self.slots: list[str] = []  # each block's line, reserved where the block starts
         self.headings: list[tuple[int, str]] = []  # (slot, section path)
-        self.path: list[str] = []
+        self.path = _HeadingPath()
         self.open: list[_Block] = []
 
     def walk(self, root: Any) -> None:
@@ -319,8 +334,7 @@ class _HtmlLines:
         else:
             self.slots[block.slot] = text
             if block.kind == "heading" and text:
-                self.path = [*self.path[: block.level - 1], text[:MAX_SECTION_CHARS]]
-                self.headings.append((block.slot, " > ".join(self.path)[-MAX_SECTION_CHARS:]))
+                self.headings.append((block.slot, self.path.enter(block.level, text)))
 
     def parts(self) -> list[str]:
         return [line for line in self.slots if line]

@@ -271,3 +271,18 @@ def test_json_records_are_counted_as_intake_counts_them_and_bounded() -> None:
     with pytest.raises(ParseError, match=f"the limit is {MAX_JSON_RECORDS}"):
         parse(array, "application/json")
     assert len(parse(json.dumps(["w"] * 3).encode(), "application/json").sections) == 3
+
+
+def test_a_heading_sits_under_the_nearest_heading_above_its_level() -> None:
+    """Not under whichever came before: a page whose headings start at h2 has its h2s side by
+    side, and a heading of a higher level ends the deeper ones."""
+    html = b"<h2>Title</h2><p>a</p><h2>Next</h2><p>b</p><h3>Deep</h3><p>c</p><h1>Top</h1><p>d</p>"
+    doc = parse(html, "text/html")
+    assert [doc.section_at(doc.text.index(w)) for w in "abcd"] == [
+        "Title",
+        "Next",
+        "Next > Deep",
+        "Top",
+    ]
+    markdown = parse(b"## A\nx\n## B\ny\n#### C\nz\n### D\nw\n", "text/markdown")
+    assert [s.path for s in markdown.sections] == ["A", "B", "B > C", "B > D"]
