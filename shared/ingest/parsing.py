@@ -221,9 +221,10 @@ def _parse_html(html: str) -> ParsedDocument:
     body = soup.find("main") or soup.find("article") or soup.body or soup
     lines = _HtmlLines()
     lines.walk(body)
-    if not lines.parts():
+    parts = lines.parts()
+    if not parts:
         return ParsedDocument(body.get_text(" ", strip=True))
-    return ParsedDocument("\n\n".join(lines.parts()), lines.sections())
+    return ParsedDocument("\n\n".join(parts), lines.sections())
 
 
 @dataclass
@@ -245,10 +246,10 @@ class _HtmlLines:
     " | ". A block inside a row or a heading is text of that row or heading, a row inside a
     cell is a line of its own, and a block that holds others keeps only its own words, in
     lines before and after the ones it holds (words after a heading are in its section).
-    Linear in the document whatever its nesting:
-    asking each element for its ancestors or its descendants, as this once did, made 17 KB
-    of nested tables a gigabyte of text and 100 KB of nested divs a minute of parsing, in a
-    batch shared with other tenants' documents."""
+    Linear in the document whatever its nesting: asking each element for its ancestors or
+    its descendants, as this once did, made 17 KB of nested tables a gigabyte of text and
+    100 KB of nested divs a minute of parsing, in a batch shared with other tenants'
+    documents."""
 
     def __init__(self) -> None:
         self.slots: list[str] = []  # each block's line, reserved where the block starts

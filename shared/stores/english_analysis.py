@@ -25,7 +25,6 @@ STOP_WORDS = frozenset(
     }
 )  # fmt: skip
 _TOKEN = re.compile(r"\w+(?:['\u2019]\w+)*")
-_POSSESSIVE = re.compile(r"['\u2019]s$")
 
 
 @lru_cache(maxsize=1)
@@ -35,15 +34,17 @@ def _stemmer() -> Stemmer.Stemmer:
 
 def analyze(text: str) -> str:
     """Space-separated stemmed terms of ``text`` (stop words dropped)."""
-    kept = []
-    for token in _TOKEN.findall(text.lower()):
-        # _POSSESSIVE's substitution, without a regex call per token (the relay analyzes
-        # every chunk it sends: this loop took a third less time)
-        if len(token) > 1 and token[-1] == "s" and token[-2] in "'\u2019":
-            token = token[:-2]
-        if token and token not in STOP_WORDS:
-            kept.append(token)
+    words = (_without_possessive(t) for t in _TOKEN.findall(text.lower()))
+    kept = [w for w in words if w and w not in STOP_WORDS]
     return " ".join(_stemmer().stemWords(kept))
+
+
+def _without_possessive(word: str) -> str:
+    """The word without a trailing 's (straight or curly), without a regex call per word:
+    the relay analyzes every chunk it sends, and this took a third less time."""
+    if len(word) > 1 and word[-1] == "s" and word[-2] in "'\u2019":
+        return word[:-2]
+    return word
 
 
 @lru_cache(maxsize=4096)
@@ -58,7 +59,7 @@ def term_spans(text: str) -> list[tuple[int, int, str]]:
     word :func:`analyze` turns into that term, so a match can be shown where it is."""
     spans = []
     words = [
-        (m.start(), m.end(), _POSSESSIVE.sub("", m.group().lower())) for m in _TOKEN.finditer(text)
+        (m.start(), m.end(), _without_possessive(m.group().lower())) for m in _TOKEN.finditer(text)
     ]
     kept = [(s, e, w) for s, e, w in words if w and w not in STOP_WORDS]
     for (start, end, _), term in zip(

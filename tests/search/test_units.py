@@ -129,10 +129,10 @@ def test_the_onnx_encoders_tokenizer_gives_the_wrappers_ids_masks_and_types() ->
     """The encoders call the fast tokenizer directly (half the time a text); what they feed
     the model must be what the transformers wrapper gives, truncation included."""
     from shared.ingest.embedding import get_embedder
-    from shared.ingest.onnx_encoder import _direct_tokenizer
+    from shared.ingest.onnx_encoder import direct_tokenizer
 
     model = get_embedder().model()
-    direct = _direct_tokenizer(model, model.max_seq_length)
+    direct = direct_tokenizer(model, model.max_seq_length)
     texts = [
         "",
         "a",
