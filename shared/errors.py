@@ -42,6 +42,15 @@ class Conflict(ConcordError):
     code = "conflict"
 
 
+class InvalidRequest(ConcordError):
+    """A request that is well-formed JSON but asks for something that cannot be done (a
+    webhook URL that may not be sent to, say): the same status and code as a body that
+    fails its schema."""
+
+    status_code = 422
+    code = "invalid_request"
+
+
 class PayloadTooLarge(ConcordError):
     status_code = 413
     code = "payload_too_large"

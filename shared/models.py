@@ -187,6 +187,13 @@ class IngestJob(Base):
         Index("ix_ingest_jobs_state_lease", "state", "lease_expires_at"),
         Index("ix_ingest_jobs_tenant_created", "tenant_id", "created_at"),
         Index("ix_ingest_jobs_document_version", "document_id", "version", "created_at"),
+        # Fair claims: the tenants with queued jobs, and each one's oldest
+        Index(
+            "ix_ingest_jobs_queued_tenant",
+            "tenant_id",
+            "created_at",
+            postgresql_where="state = 'queued'",
+        ),
         ForeignKeyConstraint(
             ["document_id", "version"],
             ["document_versions.document_id", "document_versions.version"],
@@ -220,7 +227,10 @@ class IngestJob(Base):
 
 class EsOutbox(Base):
     __tablename__ = "es_outbox"
-    __table_args__ = (Index("ix_es_outbox_next_attempt", "next_attempt_at", "id"),)
+    __table_args__ = (
+        Index("ix_es_outbox_next_attempt", "next_attempt_at", "id"),
+        Index("ix_es_outbox_tenant", "tenant_id", "id"),  # fair claims: round-robin by tenant
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     tenant_id: Mapped[str] = mapped_column(String(64), nullable=False)
@@ -323,6 +333,10 @@ class WebhookEndpoint(Base):
     events: Mapped[list[str]] = mapped_column(ARRAY(Text), nullable=False)
     secret: Mapped[str] = mapped_column(Text, nullable=False)
     created_at: Mapped[datetime] = _now()
+    # The circuit breaker (shared/webhooks/delivery.py): failed attempts in a row, and until
+    # when its deliveries wait once they reached webhook_breaker_failures.
+    consecutive_failures: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    parked_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class WebhookDelivery(Base):

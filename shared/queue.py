@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 INGEST_QUEUE = "ingest"
 RELAY_QUEUE = "relay"
 MAINTENANCE_QUEUE = "maintenance"
+# Webhook deliveries wait on receivers a tenant chose: a worker of their own, so that a
+# receiver that hangs holds up no relay, sweep or other tenant's ingest.
+WEBHOOKS_QUEUE = "webhooks"
 TRAINING_QUEUE = "training"
 
 PROCESS_JOB_TASK = "concord.ingest.process_job"
@@ -31,7 +34,7 @@ PROCESS_JOBS_TASK = "concord.ingest.process_jobs"
 ACCEPT_EVENT_TASK = "concord.ingest.accept_upload_event"
 ACCEPT_EVENTS_TASK = "concord.ingest.accept_upload_events"
 RELAY_TASK = "concord.relay.drain_outbox"
-WEBHOOKS_TASK = "concord.relay.deliver_webhooks"
+WEBHOOKS_TASK = "concord.webhooks.deliver"
 SWEEP_TASK = "concord.maintenance.sweep_expired_jobs"
 RECONCILE_TASK = "concord.maintenance.reconcile"
 PLACE_PARTITIONS_TASK = "concord.maintenance.place_tenant_partitions"
@@ -99,7 +102,7 @@ def publish_training_job(job_id: uuid.UUID) -> None:
 def publish_relay() -> bool:
     """Ask for an outbox drain now, unless one is asked for and has not started yet: that one
     claims the rows of this commit too (see _publish_debounced)."""
-    return _publish_debounced(RELAY_PENDING_KEY, RELAY_TASK)
+    return _publish_debounced(RELAY_PENDING_KEY, RELAY_TASK, RELAY_QUEUE)
 
 
 def relay_started() -> None:
@@ -113,7 +116,7 @@ WEBHOOKS_PENDING_KEY = "concord:webhooks-pending"
 def publish_webhooks() -> bool:
     """Ask for the due webhook deliveries to be sent now (debounced as the relay is; beat
     sends them periodically anyway)."""
-    return _publish_debounced(WEBHOOKS_PENDING_KEY, WEBHOOKS_TASK)
+    return _publish_debounced(WEBHOOKS_PENDING_KEY, WEBHOOKS_TASK, WEBHOOKS_QUEUE)
 
 
 def webhooks_started() -> None:
@@ -126,8 +129,8 @@ def webhooks_started() -> None:
 PENDING_REQUEST_TTL_S = 10
 
 
-def _publish_debounced(pending_key: str, task: str) -> bool:
-    """``task`` on the relay queue, unless one is already waiting (``pending_key`` marks it
+def _publish_debounced(pending_key: str, task: str, queue: str) -> bool:
+    """``task`` on ``queue``, unless one is already waiting (``pending_key`` marks it
     from when it is sent until its run starts, see _request_taken). Whatever committed
     before that start is the waiting run's, so one message waits (one more each
     PENDING_REQUEST_TTL_S while the relay worker is busy elsewhere) and a busy ingest does
@@ -139,7 +142,7 @@ def _publish_debounced(pending_key: str, task: str) -> bool:
             return True
     except redis.RedisError:
         return False  # the broker is the same Redis: publishing would fail too
-    sent = _send(task, [], RELAY_QUEUE)
+    sent = _send(task, [], queue)
     if not sent:
         _request_taken(pending_key)  # nothing waits: the next commit asks again
     return sent
@@ -166,7 +169,7 @@ def publish_upload_events(events: list[dict[str, Any]]) -> None:
 def queue_depths() -> dict[str, int]:
     """Messages waiting per queue (Celery's Redis transport keeps each queue as a list)."""
     client = _redis()
-    queues = (INGEST_QUEUE, RELAY_QUEUE, MAINTENANCE_QUEUE, TRAINING_QUEUE)
+    queues = (INGEST_QUEUE, RELAY_QUEUE, MAINTENANCE_QUEUE, TRAINING_QUEUE, WEBHOOKS_QUEUE)
     return {q: int(client.llen(q)) for q in queues}
 
 

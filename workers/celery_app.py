@@ -30,6 +30,7 @@ from shared.queue import (
     RELAY_TASK,
     SWEEP_TASK,
     TRAINING_QUEUE,
+    WEBHOOKS_QUEUE,
     WEBHOOKS_TASK,
     broker_socket_options,
 )
@@ -97,7 +98,7 @@ def create_celery_app() -> Celery:
                 "task": WEBHOOKS_TASK,
                 "schedule": settings.webhook_interval_seconds,
                 "options": {
-                    "queue": RELAY_QUEUE,
+                    "queue": WEBHOOKS_QUEUE,
                     "expires": settings.webhook_interval_seconds * 2,
                 },
             },

@@ -35,6 +35,7 @@ from shared.queue import (
     SWEEP_TASK,
     TRAIN_RERANKER_TASK,
     TRAINING_QUEUE,
+    WEBHOOKS_QUEUE,
     WEBHOOKS_TASK,
     publish_upload_events,
     relay_started,
@@ -174,7 +175,7 @@ def drain_outbox(self: Task) -> dict[str, Any]:
     return vars(relay.drain(unit_of_work))
 
 
-@concord_task(WEBHOOKS_TASK, RELAY_QUEUE, max_retries=0)
+@concord_task(WEBHOOKS_TASK, WEBHOOKS_QUEUE, max_retries=0)
 def deliver_webhooks(self: Task) -> dict[str, Any]:
     """Send the webhook deliveries that are due (after a commit that made some, and on beat:
     retries come due there)."""

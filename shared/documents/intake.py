@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from shared.documents.schemas import (
+    CONTROL_CHARACTERS,
     MAX_EXACT_INT,
     MAX_EXTERNAL_ID_CHARS,
     MAX_METADATA_BYTES,
@@ -50,6 +51,7 @@ _BRACKETS = bytes(range(256)).translate(None, b"[]{}")  # every byte but the bra
 _DEPTH_STEP = np.zeros(256, dtype=np.int8)
 _DEPTH_STEP[[ord("["), ord("{")]] = 1
 _DEPTH_STEP[[ord("]"), ord("}")]] = -1
+_CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
 
 
 def check_upload(upload: Upload, settings: Settings) -> None:
@@ -97,6 +99,13 @@ def check_upload_fields(external_id: str, title: str, metadata: dict[str, Any]) 
         raise BadRequest(f"title is {len(title)} characters; the limit is {MAX_TITLE_CHARS}")
     refuse_unstorable(external_id, "external_id")
     refuse_unstorable(title, "title")
+    for name, value in (("external_id", external_id), ("title", title)):
+        control = _CONTROL.search(value)
+        if control:
+            raise BadRequest(
+                f"{name} must not contain control characters (found {control.group()!r} at "
+                f"{control.start()})"
+            )
     refuse_unstorable(metadata, "metadata")
     check_metadata(metadata)
 

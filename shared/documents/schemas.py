@@ -7,10 +7,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from shared.schemas import Timestamp
-from shared.search.schemas import METADATA_KEY, NO_NUL
+from shared.search.schemas import METADATA_KEY
 
 # What the API's OpenAPI schema and docs/upload-event.schema.json publish, for every way in.
 MAX_EXTERNAL_ID_CHARS = 512
@@ -20,6 +20,10 @@ MAX_METADATA_KEYS = 64
 MAX_METADATA_BYTES = 16 * 1024  # as compact JSON
 MAX_METADATA_LIST = 100  # values in one list
 MAX_EXACT_INT = 2**53  # what a double (Elasticsearch's number) holds exactly
+# Names shown in listings, logs and terminals: no control characters (C0, DEL, C1), which
+# could rewrite what an operator's terminal shows.
+CONTROL_CHARACTERS = "\x00-\x1f\x7f-\x9f"
+NO_CONTROL = f"^[^{CONTROL_CHARACTERS}]*$"
 
 
 @dataclass(frozen=True)
@@ -52,11 +56,14 @@ METADATA_SCALARS: list[Any] = [
 
 
 class TextDocument(BaseModel):
-    """The JSON form of an upload; files go as multipart/form-data instead."""
+    """The JSON form of an upload; files go as multipart/form-data instead. A field this
+    schema does not name is refused (422), so a misspelt ``metdata`` is never lost quietly."""
 
-    external_id: str = Field(min_length=1, max_length=MAX_EXTERNAL_ID_CHARS, pattern=NO_NUL)
+    model_config = ConfigDict(extra="forbid")
+
+    external_id: str = Field(min_length=1, max_length=MAX_EXTERNAL_ID_CHARS, pattern=NO_CONTROL)
     text: str = Field(min_length=1)
-    title: str = Field(default="", max_length=MAX_TITLE_CHARS, pattern=NO_NUL)
+    title: str = Field(default="", max_length=MAX_TITLE_CHARS, pattern=NO_CONTROL)
     content_type: str = "text/plain"
     # Checked by check_metadata (for every way in); the schema states the same bounds.
     metadata: dict[str, Any] = Field(

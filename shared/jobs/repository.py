@@ -59,17 +59,58 @@ def job_state(session: Session, job_id: uuid.UUID) -> tuple[str, bool] | None:
 # ------------------------------------------------------------------ claims and leases
 
 
+# Queued jobs in round-robin order over tenants: each tenant's oldest, then each one's
+# second oldest, ... Tenants with queued jobs are found by a loose index scan (one probe of
+# ix_ingest_jobs_queued_tenant per tenant, however many jobs each has queued), and each
+# tenant's first jobs by a probe more.
+_ROUND_ROBIN_QUEUED = text(
+    """
+    WITH RECURSIVE tenants AS (
+      (SELECT tenant_id FROM ingest_jobs WHERE state = 'queued' ORDER BY tenant_id LIMIT 1)
+      UNION ALL
+      SELECT (SELECT j.tenant_id FROM ingest_jobs j
+              WHERE j.state = 'queued' AND j.tenant_id > t.tenant_id
+              ORDER BY j.tenant_id LIMIT 1)
+      FROM tenants t WHERE t.tenant_id IS NOT NULL
+    )
+    SELECT turns.id FROM tenants t
+    CROSS JOIN LATERAL (
+      SELECT j.id, j.created_at, row_number() OVER (ORDER BY j.created_at, j.id) AS turn
+      FROM ingest_jobs j
+      WHERE j.state = 'queued' AND j.tenant_id = t.tenant_id
+        AND j.id <> :exclude AND j.attempts_lost < :alone_after_lost
+      ORDER BY j.created_at, j.id
+      LIMIT :limit
+    ) turns
+    WHERE t.tenant_id IS NOT NULL
+    ORDER BY turns.turn, turns.created_at, turns.id
+    LIMIT :limit
+    """
+)
+
+
 def claim_queued_jobs(
     session: Session, limit: int, exclude: uuid.UUID, max_bytes: int, alone_after_lost: int
 ) -> Sequence[IngestJob]:
-    """Oldest queued jobs that no one else is claiming right now (for batching), at most
-    ``limit`` of them and at most ``max_bytes`` of raw content together: a batch is bounded
-    by its work, not only by its job count.
+    """Queued jobs that no one else is claiming right now (for batching), taken round-robin
+    over tenants (each tenant's oldest first), at most ``limit`` of them and at most
+    ``max_bytes`` of raw content together: a batch is bounded by its work, not only by its
+    job count, and one tenant's backlog never fills the batches while another's upload waits
+    behind it (that upload is in the next batch any worker claims).
 
     (Newest-first was tried, so that the messages that come next still find their own jobs
     queued: it let the batches run ahead of the intake events in the same queue, which then
     ran on their own afterwards, with no encoding beside them; the run took longer.)"""
     if limit <= 0 or max_bytes <= 0:
+        return []
+    # Twice the batch: candidates another worker locks meanwhile are skipped, not waited for.
+    turns = list(
+        session.scalars(
+            _ROUND_ROBIN_QUEUED,
+            {"exclude": exclude, "alone_after_lost": alone_after_lost, "limit": 2 * limit},
+        )
+    )
+    if not turns:
         return []
     rows = session.execute(
         select(IngestJob, func.coalesce(func.octet_length(DocumentVersion.raw), 0))
@@ -78,20 +119,18 @@ def claim_queued_jobs(
             (DocumentVersion.document_id == IngestJob.document_id)
             & (DocumentVersion.version == IngestJob.version),
         )
-        .where(
-            IngestJob.state == JobState.QUEUED,
-            IngestJob.id != exclude,
-            # one that lost this many attempts runs alone, by its own message
-            IngestJob.attempts_lost < alone_after_lost,
-        )
-        .order_by(IngestJob.created_at)
-        .limit(limit)
+        .where(any_of(IngestJob.id, turns), IngestJob.state == JobState.QUEUED)
         .with_for_update(of=IngestJob, skip_locked=True)
     ).all()
-    taken, total = [], 0
-    for job, size in rows:
+    locked = {job.id: (job, size) for job, size in rows}
+    taken: list[IngestJob] = []
+    total = 0
+    for job_id in turns:
+        if job_id not in locked:
+            continue
+        job, size = locked[job_id]
         total += size
-        if total > max_bytes:
+        if total > max_bytes or len(taken) == limit:
             break
         taken.append(job)
     return taken

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session
 
 from shared.db import any_of
@@ -54,15 +54,57 @@ def add_outbox_entries(session: Session, entries: Sequence[OutboxEntry]) -> None
     insert_rows(session, EsOutbox, values)
 
 
+# Due rows in round-robin order over tenants (each tenant's oldest rows first, then each
+# one's next ones): tenants found by a loose index scan of ix_es_outbox_tenant (one probe per
+# tenant with rows), each one's first due rows by a probe more.
+_ROUND_ROBIN_DUE = text(
+    """
+    WITH RECURSIVE tenants AS (
+      (SELECT tenant_id FROM es_outbox ORDER BY tenant_id LIMIT 1)
+      UNION ALL
+      SELECT (SELECT o.tenant_id FROM es_outbox o WHERE o.tenant_id > t.tenant_id
+              ORDER BY o.tenant_id LIMIT 1)
+      FROM tenants t WHERE t.tenant_id IS NOT NULL
+    )
+    SELECT turns.id FROM tenants t
+    CROSS JOIN LATERAL (
+      SELECT o.id, row_number() OVER (ORDER BY o.id) AS turn
+      FROM es_outbox o
+      WHERE o.tenant_id = t.tenant_id AND o.next_attempt_at <= now()
+      ORDER BY o.id
+      LIMIT :limit
+    ) turns
+    WHERE t.tenant_id IS NOT NULL
+    ORDER BY turns.turn, turns.id
+    LIMIT :limit
+    """
+)
+
+
 def claim_outbox(session: Session, limit: int) -> Sequence[EsOutbox]:
-    """Due rows, locked so that concurrent relays never send the same row twice."""
+    """Due rows, taken round-robin over tenants (one tenant's 100,000 queued chunk writes
+    never hold up another's few), locked so that concurrent relays never send the same row
+    twice (a row another relay holds is skipped, not waited for)."""
+    # Twice the batch: candidates another relay locks meanwhile are skipped.
+    turns = list(session.scalars(_ROUND_ROBIN_DUE, {"limit": 2 * limit}))
+    if not turns:
+        return []
     return session.scalars(
-        select(EsOutbox)
-        .where(EsOutbox.next_attempt_at <= func.now())
-        .order_by(EsOutbox.id)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
+        select(EsOutbox).from_statement(_LOCK_IN_TURN),
+        {"ids": turns, "limit": limit},
     ).all()
+
+
+# The first ``limit`` of ``ids`` that no one else holds, locked, in the order given.
+_LOCK_IN_TURN = text(
+    """
+    SELECT o.* FROM es_outbox o
+    JOIN unnest(CAST(:ids AS bigint[])) WITH ORDINALITY AS turn(id, n) ON o.id = turn.id
+    ORDER BY turn.n
+    LIMIT :limit
+    FOR UPDATE OF o SKIP LOCKED
+    """
+)
 
 
 def due_outbox_rows_for(session: Session, chunk_ids: Sequence[str]) -> int:

@@ -22,6 +22,7 @@ import base64
 import binascii
 import functools
 import json
+import re
 import secrets
 import zlib
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from typing import Any, cast
 
 import redis
 from redis.commands.core import Script
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from shared.errors import BadRequest, NotFound, StoreUnavailable
 from shared.redis_client import redis_client
@@ -38,6 +39,9 @@ from shared.search.schemas import SearchRequest
 from shared.settings import Settings
 
 PREFIX = "concord:search-cursor:"
+# What save() issues (secrets.token_urlsafe(16)); checked before any read, so no forged id
+# can name another key under PREFIX (a tenant's cursor list, say).
+_CURSOR_ID = re.compile(r"[A-Za-z0-9_-]{22}")
 MAX_SNAPSHOT_BYTES = 256 * 1024
 
 
@@ -120,8 +124,10 @@ end
 def load(settings: Settings, tenant_id: str, cursor_id: str) -> tuple[SearchRequest, Retrieved]:
     try:
         raw = _redis(settings).get(PREFIX + cursor_id)
+    except ResponseError:  # not a snapshot's key (only a forged id could name one)
+        raw = None
     except RedisError as e:
-        raise StoreUnavailable(f"the cursor could not be read (Redis: {e})") from e
+        raise StoreUnavailable(f"the cursor could not be read ({type(e).__name__})") from e
     snapshot = _snapshot(cast(bytes, raw)) if raw else None
     if snapshot is None or snapshot["tenant"] != tenant_id:
         raise NotFound(
@@ -152,7 +158,7 @@ def decode(cursor: str) -> tuple[str, int]:
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         cursor_id, offset = text.rsplit(":", 1)
-        if not cursor_id or not offset.isdigit():
+        if not _CURSOR_ID.fullmatch(cursor_id) or not offset.isdigit() or len(offset) > 9:
             raise ValueError(text)
         return cursor_id, int(offset)
     except (ValueError, binascii.Error, UnicodeDecodeError) as e:

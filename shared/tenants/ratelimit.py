@@ -21,6 +21,7 @@ import redis
 from shared.errors import TooManyRequests
 from shared.redis_client import async_redis_client
 from shared.settings import get_settings
+from shared.tenants.admission import REFUSED
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ async def enforce(key_id: uuid.UUID, tenant_id: str) -> None:
         log.warning("rate limiter unavailable, request let through: %s", type(e).__name__)
         return
     if not int(allowed):
+        REFUSED.labels("rate_limit").inc()
         retry_after = max(1, math.ceil(float(wait)))
         limits = [f"{per_key:g} requests/s per API key"] if per_key > 0 else []
         limits += [f"{per_tenant:g} per tenant"] if per_tenant > 0 else []

@@ -28,6 +28,8 @@ KEY_PREFIX = "ck_"
 # otherwise grow all three without end.
 MAX_LIVE_KEYS_PER_TENANT = 100
 _TENANT_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+# What create_key makes: the prefix and 32 random bytes, URL-safe base64 without padding.
+_KEY_FORMAT = re.compile(r"ck_[A-Za-z0-9_-]{43}")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,13 @@ def validate_tenant_id(tenant_id: str) -> str:
             "tenant id must be 1-64 chars of a-z, 0-9, '_' or '-', starting with a letter or digit"
         )
     return tenant_id
+
+
+def check_key_format(secret: str) -> None:
+    """A string that cannot be a key fails here, before any lookup (a flood of made-up keys
+    costs no database work)."""
+    if not _KEY_FORMAT.fullmatch(secret):
+        raise Unauthorized("invalid or revoked API key")
 
 
 def _hash(secret: str) -> str:
@@ -85,6 +94,7 @@ def create_key(
 def authenticate(session: Session, secret: str | None) -> Principal:
     if not secret:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+    check_key_format(secret)
     digest = _hash(secret)
     key = repo.key_by_hash(session, digest)
     # The lookup is by hash; the constant-time compare guards the final equality anyway.

@@ -17,9 +17,11 @@ from sqlalchemy.orm import Session
 
 from shared.db import UnitOfWork
 from shared.db.repository import lock_key, now
-from shared.errors import BadRequest, Conflict, NotFound
+from shared.egress import EgressRefused, Network, check_destination_url
+from shared.errors import Conflict, InvalidRequest, NotFound
 from shared.models import IngestJob, TrainingJob, WebhookDelivery, WebhookEndpoint
 from shared.queue import publish_webhooks
+from shared.settings import Settings
 from shared.tenants import repository as tenants_repo
 from shared.webhooks import repository as repo
 from shared.webhooks.schemas import CreatedEndpoint, DeliveryView, EndpointView
@@ -33,9 +35,9 @@ JOB_EVENTS = {
 
 
 def create_endpoint(
-    session: Session, tenant_id: str, url: str, events: Sequence[str]
+    session: Session, tenant_id: str, url: str, events: Sequence[str], settings: Settings
 ) -> CreatedEndpoint:
-    check_url(url)
+    check_url(url, settings.webhook_allowed())
     tenants_repo.ensure_tenant(session, tenant_id)
     # Every finished job writes a delivery per endpoint, in its own transaction: bounded.
     lock_key(session, f"webhook-endpoints:{tenant_id}")  # two creates cannot both pass
@@ -55,16 +57,27 @@ def create_endpoint(
     return CreatedEndpoint(**endpoint_view(endpoint).model_dump(), secret=endpoint.secret)
 
 
-def check_url(url: str) -> None:
-    """A URL the sender can POST to (http or https, a host, a valid port), or a 400 that says
-    why not: the schema's pattern lets through what only the HTTP client can judge."""
+def check_url(url: str, allowed: Sequence[Network] = ()) -> None:
+    """A URL the sender can POST to (http or https, a host, a port in 1-65535) and may
+    (shared/egress.py: a literal address or ``localhost`` is judged now, a name again at
+    each delivery), or a 422 that says why not: the schema's pattern lets through what only
+    the HTTP client can judge."""
     try:
         parsed = httpx.URL(url)
-        parsed.port  # noqa: B018 (parsing the port is the check)
-    except (httpx.InvalidURL, ValueError, UnicodeError) as e:
-        raise BadRequest(f"the webhook URL cannot be sent to: {e}") from e
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise BadRequest("the webhook URL must be http(s) with a host")
+        host, port = parsed.host, parsed.port
+    except (httpx.InvalidURL, ValueError, UnicodeError) as e:  # idna's errors are ValueErrors
+        raise InvalidRequest(f"the webhook URL cannot be sent to: {e}") from e
+    if parsed.scheme not in ("http", "https") or not host:
+        raise InvalidRequest("the webhook URL must be http(s) with a host")
+    if port is not None and not 1 <= port <= 65535:
+        raise InvalidRequest(f"the webhook URL's port must be 1-65535, not {port}")
+    try:
+        check_destination_url(parsed, allowed)
+    except EgressRefused as e:
+        raise InvalidRequest(
+            f"the webhook URL may not be sent to: {e} (only public addresses, or the "
+            "networks an operator allows with CONCORD_WEBHOOK_ALLOWED_NETWORKS)"
+        ) from e
 
 
 def list_endpoints(session: Session, tenant_id: str) -> list[EndpointView]:

@@ -655,19 +655,21 @@ def test_relay_requests_wait_one_at_a_time_and_the_last_commit_of_a_burst_is_not
         return True
 
     monkeypatch.setattr(queue, "_send", send)
-    assert queue._publish_debounced(key, task) and queue._publish_debounced(key, task)
+    assert queue._publish_debounced(key, task, queue.RELAY_QUEUE) and queue._publish_debounced(
+        key, task, queue.RELAY_QUEUE
+    )
     assert sent == [task]  # the second commit's rows are the waiting drain's
     time.sleep(1.2)  # longer than the old once-a-second window: still waiting, still one
-    assert queue._publish_debounced(key, task)
+    assert queue._publish_debounced(key, task, queue.RELAY_QUEUE)
     assert sent == [task]
     queue._request_taken(key)  # the drain starts
-    assert queue._publish_debounced(key, task)
+    assert queue._publish_debounced(key, task, queue.RELAY_QUEUE)
     assert sent == [task, task]  # a commit after its start asks for the next one at once
     assert 0 < queue._redis().ttl(key) <= queue.PENDING_REQUEST_TTL_S  # a lost one expires
 
     monkeypatch.setattr(queue, "_send", lambda *_: False)
     queue._request_taken(key)
-    assert not queue._publish_debounced(key, task)
+    assert not queue._publish_debounced(key, task, queue.RELAY_QUEUE)
     assert not queue._redis().exists(key)  # nothing waits: the next commit asks again
 
 

@@ -19,6 +19,7 @@ from sqlalchemy import text
 from shared.db import unit_of_work
 from shared.settings import get_settings
 from shared.stores import repository as stores_repo
+from shared.tenants.admission import search_slots
 from tests.helpers import key_headers, search, upload_text, wait_converged, wait_job
 
 DOCS = {
@@ -105,7 +106,9 @@ def test_a_stalled_postgres_degrades_the_search_within_the_default_timeout_and_s
     """Tenant A's dense arm meets a Postgres that does not answer (a statement that sleeps a
     minute). Under the shipped ``search_store_timeout_s`` Postgres cancels it and A gets the
     lexical arm's results, marked ``dense_unavailable``; meanwhile more of A's searches than
-    the API has cores are stalled, and tenant B's searches still answer at once."""
+    the API has cores are sent: those beyond A's share of the API process wait briefly for
+    one of A's own slots and are answered 429 with Retry-After (never holding a thread), and
+    tenant B's searches still answer at once."""
     settings = get_settings()
     timeout_s = settings.search_store_timeout_s
     assert timeout_s == 10.0  # the shipped default: this test uses no shortened setting
@@ -122,12 +125,12 @@ def test_a_stalled_postgres_degrades_the_search_within_the_default_timeout_and_s
         return original(session, tenant_id, *args, **kwargs)
 
     monkeypatch.setattr(stores_repo, "nearest_chunks", stalled)
-    answers: list[tuple[float, dict[str, Any]]] = []
+    answers: list[tuple[float, Any]] = []
 
     def stalled_search() -> None:
         started = time.monotonic()
-        body = search(client, auth, "XQ-4471-B")  # asserts a 200
-        answers.append((time.monotonic() - started, body))
+        answer = client.post("/v1/search", json={"query": "XQ-4471-B"}, headers=auth)
+        answers.append((time.monotonic() - started, answer))
 
     threads = [threading.Thread(target=stalled_search) for _ in range(6)]  # > 4 dense threads
     for t in threads:
@@ -141,10 +144,16 @@ def test_a_stalled_postgres_degrades_the_search_within_the_default_timeout_and_s
     for t in threads:
         t.join(timeout=60)
     assert len(answers) == 6
-    for took, body in answers:
+    served = [(took, a.json()) for took, a in answers if a.status_code == 200]
+    refused = [(took, a) for took, a in answers if a.status_code != 200]
+    assert len(served) >= search_slots(settings), answers
+    for took, body in served:
         assert body["degraded"] == ["dense_unavailable"]
         assert body["results"][0]["external_id"] == "pump"  # the lexical arm's
         assert took < timeout_s + 4
+    for took, answer in refused:  # waited for one of A's slots, then turned away
+        assert answer.status_code == 429 and answer.headers["Retry-After"], answer.text
+        assert took < settings.search_admission_wait_s + 2
     with unit_of_work() as uow:  # cancelled by Postgres, not left running
         sleeping = uow.session.scalar(
             text("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(60)%'")

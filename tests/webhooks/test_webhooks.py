@@ -1,6 +1,7 @@
 """Webhooks end to end, with the shipped retry settings: a real local receiver that is down
 when the jobs finish gets every event once it is back up, each signed (HMAC-SHA256 over the
-timestamp and body) and logged per endpoint with its attempts; a tenant sees only its own."""
+timestamp, the delivery id and the body) and logged per endpoint with its attempts; a tenant
+sees only its own."""
 
 from __future__ import annotations
 
@@ -94,24 +95,28 @@ def test_a_receiver_down_for_a_while_gets_every_event_signed_once_it_is_back(
         return list(response.json())
 
     # Down: the attempts fail, are logged with their error, and stay pending for a retry.
-    wait_for(lambda: (len(log()) == 2 and all(d["attempts"] >= 2 for d in log())) or None, 60,
-             what="two failed attempts each while the receiver is down")  # fmt: skip
+    wait_for(lambda: (len(log()) == 2 and all(d["attempts"] >= 1 for d in log())) or None, 60,
+             what="a failed attempt each while the receiver is down")  # fmt: skip
     for delivery in log():
         assert delivery["state"] == "pending" and delivery["next_attempt_at"]
-        assert "Connect" in delivery["last_error"]
+        assert delivery["last_error"].startswith("connect_failed")
     assert receiver.received == []
 
     receiver.start()
-    try:
+    try:  # within the retry's backoff, or the breaker's parking if it tripped meanwhile
         wait_for(lambda: all(d["state"] == "delivered" for d in log()) or None, 90,
                  what="both deliveries once the receiver is up")  # fmt: skip
     finally:
         receiver.stop()
     events = {}
     for headers, body in receiver.received:
-        assert verify(secret, headers["Concord-Signature"], body)
-        assert not verify("whsec_wrong", headers["Concord-Signature"], body)
-        assert not verify(secret, headers["Concord-Signature"], body, now=time.time() + 3600)
+        signature, delivery_id = headers["Concord-Signature"], headers["Concord-Delivery"]
+        assert verify(secret, signature, body, delivery_id)
+        assert not verify("whsec_wrong", signature, body, delivery_id)
+        assert not verify(secret, signature, body, delivery_id, now=time.time() + 3600)
+        # the id is signed: a captured delivery resent under a new id does not verify
+        assert not verify(secret, signature, body, str(int(delivery_id) + 1))
+        assert not verify(secret, signature, body)
         payload = json.loads(body)
         events[payload["event"]] = payload
         assert headers["Concord-Event"] == payload["event"]
@@ -136,9 +141,14 @@ def test_endpoints_refuse_bad_urls_and_unknown_events(client: TestClient, tenant
         {"url": "http://127.0.0.1:9/hook", "events": []},
     ):
         assert client.post("/v1/admin/webhooks", json=body, headers=admin).status_code == 422
-    bad_port = {"url": "http://127.0.0.1:notaport/hook", "events": ["job.indexed"]}
-    refused = client.post("/v1/admin/webhooks", json=bad_port, headers=admin)
-    assert refused.status_code == 400 and "cannot be sent to" in refused.json()["error"]["message"]
+    for url in ("http://127.0.0.1:notaport/hook", "http://xn--/hook"):
+        bad = {"url": url, "events": ["job.indexed"]}
+        refused = client.post("/v1/admin/webhooks", json=bad, headers=admin)
+        assert refused.status_code == 422, (url, refused.text)
+        assert "cannot be sent to" in refused.json()["error"]["message"]
+    out_of_range = {"url": "http://127.0.0.1:99999/hook", "events": ["job.indexed"]}
+    refused = client.post("/v1/admin/webhooks", json=out_of_range, headers=admin)
+    assert refused.status_code == 422 and "1-65535" in refused.json()["error"]["message"]
     reader = key_headers(tenant, ["read"])
     body = {"url": "http://127.0.0.1:9/hook", "events": ["job.indexed"]}
     assert client.post("/v1/admin/webhooks", json=body, headers=reader).status_code == 403
@@ -162,12 +172,13 @@ def test_a_tenant_has_a_bounded_number_of_endpoints(client: TestClient, tenant: 
     assert client.post("/v1/admin/webhooks", json=body, headers=admin).status_code == 201
 
 
-def test_a_dead_endpoint_of_one_tenant_costs_one_attempt_per_run_and_others_are_delivered(
-    client: TestClient, tenant: str, worker: Any
+def test_a_dead_endpoint_of_one_tenant_costs_its_share_of_attempts_and_others_are_delivered(
+    client: TestClient, tenant: str, webhook_worker: Any
 ) -> None:
     """Tenant A's endpoint never answers and has many deliveries due; tenant B's is up. One
-    run (in this process, the worker paused so it does not race) tries A once, defers the
-    rest untouched, and delivers all of B's."""
+    run (in this process, the webhook worker paused so it does not race) tries A's endpoint
+    with at most its share of requests at once, not again once they failed, leaves the rest
+    untouched, and delivers all of B's."""
     from shared.db import unit_of_work
     from shared.settings import get_settings
     from shared.webhooks import service as webhooks
@@ -180,7 +191,7 @@ def test_a_dead_endpoint_of_one_tenant_costs_one_attempt_per_run_and_others_are_
     try:
         dead = register(client, tenant, "http://127.0.0.1:9/hangs-up")
         live = register(client, other, receiver.url)
-        with paused(worker):
+        with paused(webhook_worker):
             with unit_of_work() as uow:
                 events = [(t, "job.indexed", {"n": i}) for i in range(5) for t in (tenant, other)]
                 webhooks.emit(uow, events)
@@ -190,11 +201,13 @@ def test_a_dead_endpoint_of_one_tenant_costs_one_attempt_per_run_and_others_are_
                 live_log = webhooks.delivery_log(uow.session, other, uuid.UUID(live), 50)
     finally:
         receiver.stop()
-    assert sorted(d.attempts for d in dead_log) == [0, 0, 0, 0, 1]
+    share = get_settings().webhook_endpoint_in_flight
+    tried = [d for d in dead_log if d.attempts]
+    assert len(tried) == share and all(d.attempts == 1 for d in tried)
     assert all(d.state == "pending" for d in dead_log)
     assert all(d.state == "delivered" for d in live_log) and len(receiver.received) == 5
     # The run's totals count every tenant's due deliveries (earlier tests leave some behind).
-    assert sent.delivered >= 5 and sent.retrying >= 1 and sent.deferred >= 4
+    assert sent.delivered >= 5 and sent.retrying >= share
 
 
 class HostileReceiver:
@@ -239,13 +252,12 @@ class HostileReceiver:
 
 
 def test_a_trickling_or_nul_answering_receiver_costs_one_bounded_attempt_each(
-    client: TestClient, tenant: str, worker: Any
+    client: TestClient, tenant: str, webhook_worker: Any
 ) -> None:
     """Under the shipped settings: a receiver that trickles its answer cannot hold the sender
-    past ``webhook_timeout_s`` (a per-read timeout alone let it run to the task's time limit,
-    holding the one relay worker), and one whose refusal holds a NUL is recorded like any
-    other (the error's write used to fail, and with it the rest of the claimed batch, every
-    tenant's). Another tenant's deliveries in the same run are delivered."""
+    past ``webhook_timeout_s`` (a per-read timeout alone let it run to the task's time limit),
+    and one whose refusal holds a NUL is recorded with its status and Concord's own words,
+    nothing of its body. Another tenant's deliveries in the same run are delivered."""
     from shared.db import unit_of_work
     from shared.settings import get_settings
     from shared.webhooks import service as webhooks
@@ -261,7 +273,7 @@ def test_a_trickling_or_nul_answering_receiver_costs_one_bounded_attempt_each(
             path: register(client, tenant, f"{hostile.base}/{path}") for path in ("trickle", "nul")
         }
         live = register(client, other, receiver.url)
-        with paused(worker):
+        with paused(webhook_worker):
             with unit_of_work() as uow:
                 webhooks.emit(
                     uow, [(t, "job.indexed", {"n": i}) for i in range(3) for t in (tenant, other)]
@@ -279,11 +291,103 @@ def test_a_trickling_or_nul_answering_receiver_costs_one_bounded_attempt_each(
         hostile.stop()
         receiver.stop()
     assert took < settings.webhook_timeout_s + 4, took  # one trickle, cut at the timeout
-    for path, log in logs.items():
-        assert sorted(d.attempts for d in log) == [0, 0, 1], path  # tried once, rest deferred
+    share = settings.webhook_endpoint_in_flight
+    for path, log in logs.items():  # tried with its share at once, not again in the run
+        assert sorted(d.attempts for d in log) == [0] * (3 - share) + [1] * share, path
         assert all(d.state == "pending" for d in log)
-    (trickled,) = [d for d in logs["trickle"] if d.attempts]
-    assert trickled.last_error == f"no complete answer within {settings.webhook_timeout_s:g} s"
-    (refused,) = [d for d in logs["nul"] if d.attempts]
-    assert refused.last_status == 500 and refused.last_error == "HTTP 500: bad  news"
+    for trickled in [d for d in logs["trickle"] if d.attempts]:
+        limit = settings.webhook_timeout_s
+        assert trickled.last_error == f"timeout: no complete answer within {limit:g} s"
+    for refused in [d for d in logs["nul"] if d.attempts]:
+        assert refused.last_status == 500
+        assert refused.last_error == "http_status: the receiver answered 500"  # no body
     assert all(d.state == "delivered" for d in live_log) and len(receiver.received) == 3
+
+
+class HangingListener:
+    """Accepts connections and never answers (until closed)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.sock.settimeout(0.2)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/hook"
+        self.held: list[socket.socket] = []
+        self._stop = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.held.append(self.sock.accept()[0])
+            except OSError:
+                continue
+
+    def close(self) -> None:
+        self._stop.set()
+        for conn in self.held:
+            conn.close()
+        self.sock.close()
+
+
+def test_hanging_endpoints_of_one_tenant_hold_only_its_own_slots_and_get_parked(
+    client: TestClient, tenant: str, webhook_worker: Any
+) -> None:
+    """The real webhook worker, shipped settings. Tenant A's six endpoints accept and never
+    answer, three deliveries each; tenant B's receiver is up. B's delivery is delivered
+    while A's first attempts are still hanging (before any of them is recorded): A holds its
+    own slots, not the sender. Each of A's endpoints that keeps timing out is then parked:
+    its deliveries wait out the parking without losing attempts."""
+    from shared.db import unit_of_work
+    from shared.models import WebhookEndpoint
+    from shared.settings import get_settings
+    from shared.webhooks import service as webhooks
+
+    settings = get_settings()
+    hanging, receiver = HangingListener(), Receiver()
+    receiver.start()
+    other = f"{tenant}-b"
+    try:
+        endpoints = [uuid.UUID(register(client, tenant, hanging.url)) for _ in range(6)]
+        live = uuid.UUID(register(client, other, receiver.url))
+        with unit_of_work() as uow:
+            webhooks.emit(uow, [(tenant, "job.indexed", {"n": i}) for i in range(3)])
+        wait_for(lambda: len(hanging.held) >= settings.webhook_tenant_in_flight or None, 30,
+                 what="A's first requests hanging")  # fmt: skip
+        with unit_of_work() as uow:
+            webhooks.emit(uow, [(other, "job.indexed", {"n": 0})])
+
+        def a_log_once_b_is_delivered() -> list[Any] | None:
+            with unit_of_work() as uow:
+                b_log = webhooks.delivery_log(uow.session, other, live, 10)
+                a_log = [d for e in endpoints
+                         for d in webhooks.delivery_log(uow.session, tenant, e, 10)]  # fmt: skip
+            return a_log if b_log and b_log[0].state == "delivered" else None
+
+        a_log = wait_for(a_log_once_b_is_delivered, 30, what="B's delivery")
+        assert all(d.attempts == 0 for d in a_log), "B waited for A's timeouts"
+        assert len(hanging.held) <= settings.webhook_tenant_in_flight  # A's share, no more
+
+        def parked() -> list[WebhookEndpoint] | None:
+            with unit_of_work() as uow:
+                rows = [uow.session.get(WebhookEndpoint, e) for e in endpoints]
+                tripped = [r for r in rows if r is not None and r.parked_until is not None]
+                uow.session.expunge_all()
+                return tripped or None
+
+        tripped = wait_for(parked, 90, what="a hanging endpoint parked by the breaker")
+        endpoint = tripped[0]
+        assert endpoint.consecutive_failures >= settings.webhook_breaker_failures
+        with unit_of_work() as uow:
+            waiting = webhooks.delivery_log(uow.session, tenant, endpoint.id, 10)
+        assert all(d.state == "pending" for d in waiting)
+        assert all(d.next_attempt_at >= endpoint.parked_until for d in waiting)
+        assert sum(d.attempts for d in waiting) <= endpoint.consecutive_failures
+        assert all(d.last_error is None or d.last_error.startswith("timeout") for d in waiting)
+    finally:
+        with unit_of_work() as uow:  # the rest is never delivered: stop the sender trying
+            for e in endpoints:
+                webhooks.delete_endpoint(uow.session, tenant, e)
+        hanging.close()
+        receiver.stop()

@@ -17,6 +17,7 @@ from services.api.deps import (
     PROTECTED_ROUTE_ERRORS,
     WEBHOOK_ENDPOINT_LIMIT,
     Admin,
+    SettingsDep,
 )
 from shared.admin import service as ops
 from shared.admin.schemas import (
@@ -150,12 +151,18 @@ def revoke_key_route(key_id: uuid.UUID, principal: Admin) -> None:
 
 
 @router.post("/webhooks", status_code=201, responses=WEBHOOK_ENDPOINT_LIMIT)
-def create_webhook_route(body: EndpointRequest, principal: Admin) -> CreatedEndpoint:
+def create_webhook_route(
+    body: EndpointRequest, principal: Admin, settings: SettingsDep
+) -> CreatedEndpoint:
     """A webhook endpoint for this tenant's job (and training) events; the signing secret is
-    in this response only. Deliveries are signed (Concord-Signature: t=..,v1=HMAC-SHA256 of
-    "t.body") and retried with backoff until the endpoint answers 2xx."""
+    in this response only. Deliveries are signed (Concord-Signature: t=..,v2=HMAC-SHA256 of
+    "t.delivery-id.body") and retried with backoff until the endpoint answers 2xx. A URL
+    whose host is a loopback, private or link-local address (or localhost) is refused with
+    422, and a name is checked again where it resolves at each delivery."""
     with unit_of_work() as uow:
-        return webhooks.create_endpoint(uow.session, principal.tenant_id, body.url, body.events)
+        return webhooks.create_endpoint(
+            uow.session, principal.tenant_id, body.url, body.events, settings
+        )
 
 
 @router.get("/webhooks")

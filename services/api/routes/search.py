@@ -12,6 +12,7 @@ from services.api.deps import (
     PROTECTED_ROUTE_ERRORS,
     Admin,
     Reader,
+    SettingsDep,
 )
 from shared.answerability import service as answerability
 from shared.answerability.schemas import AnswerabilityModelView
@@ -22,6 +23,7 @@ from shared.rerankers import service as rerankers
 from shared.rerankers.schemas import RerankerView
 from shared.search.schemas import PROFILE_NAME, SearchPage, SearchRequest, SearchResponse
 from shared.search.service import search, search_next_page
+from shared.tenants.admission import search_admission
 
 router = APIRouter(
     prefix="/v1", tags=["search"], responses=PROTECTED_ROUTE_ERRORS | NOT_FOUND | MODEL_OUT_OF_DATE
@@ -38,6 +40,7 @@ def _replica() -> Transactions | None:
 async def search_route(
     body: SearchRequest,
     principal: Reader,
+    settings: SettingsDep,
     cache_control: Annotated[
         str | None,
         Header(description="no-cache: encode the query even if the query cache holds it"),
@@ -46,9 +49,10 @@ async def search_route(
     """Hybrid search with fusion, optional rerank, MMR, and the evidence policy's decision.
     The tenant always comes from the API key, never from the request body."""
     embedding_cache = "no-cache" not in (cache_control or "").lower()
-    response = await run_in_threadpool(
-        search, unit_of_work, principal.tenant_id, body, None, _replica(), embedding_cache
-    )
+    async with search_admission.slot(principal.tenant_id, settings):
+        response = await run_in_threadpool(
+            search, unit_of_work, principal.tenant_id, body, None, _replica(), embedding_cache
+        )
     # The response is a model already: encoded once by pydantic, not validated and walked
     # again by FastAPI (a 100-result response with traces spent 3.7 ms in its encoder).
     # Unset fields (``trace`` and ``timings_ms`` without explain) are left out.
@@ -56,12 +60,15 @@ async def search_route(
 
 
 @router.post("/search/next", response_model=SearchResponse)
-async def search_next_page_route(body: SearchPage, principal: Reader) -> Response:
+async def search_next_page_route(
+    body: SearchPage, principal: Reader, settings: SettingsDep
+) -> Response:
     """The next page of a search made with "paginate": true, from the ranking that search
     made (404 once the cursor has expired, or for another tenant's cursor)."""
-    response = await run_in_threadpool(
-        search_next_page, unit_of_work, principal.tenant_id, body.cursor, None, _replica()
-    )
+    async with search_admission.slot(principal.tenant_id, settings):
+        response = await run_in_threadpool(
+            search_next_page, unit_of_work, principal.tenant_id, body.cursor, None, _replica()
+        )
     return _encoded(response)
 
 

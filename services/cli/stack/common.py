@@ -26,6 +26,8 @@ def is_infra(name: str) -> bool:
 # The CPU-bound work (embedding, reranker training) and the I/O-bound rest.
 INGEST_QUEUES = ("ingest", "training")
 RELAY_QUEUES = ("relay", "maintenance")
+# Requests to receivers that tenants chose (they may hang): a worker of their own.
+WEBHOOK_QUEUES = ("webhooks",)
 
 
 class StackError(RuntimeError):

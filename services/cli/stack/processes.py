@@ -12,6 +12,7 @@ import httpx
 from services.cli.stack.common import (
     INGEST_QUEUES,
     RELAY_QUEUES,
+    WEBHOOK_QUEUES,
     StackError,
     _pid_alive,
     _read_pid,
@@ -137,6 +138,13 @@ def app_processes(settings: Settings) -> list[ProjectProcess]:
                 RELAY_QUEUES, settings.relay_worker_concurrency, "concord-relay@%h"
             ),
             f"queues {', '.join(RELAY_QUEUES)}",
+        ),
+        # One process: its run sends up to webhook_concurrency requests at once, asynchronously.
+        ProjectProcess(
+            settings,
+            "webhook-worker",
+            celery_worker_command(WEBHOOK_QUEUES, 1, "concord-webhooks@%h"),
+            f"queues {', '.join(WEBHOOK_QUEUES)}",
         ),
         ProjectProcess(
             settings,
