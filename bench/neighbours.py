@@ -109,7 +109,7 @@ def upload_to_searchable(http: httpx.Client, victim: Tenant, timeout_s: float = 
         json={"external_id": f"probe-{word}", "text": f"The probe word is {word}. " + prose(1, 3)},
     )
     answer.raise_for_status()
-    body = {"query": word, "mode": "lexical", "k": 1}
+    body = {"query": word, "mode": "lexical", "top_k": 1}
     while time.monotonic() - started < timeout_s:
         found = http.post("/v1/search", headers=victim.headers, json=body)
         if found.status_code == 200 and found.json()["results"]:
@@ -121,7 +121,7 @@ def upload_to_searchable(http: httpx.Client, victim: Tenant, timeout_s: float = 
 def search_latencies(http: httpx.Client, victim: Tenant, count: int) -> list[float]:
     latencies = []
     for i in range(count):
-        body = {"query": QUERIES[i % len(QUERIES)], "mode": "hybrid", "k": 10}
+        body = {"query": QUERIES[i % len(QUERIES)], "mode": "hybrid", "top_k": 10}
         started = time.perf_counter()
         answer = http.post("/v1/search", headers={**victim.headers, "Cache-Control": "no-cache"},
                            json=body)  # fmt: skip
@@ -257,7 +257,27 @@ def ingest_backlog(http: httpx.Client, noisy: Tenant, chunks: int) -> Iterator[N
     for start in range(0, len(events), 50):
         publish_upload_events(events[start : start + 50])
     time.sleep(5)  # the events are accepted, the jobs queued
-    yield
+    try:
+        yield
+    finally:
+        settle(noisy)
+
+
+def settle(noisy: Tenant, timeout_s: float = 900) -> None:
+    """Wait until the noisy tenant's ingest has finished (jobs and outbox), so that the next
+    load is measured alone."""
+    from shared.jobs.repository import job_state_counts
+    from shared.outbox.repository import outbox_backlog
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with unit_of_work() as uow:
+            counts = job_state_counts(uow.session, noisy.id)
+            backlog = outbox_backlog(uow.session, noisy.id)
+        if not counts.get("queued") and not counts.get("running") and not backlog:
+            return
+        time.sleep(2)
+    print(f"warning: the noisy tenant's ingest had not settled after {timeout_s:.0f} s")
 
 
 def search_flood(http: httpx.Client, noisy: Tenant) -> Callable[[], Iterator[None]]:
@@ -265,7 +285,7 @@ def search_flood(http: httpx.Client, noisy: Tenant) -> Callable[[], Iterator[Non
     client = httpx.Client(base_url=http.base_url, timeout=60)
 
     def one() -> None:
-        body = {"query": QUERIES[next(counter) % len(QUERIES)], "mode": "hybrid", "k": 10}
+        body = {"query": QUERIES[next(counter) % len(QUERIES)], "mode": "hybrid", "top_k": 10}
         answer = client.post("/v1/search", json=body,
                              headers={**noisy.headers, "Cache-Control": "no-cache"})  # fmt: skip
         if answer.status_code == 429:

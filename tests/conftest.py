@@ -19,11 +19,17 @@ from typing import Any
 
 import pytest
 
+# Under pytest-xdist each worker (gw0, gw1, ...) gets a database, an index prefix and a Redis
+# database of its own (and so Celery queues of its own), on the same servers.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_WORKER_NUMBER = int(XDIST_WORKER[2:]) if XDIST_WORKER.startswith("gw") else -1
+_SUFFIX = f"_{XDIST_WORKER}" if XDIST_WORKER else ""
+
 TEST_ENV = {
     "CONCORD_ENVIRONMENT": "test",
-    "CONCORD_PG_DATABASE": "concord_test",
-    "CONCORD_ES_INDEX_PREFIX": "concord-test",
-    "CONCORD_REDIS_DB": "1",
+    "CONCORD_PG_DATABASE": f"concord_test{_SUFFIX}",
+    "CONCORD_ES_INDEX_PREFIX": f"concord-test{_SUFFIX.replace('_', '-')}",
+    "CONCORD_REDIS_DB": str(2 + _WORKER_NUMBER),  # 1 without xdist; 0 is the dev stack's
     "CONCORD_TASK_SOFT_TIME_LIMIT_S": "15",
     "CONCORD_TASK_TIME_LIMIT_S": "18",
     "CONCORD_RELAY_INTERVAL_SECONDS": "1",
@@ -264,3 +270,40 @@ def live_api() -> Iterator[str]:
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(timeout=15)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tier is the test's first folder under tests/; tests/system is marked ``system``
+    (scripts/test.sh runs it apart, on infrastructure of its own)."""
+    for item in items:
+        if _tier(item.nodeid) == "system":
+            item.add_marker(pytest.mark.system)
+
+
+def _tier(nodeid: str) -> str:
+    parts = nodeid.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else "tests"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Seconds spent per tier (setup, call and teardown of its tests, summed over workers)."""
+    seconds: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            nodeid = getattr(report, "nodeid", "")
+            duration = getattr(report, "duration", None)
+            if not nodeid or duration is None:
+                continue
+            tier = _tier(nodeid)
+            seconds[tier] = seconds.get(tier, 0.0) + duration
+            if getattr(report, "when", "") == "call":
+                counts[tier] = counts.get(tier, 0) + 1
+    if not seconds:
+        return
+    terminalreporter.write_sep("=", "tier timings")
+    for tier in sorted(seconds, key=lambda t: -seconds[t]):
+        terminalreporter.write_line(
+            f"{tier:<14} {counts.get(tier, 0):4d} tests {seconds[tier]:8.1f} s of test time"
+        )

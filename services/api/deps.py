@@ -43,7 +43,7 @@ async def current_principal(
     principal = recently_authenticated(secret, ttl_s)
     if principal is None:
         client = request.client.host if request.client else "unknown"
-        admission.failed_auth.check(client, settings)
+        await admission.failed_auth.check(client, settings)
         try:
             if secret:
                 check_key_format(secret)  # on the event loop: no thread, no lookup

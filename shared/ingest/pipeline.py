@@ -42,7 +42,7 @@ from shared.jobs.heartbeat import LeaseHeartbeat
 from shared.logs import job_context
 from shared.models import Document, DocumentVersion, IngestJob, JobState, OutboxOp
 from shared.outbox import repository as outbox_repo
-from shared.queue import publish_relay
+from shared.queue import publish_ingest_jobs, publish_relay
 from shared.retry import describe_error, is_retriable
 from shared.settings import Settings, get_settings
 from shared.stores.schemas import ChunkRow, VersionChunks, chunk_id
@@ -119,11 +119,17 @@ def process_job(
 def process_jobs(
     transactions: Transactions, job_ids: list[uuid.UUID], settings: Settings | None = None
 ) -> dict[uuid.UUID, JobOutcome]:
-    """The jobs accepted together (one message for all of them), as one batch. On failure
-    every one goes back to the queue with a message of its own."""
+    """Jobs accepted together (one message for all of them): a batch claimed as any other
+    is (the first of them, then queued jobs round-robin over tenants, within the batch's
+    bounds), and the listed jobs left queued go on in a message of their own, at the back of
+    the queue. So a message of thousands of jobs is never one batch that every other
+    tenant's upload waits behind. On failure every job of the batch goes back to the queue
+    with a message of its own."""
     settings = settings or get_settings()
     with transactions() as uow:
-        claims = claim_listed(uow, job_ids, settings)
+        claims, rest = claim_listed(uow, job_ids, settings)
+        if rest:
+            uow.after_commit(lambda: publish_ingest_jobs(rest))
     return run(claims, transactions, settings)
 
 
@@ -164,17 +170,30 @@ def claim(uow: UnitOfWork, job_id: uuid.UUID, settings: Settings) -> list[Claim]
     return [first, *(c for c in rest if c is not None)]
 
 
-def claim_listed(uow: UnitOfWork, job_ids: list[uuid.UUID], settings: Settings) -> list[Claim]:
-    """The leases of the jobs accepted together (one message for all of them); those
-    finished or running elsewhere by now are left alone."""
+def claim_listed(
+    uow: UnitOfWork, job_ids: list[uuid.UUID], settings: Settings
+) -> tuple[list[Claim], list[uuid.UUID]]:
+    """A batch for a message of ``job_ids``: the first of them still claimable, and queued
+    jobs round-robin over tenants (its other jobs among them, in their turn) within the
+    batch's bounds; and the listed jobs still queued after it, for a message of their own.
+    Those finished or running elsewhere by now are left alone, and so is one that has lost
+    too many attempts (its own message, the sweep's, runs it alone)."""
     session = uow.session
-    # One that has lost too many attempts is left to its own message (the sweep's).
-    claimable = jobs_repo.claimable_jobs(session, job_ids)
-    listed = [job for job in claimable if not jobs.runs_alone(job)]
+    listed = [job for job in jobs_repo.claimable_jobs(session, job_ids) if not jobs.runs_alone(job)]
+    if not listed:
+        return [], []
+    first, waiting = listed[0], listed[1:]
+    versions = documents_repo.versions(session, [(first.document_id, first.version)])
+    own = versions.get((first.document_id, first.version))
+    room = settings.ingest_batch_bytes - (len(own.raw or b"") if own else 0)
+    others = jobs_repo.claim_queued_jobs(
+        session, settings.ingest_batch_jobs - 1, first.id, room, jobs.ISOLATE_AFTER_LOST_ATTEMPTS
+    )
+    versions.update(documents_repo.versions(session, [(o.document_id, o.version) for o in others]))
     current = now(session)
-    versions = documents_repo.versions(session, [(j.document_id, j.version) for j in listed])
-    claims = [_start(uow, job, versions, current, settings) for job in listed]
-    return [c for c in claims if c is not None]
+    claims = [_start(uow, job, versions, current, settings) for job in [first, *others]]
+    taken = {first.id, *(o.id for o in others)}
+    return [c for c in claims if c is not None], [j.id for j in waiting if j.id not in taken]
 
 
 def _duplicate_delivery(uow: UnitOfWork, job_id: uuid.UUID) -> JobOutcome | None:

@@ -8,7 +8,9 @@
   runs at once leaves the rest to the others, whatever its searches cost.
 - **Failed authentication**: each client address has a bucket of ``auth_failures_per_second``
   failures (burst ``auth_failures_burst``); an empty one answers 429 before the key is even
-  hashed. A key that is not of Concord's format fails without a database lookup.
+  hashed, a second late (a flood that sends again as soon as it is answered slows to one
+  request a second per connection). A key that is not of Concord's format fails without a
+  database lookup.
 
 Both live in the process's memory (the event loop's), so neither costs a round trip: a flood
 is turned away for less than it would cost to look at it.
@@ -37,6 +39,7 @@ REFUSED = Counter(
     ["reason"],
 )
 CLIENTS_TRACKED = 10_000  # failure buckets kept, the least recently failed dropped first
+TARPIT_MAX = 512  # refused requests held back at once (each a sleeping coroutine)
 
 
 def search_slots(settings: Settings) -> int:
@@ -126,9 +129,13 @@ class FailedAuthLimiter:
 
     def __init__(self) -> None:
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, at
+        self._tarpitted = 0
 
-    def check(self, client: str, settings: Settings) -> None:
-        """Raise TooManyRequests while ``client`` has no failure left to spend."""
+    async def check(self, client: str, settings: Settings) -> None:
+        """Raise TooManyRequests while ``client`` has no failure left to spend, after holding
+        the answer up to a second (a tarpit: a client that sends again as soon as it is
+        answered then sends one request a second, not as many as the API can refuse; at most
+        ``TARPIT_MAX`` requests wait so at once, the rest are answered at once)."""
         rate = settings.auth_failures_per_second
         if rate <= 0:
             return
@@ -136,6 +143,12 @@ class FailedAuthLimiter:
         if tokens < 1:
             REFUSED.labels("auth_failures").inc()
             retry_after = max(1, math.ceil((1 - tokens) / rate))
+            if self._tarpitted < TARPIT_MAX:
+                self._tarpitted += 1
+                try:
+                    await asyncio.sleep(min(1.0, retry_after))
+                finally:
+                    self._tarpitted -= 1
             raise TooManyRequests(
                 f"too many failed authentications from this address "
                 f"({rate:g}/s, CONCORD_AUTH_FAILURES_PER_SECOND); retry in {retry_after} s",

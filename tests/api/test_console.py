@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from services.cli.stack import ElasticsearchService
 from shared.stores.elastic import get_es
 from tests.conftest import CeleryProcess, wait_for
 from tests.helpers import dead_lettered_upload, new_key, tenant_index, wait_converged, wait_job
@@ -159,22 +158,6 @@ def test_console_without_a_key_shows_the_api_error(page: Any, live_api: str) -> 
     page.click("#search-form button")
     page.wait_for_selector("#message.error")
     assert "401" in page.inner_text("#message")
-
-
-def test_readyz_follows_elasticsearch(client: TestClient, es_service: ElasticsearchService) -> None:
-    ready = client.get("/readyz")
-    assert ready.status_code == 200, ready.text
-    assert set(ready.json()["checks"]) == {"postgres", "elasticsearch", "redis"}
-    es_service.down()
-    try:
-        unready = client.get("/readyz")
-        assert unready.status_code == 503
-        checks = unready.json()["checks"]
-        assert not checks["elasticsearch"]["ok"] and checks["postgres"]["ok"]
-        assert client.get("/healthz").status_code == 200  # the process itself is fine
-    finally:
-        es_service.up()
-    wait_for(lambda: client.get("/readyz").status_code == 200, 60, what="ready again")
 
 
 def test_request_id_reaches_the_job_and_the_worker_log(

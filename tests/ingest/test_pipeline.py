@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import time
 import uuid
 from typing import Any
@@ -207,57 +206,6 @@ def test_a_delivery_for_a_job_running_under_a_live_lease_leaves_it_alone(
     sweep.sweep_expired_jobs(unit_of_work)
     wait_job(client, auth, upload["job_id"])
     assert len(wait_converged(tenant)) > 0
-
-
-def test_elasticsearch_outage_loses_nothing_and_heals_itself(
-    client: TestClient, auth, tenant, worker, es_service
-):
-    es_service.down()
-    try:
-        jobs = [
-            upload_text(client, auth, f"outage-{i}.txt", f"Outage note {i} about pelicans.")
-            for i in range(5)
-        ]
-        for job in jobs:
-            wait_job(client, auth, job["job_id"])  # Postgres side completes without ES
-        degraded = search(client, auth, "pelicans")
-        assert degraded["degraded"] == ["lexical_unavailable"]
-        assert len(degraded["results"]) == 5
-    finally:
-        es_service.up()
-    started = time.monotonic()
-    chunks = wait_converged(tenant, timeout=90)
-    assert len(chunks) == 5
-    print(f"converged {time.monotonic() - started:.1f}s after Elasticsearch returned")
-    assert search(client, auth, "pelicans", mode="lexical")["degraded"] == []
-
-
-def test_killed_worker_and_emptied_redis_lose_nothing(
-    client: TestClient, auth, tenant, worker, redis_service
-):
-    uploads = [
-        upload_text(client, auth, f"kill-{i}.txt", long_text(f"walrus {i}", 12)) for i in range(12)
-    ]
-    wait_for(lambda: job_state(uploads[0]["job_id"])[0] in ("running", "indexed"), 60)
-    worker.kill(signal.SIGKILL)
-    redis_service.down()
-    for leftover in redis_service.dir.glob("appendonly*"):
-        if leftover.is_dir():
-            for f in leftover.iterdir():
-                f.unlink()
-        else:
-            leftover.unlink()
-    redis_service.up()
-    worker.start()
-    for up in uploads:
-        wait_job(client, auth, up["job_id"], timeout=150)
-    chunks = wait_converged(tenant, timeout=60)
-    with unit_of_work() as uow:
-        per_doc = uow.session.execute(
-            select(Chunk.document_id, Chunk.ordinal).where(Chunk.tenant_id == tenant)
-        ).all()
-    assert len(per_doc) == len(set(per_doc)) == len(chunks)
-    assert sum(job_state(u["job_id"])[1]["chunks"] for u in uploads) == len(chunks)
 
 
 def test_unparseable_files_fail_with_a_reason_and_others_proceed(

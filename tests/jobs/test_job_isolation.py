@@ -145,8 +145,11 @@ def test_poison_json_is_refused_at_the_door_and_fails_alone_past_it(
 
 
 def _claims_of(job_ids: list[str]) -> list[Any]:
+    """A batch holding ``job_ids`` (small jobs: all of them fit), as a message of them claims."""
     with unit_of_work() as uow:
-        return pipeline.claim_listed(uow, [uuid.UUID(j) for j in job_ids], get_settings())
+        claims, rest = pipeline.claim_listed(uow, [uuid.UUID(j) for j in job_ids], get_settings())
+    assert rest == []
+    return claims
 
 
 @pytest.mark.parametrize("stage", ["parse", "write", "unrecordable"])
