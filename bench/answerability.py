@@ -24,8 +24,7 @@ sys.path.insert(0, str(ROOT))
 from shared.answerability import model as learn  # noqa: E402
 from shared.answerability import service as registry  # noqa: E402
 from shared.answerability.features import FEATURE_NAMES  # noqa: E402
-from shared.search.fusion import ArmHit  # noqa: E402
-from shared.stores.schemas import document_of_chunk  # noqa: E402
+from shared.stores.schemas import ArmHit, document_of_chunk  # noqa: E402
 
 
 def synthetic_model() -> registry.LoadedModel:

@@ -32,11 +32,11 @@ from evaluation import beir  # noqa: E402
 from evaluation.abstain import AbstainRun, roc, withhold_half  # noqa: E402
 from evaluation.harness import eval_tenant  # noqa: E402
 from shared.db import unit_of_work  # noqa: E402
-from shared.search.fusion import ArmHit, fuse  # noqa: E402
+from shared.search.fusion import fuse  # noqa: E402
+from shared.search.retrieve import dense_arm, lexical_arm, query_vector  # noqa: E402
 from shared.search.schemas import SearchRequest  # noqa: E402
-from shared.search.service import dense_arm, lexical_arm, query_vector  # noqa: E402
 from shared.settings import get_settings  # noqa: E402
-from shared.stores.schemas import document_of_chunk  # noqa: E402
+from shared.stores.schemas import ArmHit, document_of_chunk  # noqa: E402
 from training.repository import external_ids_by_document  # noqa: E402
 
 DEPTHS = (0, 1, 3, 5, 10, 20, 50)
@@ -60,10 +60,9 @@ def ranked_without(
         }
     )
     vector = query_vector(request.query, settings)
-    arms = {
-        "dense": dense_arm(unit_of_work, tenant, vector, deeper, settings),
-        "lexical": lexical_arm(tenant, deeper, settings),
-    }
+    with unit_of_work() as uow:
+        dense = dense_arm(uow.session, tenant, vector, deeper, settings)
+    arms = {"dense": dense, "lexical": lexical_arm(tenant, deeper, settings)}
     kept: dict[str, list[ArmHit]] = {}
     for arm, hits in arms.items():
         left = [h for h in hits if external_of.get(document_of_chunk(h.chunk_id)) not in withheld]

@@ -33,9 +33,12 @@ from shared.stores.elastic import get_es  # noqa: E402
 
 
 def long_markdown(sections: int) -> bytes:
-    # The same shape as tests/ingest/test_bounded_work.long_markdown.
+    # The same shape as tests/integration/ingest/test_bounded_work.long_markdown: sections
+    # of one chunk each (more than a stub, which would join its neighbour).
     return "".join(
-        f"# Section {i}\nPart {i} of the long survey.\n" for i in range(sections)
+        f"# Section {i}\nPart {i} of the long survey reports one more finding, the method "
+        "that found it, and what its authors concluded from it in the end.\n"
+        for i in range(sections)
     ).encode()
 
 

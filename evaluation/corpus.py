@@ -53,14 +53,21 @@ def upload_of(tenant_id: str, record: dict[str, Any]) -> Upload:
 def sync_corpus(
     tenant_id: str, records: Iterable[dict[str, Any]], progress: Progress, timeout_s: float
 ) -> SyncResult:
-    records = list(records)
+    """A BEIR corpus (records of _id, title, text) as the tenant's plain-text documents."""
+    return sync_uploads(tenant_id, [upload_of(tenant_id, r) for r in records], progress, timeout_s)
+
+
+def sync_uploads(
+    tenant_id: str, uploads: list[Upload], progress: Progress, timeout_s: float
+) -> SyncResult:
+    """Make ``uploads`` the tenant's documents: publish the new and changed ones, delete the
+    others, and wait until every one is indexed (or has failed) and served by both stores."""
     result = SyncResult()
     with unit_of_work() as uow:
         existing = repo.live_documents(uow.session, tenant_id)
-    wanted = {r["_id"] for r in records}
+    wanted = {u.external_id for u in uploads}
     batcher = EventBatcher(publish_upload_events)
-    for i, record in enumerate(records, start=1):
-        upload = upload_of(tenant_id, record)
+    for i, upload in enumerate(uploads, start=1):
         if existing.get(upload.external_id, (None, None))[1] == content_hash(upload):
             result.unchanged += 1
         else:
@@ -73,8 +80,8 @@ def sync_corpus(
                     title=upload.title,
                 )
             )
-        if i % 200 == 0 or i == len(records):
-            progress("publish", i, len(records))
+        if i % 200 == 0 or i == len(uploads):
+            progress("publish", i, len(uploads))
     result.published += batcher.flush()
     for external_id, (doc_id, _) in existing.items():
         if external_id not in wanted:

@@ -14,7 +14,7 @@ import numpy as np
 from evaluation import repository as repo
 from evaluation.metrics import order_by_score, unique
 from shared.db import unit_of_work
-from shared.search.service import query_vector
+from shared.search.retrieve import query_vector
 from shared.settings import get_settings
 
 Progress = Callable[[str, int, int], None]

@@ -26,10 +26,11 @@ from evaluation.metrics import ndcg_at_k, unique
 from evaluation.runner import Progress
 from shared.db import unit_of_work
 from shared.profiles.service import save_profile
-from shared.search.fusion import ArmHit, fuse
+from shared.search.fusion import fuse
+from shared.search.retrieve import dense_arm, lexical_arm, query_vector
 from shared.search.schemas import CandidateDepth, Fusion, LexicalOptions, SearchRequest
-from shared.search.service import dense_arm, lexical_arm, query_vector
 from shared.settings import get_settings
+from shared.stores.schemas import ArmHit
 
 DEPTHS = (20, 50, 100, 200)
 TITLE_BOOSTS = (0.5, 1.0, 2.0)
@@ -181,14 +182,9 @@ def _collect_arms(
             )
             variant = request.model_copy(update={"lexical": options})
             lexical[(title, tie)] = lexical_arm(tenant, variant, settings)
-        collected.append(
-            QueryArms(
-                qid,
-                np.asarray(vector, np.float32),
-                dense_arm(unit_of_work, tenant, vector, request, settings),
-                lexical,
-            )
-        )
+        with unit_of_work() as uow:
+            dense = dense_arm(uow.session, tenant, vector, request, settings)
+        collected.append(QueryArms(qid, np.asarray(vector, np.float32), dense, lexical))
         progress("retrieve (train queries)", i, len(queries))
     return collected
 

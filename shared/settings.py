@@ -63,6 +63,9 @@ class Settings(BaseSettings):
     es_port: int = 19200
     es_version: str = "9.2.0"
     es_heap: str = "1g"
+    # More JVM options for the nodes `concord stack` runs, space-separated (the test script
+    # runs its short-lived nodes with the C1 compiler alone: scripts/test.sh says why).
+    es_jvm_options: str = ""
     es_index_prefix: str = "concord"
     # The integ-test zip has no analysis-common module, so no `english` analyzer; the full
     # distribution (docker compose) may set CONCORD_ES_TEXT_ANALYZER=english.
@@ -155,6 +158,9 @@ class Settings(BaseSettings):
     # Chunking (tokens of the embedder's own tokenizer)
     chunk_max_tokens: int = 200
     chunk_overlap_tokens: int = 32
+    # A chunk below this (a one-line section, a section's short tail) joins a neighbour
+    # (shared/ingest/chunking.py); 0 keeps every chunk as cut.
+    chunk_min_tokens: int = 24
     # Characters per chunk, whatever its token count (a word over 100 characters is one token)
     chunk_max_chars: int = 4000
     # Chunks one document may make (one upload may be 10 MiB of headings or records, each
@@ -263,6 +269,14 @@ class Settings(BaseSettings):
     # Evidence policy defaults (requests may override within the schema's limits)
     policy_score_type: Literal["dense_cosine", "rerank"] = "dense_cosine"
     policy_min_score: float = 0.30
+    # The default decision's term coverage (shared/search/coverage.py), besides the score:
+    # abstain when the question's terms the corpus holds nowhere weigh this share or more,
+    # or the first results hold less than policy_coverage_abstain of the terms' weight;
+    # verify below policy_coverage_answer. False: the score threshold alone decides.
+    policy_coverage: bool = True
+    policy_absent_weight_abstain: float = 0.15
+    policy_coverage_abstain: float = 0.3
+    policy_coverage_answer: float = 0.6
     policy_token_budget: int = 1024
     # Candidates a search hydrates from Postgres and diversifies (MMR) at most, and the time
     # it spends hydrating more of them for a per-document cap.

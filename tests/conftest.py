@@ -23,7 +23,10 @@ import pytest
 # database of its own (and so Celery queues of its own), on the same servers.
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 _WORKER_NUMBER = int(XDIST_WORKER[2:]) if XDIST_WORKER.startswith("gw") else -1
-_SUFFIX = f"_{XDIST_WORKER}" if XDIST_WORKER else ""
+# A run beside others (scripts/test.sh names each: "system_a"...) keeps its names apart
+# too, whichever servers it is pointed at.
+_RUN = os.environ.get("CONCORD_TEST_RUN", "")
+_SUFFIX = "".join(f"_{part}" for part in (_RUN, XDIST_WORKER) if part)
 
 TEST_ENV = {
     "CONCORD_ENVIRONMENT": "test",
@@ -62,6 +65,7 @@ from services.cli.stack import (  # noqa: E402
 from shared.settings import get_settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
 
 
 def admin_connection() -> Any:
@@ -84,9 +88,13 @@ def _reset_elasticsearch() -> None:
     from shared.stores.es_index import ensure_index
 
     es = get_es()
-    es.indices.delete(
-        index=f"{get_settings().es_index_prefix}-*", allow_no_indices=True, expand_wildcards="all"
-    )
+    pattern = f"{get_settings().es_index_prefix}-*"
+    # Who reset which server's indices, for a run that finds its indices gone.
+    ARTIFACTS.mkdir(exist_ok=True)
+    with (ARTIFACTS / "es-resets.log").open("a") as log:
+        log.write(f"{time.time():.3f} pid {os.getpid()} run {_RUN or '-'} worker "
+                  f"{XDIST_WORKER or '-'} port {get_settings().es_port} {pattern}\n")  # fmt: skip
+    es.indices.delete(index=pattern, allow_no_indices=True, expand_wildcards="all")
     ensure_index(get_settings())
 
 
@@ -105,6 +113,17 @@ def fresh_stores() -> None:
     upgrade_head(get_settings())
     _reset_elasticsearch()
     _purge_redis()
+
+
+@pytest.fixture
+def content_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """CONCORD_INGEST_CONTENT_ROOT for upload events by reference, holding acme's
+    notes/tide.txt (each tenant's files in a directory of its own)."""
+    root = tmp_path / "shared-content"
+    (root / "acme" / "notes").mkdir(parents=True)
+    (root / "acme" / "notes" / "tide.txt").write_bytes(b"Tides follow the moon.")
+    monkeypatch.setattr(get_settings(), "ingest_content_root", str(root))
+    return root
 
 
 class CeleryProcess:
@@ -307,3 +326,27 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(
             f"{tier:<14} {counts.get(tier, 0):4d} tests {seconds[tier]:8.1f} s of test time"
         )
+
+
+@pytest.fixture(autouse=True)
+def _cpu_profile(request: pytest.FixtureRequest) -> Iterator[None]:
+    """With CONCORD_TEST_CPU_PROFILE=<file>: the machine's busy CPU seconds during each test
+    (setup to teardown, every process: the suite's own, the workers, the stores), appended
+    to <file> as JSON lines. A serial run's profile shows where the suite's time goes."""
+    out = os.environ.get("CONCORD_TEST_CPU_PROFILE")
+    if not out:
+        yield
+        return
+    import json
+
+    import psutil
+
+    def busy() -> float:
+        t = psutil.cpu_times()
+        return float(t.user + t.system + t.nice + getattr(t, "irq", 0) + getattr(t, "softirq", 0))
+
+    started, cpu = time.monotonic(), busy()
+    yield
+    with open(out, "a") as f:
+        f.write(json.dumps({"test": request.node.nodeid, "wall_s": time.monotonic() - started,
+                            "cpu_s": busy() - cpu}) + "\n")  # fmt: skip

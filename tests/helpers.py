@@ -7,12 +7,14 @@ import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy import text as sql_text
 
+from evaluation.runner import HttpPoster
 from shared.db import unit_of_work
 from shared.models import Chunk, Document, EsOutbox
 from shared.settings import get_settings
@@ -356,3 +358,18 @@ def pdf_whose_error_quotes_a_nul() -> bytes:
     """A PDF whose page stream names an unknown filter holding a NUL (``#00``): pypdf fails
     on it with a message that quotes the name, NUL and all."""
     return pdf_with_pages(["Unreadable."]).replace(b"<< /Length", b"<< /Filter /Bad#00x /Length")
+
+
+TINY = Path(__file__).parent / "data" / "tiny-beir"  # a BEIR dataset of 8 queries
+
+
+def poster(client: TestClient) -> HttpPoster:
+    """A TestClient as the evaluation's HTTP client (it is an httpx client in all but its
+    stubs)."""
+    return cast(HttpPoster, client)
+
+
+def progress_log() -> tuple[list[tuple[str, int, int]], Any]:
+    """A progress callback that records (stage, done, total), and what it recorded."""
+    log: list[tuple[str, int, int]] = []
+    return log, lambda stage, done, total: log.append((stage, done, total))

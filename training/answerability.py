@@ -41,11 +41,12 @@ from shared.answerability.features import (
 from shared.db import unit_of_work
 from shared.rerankers import service as rerankers
 from shared.rerankers.scoring import Reranker, get_trained_reranker, rerank_passage
-from shared.search.fusion import ArmHit, fuse
+from shared.search.fusion import fuse
+from shared.search.retrieve import dense_arm, lexical_arm, query_vector
 from shared.search.schemas import SearchRequest
-from shared.search.service import dense_arm, lexical_arm, query_vector, search
+from shared.search.service import search
 from shared.settings import get_settings
-from shared.stores.schemas import document_of_chunk
+from shared.stores.schemas import ArmHit, document_of_chunk
 from training import repository as repo
 from training.reranker import TrainingRefused, refuse_test_split
 
@@ -191,7 +192,8 @@ def _examples(
     for i, (qid, text) in enumerate(queries, start=1):
         request = SearchRequest(query=text)  # the arms as a default search runs them
         vector = query_vector(text, settings)
-        dense = dense_arm(unit_of_work, tenant, vector, request, settings)
+        with unit_of_work() as uow:
+            dense = dense_arm(uow.session, tenant, vector, request, settings)
         lexical = lexical_arm(tenant, request, settings)
         relevant = {d for d, r in qrels[qid].items() if r > 0}
 

@@ -41,8 +41,9 @@ from shared.db import unit_of_work
 from shared.models import TrainedReranker
 from shared.rerankers import service as rerankers
 from shared.rerankers.scoring import CrossEncoderReranker, rerank_passage
+from shared.search.rerank import blend_scores
 from shared.search.schemas import SearchRequest
-from shared.search.service import blend_scores, search
+from shared.search.service import search
 from shared.settings import get_settings
 from shared.tenants import repository as tenants_repo
 from training import repository as repo

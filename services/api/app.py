@@ -18,6 +18,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -96,11 +97,13 @@ async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
 def _warm_up() -> None:
     from shared.ingest.embedding import get_embedder
     from shared.rerankers.scoring import warm_up
-    from shared.search.service import ALL_CORES
+    from shared.search.coverage import common_word
+    from shared.search.retrieve import ALL_CORES
 
     get_embedder().embed_query("warm up")  # the query encoder of a search with a lexical arm
     get_embedder().embed_query("warm up", threads=ALL_CORES)  # and of a dense-only one
     warm_up()
+    common_word("warm")  # the word list the default decision reads (a second to load)
 
 
 class RequestContextMiddleware:
@@ -143,11 +146,15 @@ class RequestContextMiddleware:
 def create_app() -> FastAPI:
     configure_json_logging()
     _register_system_metrics()
-    app = FastAPI(
+    # /docs and /redoc from the Swagger UI and ReDoc files fastapi-offline ships, served at
+    # /docs-assets: the pages load on a machine without internet (FastAPI's own load them
+    # from a CDN).
+    app = FastAPIOffline(
         lifespan=_lifespan,
         title="Concord",
         version="0.1.0",
         description="Hybrid retrieval over Postgres/pgvector and Elasticsearch.",
+        static_url="/docs-assets",
     )
     app.include_router(documents.router)
     app.include_router(jobs.router)

@@ -6,12 +6,11 @@ import json
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from services.cli.output import print_error
+from services.cli.output import cli_console, print_error
 
-console = Console()
+console = cli_console()
 dlq_app = typer.Typer(help="List, show, replay or discard dead letters.", no_args_is_help=True)
 partitions_app = typer.Typer(
     help="Where tenants' chunks live in Postgres: the shared partition or one of their own."
@@ -210,7 +209,12 @@ def jobs(
 
 
 @dlq_app.command("list")
-def dlq_list(tenant: str | None = typer.Option(None), limit: int = typer.Option(50)) -> None:
+def dlq_list(
+    tenant: str | None = typer.Option(None, help="Only this tenant's dead letters."),
+    limit: int = typer.Option(50, help="The newest LIMIT."),
+) -> None:
+    """The newest dead letters: jobs that used up their attempts, Elasticsearch writes
+    refused, upload events refused at intake; each with its stage and error."""
     from shared.admin.service import list_dead_letters
     from shared.db import unit_of_work
 
@@ -222,16 +226,17 @@ def dlq_list(tenant: str | None = typer.Option(None), limit: int = typer.Option(
             str(d.id),
             d.tenant_id,
             d.source,
-            d.ref[:40],
+            d.ref,
             d.stage,
-            f"{d.error_class}: {d.message[:60]}",
+            f"{d.error_class}: {d.message[:200]}",
             str(d.attempts),
         )
     console.print(table)
 
 
 @dlq_app.command("show")
-def dlq_show(letter_id: int) -> None:
+def dlq_show(letter_id: int = typer.Argument(..., help="The id `dlq list` shows.")) -> None:
+    """One dead letter whole, as JSON: its error, attempts and what it refers to."""
     from shared.admin.service import get_dead_letter
     from shared.db import unit_of_work
     from shared.jobs.service import dead_letter_view
@@ -242,7 +247,7 @@ def dlq_show(letter_id: int) -> None:
 
 
 @dlq_app.command("replay")
-def dlq_replay(letter_id: int) -> None:
+def dlq_replay(letter_id: int = typer.Argument(..., help="The id `dlq list` shows.")) -> None:
     """Re-run the dead-lettered job (or re-queue the Elasticsearch write) after a fix."""
     from shared.admin.service import replay_dead_letter
     from shared.db import unit_of_work
@@ -253,7 +258,8 @@ def dlq_replay(letter_id: int) -> None:
 
 
 @dlq_app.command("discard")
-def dlq_discard(letter_id: int) -> None:
+def dlq_discard(letter_id: int = typer.Argument(..., help="The id `dlq list` shows.")) -> None:
+    """Forget a dead letter without running it again (its cause will not be fixed)."""
     from shared.admin.service import discard_dead_letter
     from shared.db import unit_of_work
 

@@ -7,14 +7,13 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from evaluation.beir import DatasetError
 from services.cli.evaluate import stage_progress
-from services.cli.output import print_error
+from services.cli.output import cli_console, print_error
 from shared.errors import NotFound
 
-console = Console()
+console = cli_console()
 app = typer.Typer(help="Train, list and delete answerability models.", no_args_is_help=True)
 
 

@@ -8,7 +8,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -19,11 +18,11 @@ from rich.progress import (
 )
 
 from evaluation.beir import DatasetError
-from services.cli.output import print_error
+from services.cli.output import cli_console, print_error
 from shared.errors import NotFound
 
-console = Console()
-progress_console = Console(stderr=True)  # progress on stderr: stdout stays the result
+console = cli_console()
+progress_console = cli_console(stderr=True)  # progress on stderr: stdout stays the result
 
 
 @contextmanager
@@ -97,6 +96,29 @@ def eval_command(
     console.print(paths["markdown"].read_text())
     for kind, path in paths.items():
         console.print(f"{kind}: {path}")
+
+
+def eval_docs_command(
+    directory: Path = typer.Argument(
+        Path("evaluation/devsets/real-docs"),
+        help="A set of real documents: files/ and questions.jsonl.",
+    ),
+    out: Path = typer.Option(Path("bench/results/real-docs"), help="Where the figures go."),
+    tenant: str = typer.Option("eval-real-docs", help="The tenant the documents go into."),
+) -> None:
+    """Index a set of real documents through the running stack and measure the default
+    search on its questions: the answer's chunk in the first 5, the decision on answerable,
+    near-topic and off-topic questions, stubs and repeats among the results."""
+    from evaluation.real_docs import DevSetError, run_devset
+
+    try:
+        with stage_progress() as progress:
+            summary = run_devset(directory, out, progress, tenant)
+    except DevSetError as e:
+        print_error(console, e)
+        raise typer.Exit(2) from e
+    console.print_json(data=summary)
+    console.print(f"per question: {out / 'questions.jsonl'}")
 
 
 def tune_command(

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress
 
 from services.cli import admin, answerability, evaluate, reranker, stack_commands
-from services.cli.output import print_error
+from services.cli.output import cli_console, print_error
 from shared.settings import get_settings
 
 app = typer.Typer(
@@ -32,8 +33,9 @@ app.command()(admin.reembed)
 app.command()(admin.jobs)
 app.command()(admin.stats)
 app.command("eval")(evaluate.eval_command)
+app.command("eval-docs")(evaluate.eval_docs_command)
 app.command("tune")(evaluate.tune_command)
-console = Console()
+console = cli_console()
 
 
 @app.command()
@@ -93,29 +95,40 @@ def keys_revoke(key_id: str) -> None:
 def ingest(
     paths: list[Path] = typer.Argument(..., help="Files or directories to publish."),
     tenant: str = typer.Option(..., help="Tenant the documents belong to."),
-    wait: bool = typer.Option(False, "--wait", help="Wait until every document is indexed."),
+    prefix: str = typer.Option("", help="External ids are PREFIX + the path under each DIR."),
+    wait: bool = typer.Option(
+        False, "--wait", help="Wait until every document is indexed or has failed."
+    ),
     timeout: float = typer.Option(600, help="Seconds to wait with --wait."),
 ) -> None:
-    """Publish files (directories recursively) as upload events on the ingest queue."""
+    """Publish files (directories recursively) as upload events on the ingest queue. A file
+    under a directory given is named PREFIX + its path relative to that directory (as sync
+    names it), a file given itself PREFIX + its name: the same file is the same document
+    whatever the directory the command runs from."""
     from shared.documents.events import EventBatcher, build_upload_event
     from shared.queue import publish_upload_events
 
-    files: list[Path] = sorted(
-        {p for path in paths for p in (path.rglob("*") if path.is_dir() else [path]) if p.is_file()}
-    )
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         print_error(console, ", ".join(missing), label="not found:")
         raise typer.Exit(2)
+    named: dict[str, Path] = {}
+    for path in paths:
+        if path.is_dir():
+            for file in sorted(p for p in path.rglob("*") if p.is_file()):
+                named[prefix + file.relative_to(path).as_posix()] = file
+        else:
+            named[prefix + path.name] = path
     published = failed = 0
+    sent_at = datetime.now(UTC)
     batcher = EventBatcher(publish_upload_events)  # a few dozen events per message
     with Progress(console=console) as progress:
-        task = progress.add_task("publishing", total=len(files))
-        for file in files:
+        task = progress.add_task("publishing", total=len(named))
+        for external_id, file in named.items():
             try:
                 event = build_upload_event(
                     tenant_id=tenant,
-                    external_id=str(file.as_posix()),
+                    external_id=external_id,
                     raw=file.read_bytes(),
                     filename=file.name,
                     title=file.stem,
@@ -128,7 +141,7 @@ def ingest(
         published += batcher.flush()
     console.print(f"published {published} upload event(s), {failed} failed, tenant {tenant}")
     if wait and published:
-        failed += _wait_indexed(tenant, [f.as_posix() for f in files], timeout)
+        failed += _wait_settled(tenant, list(named), timeout, sent_at)
     if failed:
         raise typer.Exit(1)
 
@@ -139,6 +152,12 @@ def sync(
     tenant: str = typer.Option(..., help="Tenant the documents belong to."),
     prefix: str = typer.Option("", help="External ids are PREFIX + the path under DIRECTORY."),
     prune: bool = typer.Option(False, "--prune", help="Delete documents whose file is gone."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="With --prune: delete even when the directory is empty or more than half of the "
+        "prefix's documents would go.",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the plan; send nothing."),
     by_reference: bool = typer.Option(
         False,
@@ -146,7 +165,9 @@ def sync(
         help="Send paths under CONCORD_INGEST_CONTENT_ROOT (which must hold DIRECTORY) instead "
         "of the bytes.",
     ),
-    wait: bool = typer.Option(False, "--wait", help="Wait until every sent file is indexed."),
+    wait: bool = typer.Option(
+        False, "--wait", help="Wait until every sent file is indexed or has failed."
+    ),
     timeout: float = typer.Option(600, help="Seconds to wait with --wait."),
 ) -> None:
     """Make the tenant's documents under PREFIX match DIRECTORY: send new and changed files
@@ -196,9 +217,15 @@ def sync(
             console.print(f"  {label:<7} {escape(name)}")
         if len(names) > 20:
             console.print(f"  {label:<7} ... and {len(names) - 20} more")
+    refusal = syncing.prune_refusal(todo, bool(files)) if prune and not force else None
+    if refusal:
+        print_error(console, f"{refusal}; nothing sent (--force deletes anyway)", label="sync:")
+        if not dry_run:
+            raise typer.Exit(2)
     if dry_run or not todo.to_send():
         console.print("dry run: nothing sent" if dry_run else "in sync: nothing to send")
         return
+    sent_at = datetime.now(UTC)
     batcher = EventBatcher(publish_upload_events)
     sent = 0
     with Progress(console=console) as progress:
@@ -230,36 +257,49 @@ def sync(
     console.print(f"sent {sent} event(s) to tenant {tenant}")
     if wait:
         sent_ids = [f.external_id for f in [*todo.new, *todo.changed]]
-        if sent_ids and _wait_indexed(tenant, sent_ids, timeout):
+        if sent_ids and _wait_settled(tenant, sent_ids, timeout, sent_at):
             raise typer.Exit(1)
 
 
-def _wait_indexed(tenant: str, external_ids: list[str], timeout: float) -> int:
-    """Show indexing progress; returns how many documents failed or did not finish."""
+def _wait_settled(tenant: str, external_ids: list[str], timeout: float, sent_at: Any) -> int:
+    """Show indexing progress until every document is indexed or has failed (a job failed or
+    dead-lettered, or the upload refused at intake), then name each failure with its reason;
+    returns how many documents are not indexed (failed, or not finished within ``timeout``)."""
     import time
+    from datetime import timedelta
 
     from shared.db import unit_of_work
-    from shared.jobs.repository import live_job_states
+    from shared.jobs.repository import upload_outcomes
 
     final = {"indexed", "failed", "dead_lettered"}
     deadline = time.monotonic() + timeout
-    states: dict[str, str] = {}
+    since = sent_at - timedelta(seconds=5)  # the database's clock, a little behind ours
+    outcomes: dict[str, tuple[str, str | None]] = {}
     with Progress(console=console) as progress:
         task = progress.add_task("indexing", total=len(external_ids))
-        while time.monotonic() < deadline:
+        while True:
             with unit_of_work() as uow:
-                states = live_job_states(uow.session, tenant, external_ids)
-            progress.update(task, completed=sum(1 for s in states.values() if s in final))
-            if len(states) == len(external_ids) and set(states.values()) <= final:
+                outcomes = upload_outcomes(uow.session, tenant, external_ids, since)
+            settled = sum(1 for state, _ in outcomes.values() if state in final)
+            progress.update(task, completed=settled)
+            if settled == len(external_ids) or time.monotonic() >= deadline:
                 break
             time.sleep(0.5)
-    indexed = sum(1 for s in states.values() if s == "indexed")
+    indexed = failed = 0
     for external_id in external_ids:
-        state = states.get(external_id, "not yet accepted")
-        if state != "indexed":
-            print_error(console, external_id, label=state)
-    console.print(f"indexed {indexed} of {len(external_ids)}")
-    return len(external_ids) - indexed
+        state, reason = outcomes.get(external_id, ("not yet accepted", None))
+        if state == "indexed":
+            indexed += 1
+            continue
+        failed += state in ("failed", "dead_lettered")
+        why = f": {reason}" if reason else f" (not finished in {timeout:g} s)"
+        print_error(console, f"{escape(external_id)}{why}", label=state)
+    pending = len(external_ids) - indexed - failed
+    console.print(
+        f"indexed {indexed} of {len(external_ids)}, {failed} failed"
+        + (f", {pending} not finished in {timeout:g} s" if pending else "")
+    )
+    return failed + pending
 
 
 @app.command()

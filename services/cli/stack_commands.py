@@ -6,17 +6,16 @@ import os
 import time
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from services.cli import stack
-from services.cli.output import print_error
+from services.cli.output import cli_console, print_error
 from shared.settings import Settings, get_settings
 
 app = typer.Typer(
     help="Bring the local stack up or down, or report its status.", no_args_is_help=True
 )
-console = Console()
+console = cli_console()
 
 
 def _with_environment(name: str, value: str) -> Settings:

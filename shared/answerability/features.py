@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from shared.search.fusion import ArmHit
+from shared.stores.schemas import ArmHit
 
 FEATURE_DEPTH = 50
 TOP = 10  # the "top" of a list: the policy judges the first ten results by default

@@ -21,7 +21,7 @@ from shared.answerability.model import AnswerabilityModel
 from shared.answerability.schemas import AnswerabilityModelView, AnswerabilityTrace
 from shared.db.repository import now
 from shared.models import TrainedAnswerability
-from shared.search.fusion import ArmHit
+from shared.stores.schemas import ArmHit
 from shared.tenants import repository as tenants_repo
 from shared.tenants import service as tenants
 

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.jobs.schemas import IngestJobView
 from shared.schemas import Timestamp
 from shared.search.schemas import METADATA_KEY
 
@@ -133,6 +134,11 @@ class DocumentView(BaseModel):
     chunk_count: int
     versions: list[VersionView]
     elasticsearch: IndexState
+    job: IngestJobView | None = Field(
+        default=None,
+        description="the live version's newest ingest job: its state, and where and why it "
+        "failed when it did (a document whose job failed holds no chunks)",
+    )
 
 
 class ChunkView(BaseModel):

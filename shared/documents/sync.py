@@ -46,6 +46,27 @@ class SyncPlan:
         return len(self.new) + len(self.changed) + len(self.deletes)
 
 
+# --prune deletes at most this share of the prefix's documents without --force: a sync of the
+# wrong (or an unmounted, empty) directory must not empty the tenant.
+PRUNE_AT_MOST = 0.5
+
+
+def prune_refusal(plan: SyncPlan, source_has_files: bool) -> str | None:
+    """Why a --prune of ``plan`` needs --force (None: it does not): an empty source, or more
+    than half of the prefix's documents to delete."""
+    if not plan.deletes:
+        return None
+    if not source_has_files:
+        return f"the directory is empty: --prune would delete all {len(plan.deletes)} documents"
+    held = len(plan.deletes) + len(plan.changed) + plan.unchanged
+    if len(plan.deletes) > PRUNE_AT_MOST * held:
+        return (
+            f"--prune would delete {len(plan.deletes)} of the prefix's {held} documents "
+            f"(more than {PRUNE_AT_MOST:.0%})"
+        )
+    return None
+
+
 def walk(directory: Path) -> Iterator[Path]:
     """The directory's files, recursively, in path order; hidden files and directories (a
     name starting with ".") are left out."""

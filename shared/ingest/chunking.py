@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from shared.ingest.parsing import ParsedDocument
+from shared.ingest.parsing import CODE, TABLE, ParsedDocument
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])|\n\s*\n")
 
@@ -68,6 +68,16 @@ def sentence_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
     return [(s, e) for s, e in (_strip(text, s, e) for s, e in spans) if e > s]
 
 
+def line_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """The non-blank lines of ``text[start:end]``: a table's rows, each a whole unit."""
+    spans = []
+    for match in re.finditer(r"[^\n]+", text[start:end]):
+        s, e = _strip(text, start + match.start(), start + match.end())
+        if e > s:
+            spans.append((s, e))
+    return spans
+
+
 def first_sentence_end(text: str) -> int | None:
     """Where the first of :func:`sentence_spans` ends (None for a text of no sentence),
     reading no further than that sentence."""
@@ -96,6 +106,7 @@ class Chunker:
         max_tokens: int,
         overlap_tokens: int,
         max_chars: int = 4000,
+        min_tokens: int = 24,
     ) -> None:
         if max_tokens < 8:
             raise ValueError("max_tokens must be at least 8")
@@ -107,6 +118,7 @@ class Chunker:
         self.max_tokens = max_tokens
         self.overlap_tokens = overlap_tokens
         self.max_chars = max_chars
+        self.min_tokens = min(min_tokens, max_tokens // 2)
 
     def chunk(self, doc: ParsedDocument) -> list[TextChunk]:
         text = doc.text
@@ -116,28 +128,74 @@ class Chunker:
             return bisect.bisect_left(token_starts, end) - bisect.bisect_left(token_starts, start)
 
         boundaries = sorted({0, *(s.start for s in doc.sections), len(text)})
-        chunks: list[TextChunk] = []
+        spans: list[tuple[int, int]] = []
         for region_start, region_end in itertools.pairwise(boundaries):
-            sentences = self._fit_sentences(
-                text, sentence_spans(text, region_start, region_end), token_starts, tokens_in
-            )
-            for start, end in self._pack(sentences, tokens_in):
-                first = first_sentence_end(text[start:end])
-                chunks.append(
-                    TextChunk(
-                        ordinal=len(chunks),
-                        text=text[start:end],
-                        char_start=start,
-                        char_end=end,
-                        section=doc.section_at(start),
-                        token_count=tokens_in(start, end),
-                        flags=doc.flags_at(start),
-                        first_sentence_tokens=None
-                        if first is None
-                        else tokens_in(start, start + first),
-                    )
+            # A table's rows and a code block's lines are its units: packed back together,
+            # a block that fits is one chunk, and a longer one is cut only between lines.
+            if {TABLE, CODE} & set(doc.flags_at(region_start)):
+                units = line_spans(text, region_start, region_end)
+            else:
+                units = sentence_spans(text, region_start, region_end)
+            sentences = self._fit_sentences(text, units, token_starts, tokens_in)
+            spans += self._pack(sentences, tokens_in)
+        chunks: list[TextChunk] = []
+        for start, end in self._without_stubs(spans, doc, tokens_in):
+            first = first_sentence_end(text[start:end])
+            chunks.append(
+                TextChunk(
+                    ordinal=len(chunks),
+                    text=text[start:end],
+                    char_start=start,
+                    char_end=end,
+                    section=doc.section_at(start),
+                    token_count=tokens_in(start, end),
+                    flags=doc.flags_at(start),
+                    first_sentence_tokens=None
+                    if first is None
+                    else tokens_in(start, start + first),
                 )
+            )
         return chunks
+
+    def _without_stubs(
+        self,
+        spans: list[tuple[int, int]],
+        doc: ParsedDocument,
+        tokens_in: Callable[[int, int], int],
+    ) -> list[tuple[int, int]]:
+        """A chunk below ``min_tokens`` (a section of one line, the tail of a long one) is no
+        answer on its own and crowds the results: it joins a neighbour where the two fit
+        the budget, its own section's first (the chunk before, else the one after), else
+        the next section's first chunk (a section that is one line, as a man page's NAME),
+        never one whose parsing flags differ (a page with a doubtful text layer, a table)."""
+
+        def fits(start: int, end: int) -> bool:
+            return tokens_in(start, end) <= self.max_tokens and end - start <= self.max_chars
+
+        def alike(a: int, b: int) -> bool:  # a doubtful page, a table: never mixed with others
+            return doc.flags_at(a) == doc.flags_at(b)
+
+        merged: list[tuple[int, int]] = []
+        i = 0
+        while i < len(spans):
+            start, end = spans[i]
+            if tokens_in(start, end) >= self.min_tokens:
+                merged.append((start, end))
+                i += 1
+                continue
+            section = doc.section_at(start)
+            before = merged[-1] if merged else None
+            after = spans[i + 1] if i + 1 < len(spans) else None
+            if before and doc.section_at(before[0]) == section and fits(before[0], end):
+                merged[-1] = (before[0], max(before[1], end))
+            elif after and alike(start, after[0]) and fits(start, after[1]):
+                spans[i + 1] = (start, max(end, after[1]))  # goes on as the next one
+            elif before and alike(before[0], start) and fits(before[0], end):
+                merged[-1] = (before[0], max(before[1], end))
+            else:
+                merged.append((start, end))
+            i += 1
+        return merged
 
     def _fit_sentences(
         self,

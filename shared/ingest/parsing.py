@@ -9,7 +9,10 @@ import bisect
 import io
 import json
 import re
+import unicodedata
+from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from shared.errors import ParseError, UnsupportedMediaType
@@ -110,7 +113,7 @@ def parse(
     if kind is None:
         raise ParseError(f"content type {content_type!r} is not supported")
     parsed = {
-        "text": lambda: ParsedDocument(_decode(raw)),
+        "text": lambda: _parse_text(_decode(raw)),
         "markdown": lambda: _parse_markdown(_decode(raw)),
         "html": lambda: _parse_html(_decode(raw)),
         "pdf": lambda: _parse_pdf(raw),
@@ -140,11 +143,6 @@ def _decode(raw: bytes) -> str:
         ) from e
 
 
-# Linear: no lazy group followed by a greedy one that can rescan the rest of the line (the
-# former ``(.+?)[ \t#]*$`` was quadratic on a long heading line); the closing #s are stripped
-# in Python.
-_HEADING = re.compile(r"(#{1,6})[ \t]+([^\n]*)")  # an ATX heading line (matched per line)
-_FENCES = ("```", "~~~")
 MAX_SECTION_CHARS = 500  # of a heading path kept with each chunk
 
 
@@ -161,36 +159,213 @@ class _HeadingPath:
         while self.levels and self.levels[-1][0] >= level:
             self.levels.pop()
         self.levels.append((level, title[:MAX_SECTION_CHARS].rstrip()))
+        return self.current()
+
+    def current(self) -> str:
         return " > ".join(t for _, t in self.levels)[-MAX_SECTION_CHARS:]
 
 
+# The section flag of a table's rows: chunked a row at a time (never mid-row), and each
+# chunk's section ends with the table's header row, so every chunk of it says its columns.
+TABLE = "table"
+# The section flag of a code block: kept whole where it fits a chunk (else cut between lines).
+CODE = "code"
+
+
+@lru_cache(maxsize=1)
+def _markdown() -> Any:
+    """Blocks only (the inline rules are a quarter of the parse and nothing reads them), GFM
+    tables, and YAML front matter recognised as such (not as a setext heading)."""
+    from markdown_it import MarkdownIt
+    from mdit_py_plugins.front_matter import front_matter_plugin
+
+    return MarkdownIt("commonmark").enable("table").disable("inline").use(front_matter_plugin)
+
+
 def _parse_markdown(text: str) -> ParsedDocument:
-    """Heading lines go to the section path, not into the text (a chunk's text never starts
-    with ``## ``); a ``#`` line inside a fenced code block is code, not a heading. One pass
-    over the lines: linear in the input whatever its lines hold."""
+    """CommonMark as markdown-it-py reads it (ATX and setext headings, fenced and indented
+    code, GFM tables): heading lines go to the section path, not into the text; a table's
+    header row goes into the section path of its rows; HTML comments and YAML front matter
+    are left out."""
+    # Lines as markdown-it numbers them: ended by \n, \r\n or \r only (str.splitlines also
+    # ends one at \x0c, \x85, U+2028..., and would put each heading a line off).
+    lines = _MARKDOWN_LINE.findall(text)
+    headings: dict[int, tuple[int, int, str]] = {}  # first line: level, end line, title
+    comments: dict[int, int] = {}  # first line: end line (front matter too)
+    tables: dict[int, tuple[int, str]] = {}  # first line: end line, header row
+    code: dict[int, int] = {}  # first line: end line
+    tokens = _markdown().parse(text)
+    for i, token in enumerate(tokens):
+        if token.map is None:
+            continue
+        first, end = token.map
+        if token.type == "heading_open":
+            headings[first] = (int(token.tag[1]), end, _inline_text(tokens[i + 1]))
+        elif token.type == "front_matter" or (
+            token.type == "html_block" and token.content.lstrip().startswith("<!--")
+        ):
+            comments[first] = end
+        elif token.type == "table_open" and first + 2 <= end:
+            tables[first] = (end, " ".join(lines[first].split()))
+        elif token.type in ("fence", "code_block"):
+            code[first] = end
     sections: list[Section] = []
     path = _HeadingPath()
     kept: list[str] = []
     titles: list[str] = []
     offset = 0
-    fence: str | None = None
-    for line in text.splitlines(keepends=True):
-        marker = line.lstrip(" ")[:3]
-        if marker in _FENCES:
-            fence = None if fence == marker else (fence or marker)
-        elif fence is None and (match := _HEADING.match(line)):
-            title = match.group(2).rstrip(" \t#\r").strip()
+    n = 0
+    while n < len(lines):
+        if n in headings:
+            level, end, title = headings[n]
             if title:
-                level = len(match.group(1))
                 sections.append(Section(offset, path.enter(level, title)))
                 titles.append(title)
-                continue
-        kept.append(line)
-        offset += len(line)
+            n = max(end, n + 1)
+        elif n in comments:
+            n = max(comments[n], n + 1)
+        elif n in tables:
+            end, header = tables[n]
+            within = path.current()
+            table_path = f"{within} > {header}" if within else header
+            sections.append(Section(offset, table_path[-MAX_SECTION_CHARS:], (TABLE,)))
+            for row in lines[n + 2 : end]:  # past the header and delimiter rows
+                kept.append(row)
+                offset += len(row)
+            sections.append(Section(offset, within))
+            n = end
+        elif n in code:
+            within = path.current()
+            sections.append(Section(offset, within, (CODE,)))
+            for line in lines[n : code[n]]:
+                kept.append(line)
+                offset += len(line)
+            sections.append(Section(offset, within))
+            n = max(code[n], n + 1)
+        else:
+            kept.append(lines[n])
+            offset += len(lines[n])
+            n += 1
     body = "".join(kept)
     if not body.strip() and titles:  # headings only: their words are the text
         return ParsedDocument("\n\n".join(titles))
     return ParsedDocument(body, sections)
+
+
+_MARKDOWN_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+_LINK = re.compile(r"!?\[([^\]\n]*)\]\([^)\n]*\)")
+
+
+def _inline_text(inline: Any) -> str:
+    """A heading's words: its text without the markup of code spans, emphasis and links (an
+    identifier's underscores stay: they are part of its name)."""
+    return " ".join(_LINK.sub(r"\1", inline.content).replace("`", "").replace("*", "").split())
+
+
+# Structure in plain text. A man page as `man` renders it: a running header and footer line
+# ("GREP(1)   User Commands   GREP(1)"), sections in capitals at the margin, subsections
+# indented three spaces, justified lines (runs of spaces between words). Any text: a heading
+# underlined (and perhaps overlined) with a run of one punctuation character, as
+# reStructuredText and setext Markdown write them.
+_MAN_HEADER = re.compile(r"\S+\(\d\w*\)[ \t].*[ \t]\S+\(\d\w*\)[ \t]*")
+# the header, or the footer ("GNU grep 3.8     2019-12-29     GREP(1)"): at the margin, the
+# page's name last (a SEE ALSO line of names is indented)
+_MAN_RUNNING_LINE = re.compile(r"\S.*[ \t]{2,}\S+\(\d\w*\)[ \t]*")
+_MAN_SECTION = re.compile(r"[A-Z][A-Z0-9 ,/()&-]{0,60}")
+_MAN_SUBSECTION = re.compile(r"   [A-Z][^ \t][^\n]{0,70}")
+_JUSTIFIED = re.compile(r"(?<=\S)[ \t]{2,}(?=\S)")
+_UNDERLINE = re.compile(r"([=\-~^*#+\"'`:.])\1{2,}[ \t]*")
+
+
+def _parse_text(text: str) -> ParsedDocument:
+    """Plain text with the structure it shows: man-page sections or underlined headings go
+    to the section path (their lines leave the text). One pass over the lines."""
+    lines = text.splitlines(keepends=True)
+    first = next((line for line in lines if line.strip()), "")
+    if _MAN_HEADER.fullmatch(first.rstrip("\r\n")):
+        return _parse_man_page(lines)
+    return _parse_underlined(lines)
+
+
+def _parse_man_page(lines: list[str]) -> ParsedDocument:
+    sections: list[Section] = []
+    path = _HeadingPath()
+    kept: list[str] = []
+    offset = 0
+    for i, line in enumerate(lines):
+        bare = line.rstrip("\r\n")
+        if _MAN_RUNNING_LINE.fullmatch(bare):
+            continue  # the running header or footer, on every page
+        heading = None
+        if _MAN_SECTION.fullmatch(bare.rstrip()):
+            heading = (1, bare.strip())
+        elif _MAN_SUBSECTION.fullmatch(bare.rstrip()) and _indented_next(lines, i + 1):
+            heading = (2, bare.strip())
+        if heading is not None:
+            sections.append(Section(offset, path.enter(*heading)))
+            continue
+        line = _JUSTIFIED.sub(" ", line)
+        kept.append(line)
+        offset += len(line)
+    return ParsedDocument("".join(kept), sections)
+
+
+def _indented_next(lines: list[str], start: int) -> bool:
+    """Whether the next non-blank line is indented deeper than a subsection heading."""
+    for line in lines[start : start + 3]:
+        if line.strip():
+            return line.startswith("    ")
+    return False
+
+
+def _parse_underlined(lines: list[str]) -> ParsedDocument:
+    sections: list[Section] = []
+    path = _HeadingPath()
+    styles: list[tuple[str, bool]] = []  # underline styles in order of first use: the levels
+    kept: list[str] = []
+    offset = 0
+    i = 0
+    while i < len(lines):
+        title, used = _underlined_heading(lines, i)
+        if title is not None:
+            style = used[0]
+            if style not in styles:
+                styles.append(style)
+            sections.append(Section(offset, path.enter(styles.index(style) + 1, title)))
+            i += used[1]
+            continue
+        kept.append(lines[i])
+        offset += len(lines[i])
+        i += 1
+    body = "".join(kept)
+    if not body.strip():
+        return ParsedDocument("".join(lines))
+    return ParsedDocument(body, sections)
+
+
+def _underlined_heading(
+    lines: list[str], i: int
+) -> tuple[str | None, tuple[tuple[str, bool], int]]:
+    """The heading at line ``i`` (its title, its style, and the lines it takes), if any: a
+    line of text whose next line is a run of one punctuation character at least nearly as
+    long, perhaps with the same run above it."""
+    none: tuple[None, tuple[tuple[str, bool], int]] = (None, (("", False), 0))
+    overline = _UNDERLINE.fullmatch(lines[i].rstrip("\r\n"))
+    at = i + 1 if overline else i
+    if at + 1 >= len(lines):
+        return none
+    title = lines[at].strip()
+    under = _UNDERLINE.fullmatch(lines[at + 1].rstrip("\r\n"))
+    if (
+        not title
+        or len(title) > MAX_SECTION_CHARS
+        or under is None
+        or _UNDERLINE.fullmatch(title)
+        or len(under.group().strip()) < max(3, int(len(title) * 0.7))
+        or (overline is not None and overline.group(1) != under.group(1))
+    ):
+        return none
+    return title, ((under.group(1), overline is not None), at + 2 - i)
 
 
 _BOILERPLATE_TAGS = (
@@ -206,6 +381,86 @@ _BOILERPLATE_TAGS = (
     "svg",
     "iframe",
 )
+# ARIA landmarks of the same (a <div role="navigation"> is a <nav>).
+_BOILERPLATE_ROLES = ("navigation", "banner", "contentinfo", "search", "complementary")
+# Blocks that are navigation when nearly all their words are links' words (a sidebar, a table
+# of contents, a Prev/Up/Next bar), as main-content extractors judge them (link density).
+_NAVIGATION_CANDIDATES = frozenset(("ul", "ol", "dl", "div", "table", "p", "section", "menu"))
+NAVIGATION_LINK_SHARE = 0.75
+NAVIGATION_MIN_LINKS = 3
+# A texinfo page's bar ("Next: X, Previous: Y, Up: Z [Index]") has two or three links.
+_PAGE_BAR = re.compile(r"\s*(Next|Previous|Prev|Up):")
+PAGE_BAR_CHARS = 200
+# A heading's permalink: a link to its own anchor whose text is a sign.
+_PERMALINK_SIGNS = frozenset(("¶", "§", "#", "🔗", "⚓"))
+
+
+def _drop_navigation(root: Any) -> None:
+    """Remove navigation from ``root``: blocks whose words are nearly all links' words,
+    page bars, and permalink signs. Linear in the document: each element's text and link
+    lengths are summed once from its children's (post-order, an explicit stack), then the
+    outermost navigation blocks are removed."""
+    from bs4.element import CData, NavigableString, Tag
+
+    order: list[Any] = []
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if children_done:
+            order.append(node)
+            continue
+        stack.append((node, True))
+        stack.extend((c, False) for c in node.children if isinstance(c, Tag))
+    sizes: dict[int, tuple[int, int, int]] = {}  # text chars, link chars, links
+    first_words: dict[int, str] = {}
+    permalinks = []
+    for node in order:
+        text = link = links = 0
+        start = ""
+        for child in node.children:
+            if isinstance(child, Tag):
+                child_text, child_link, child_links = sizes[id(child)]
+                text, link = text + child_text, link + child_link
+                links += child_links
+                start = start or first_words.get(id(child), "")
+            elif type(child) in (NavigableString, CData):
+                words = child.strip()
+                text += len(words)
+                start = start or words[:12]
+        if node.name == "a":
+            link, links = text, links + 1
+            href = node.get("href")
+            if (
+                isinstance(href, str)
+                and href.startswith("#")
+                and node.get_text().strip() in (_PERMALINK_SIGNS)
+            ):
+                permalinks.append(node)
+        sizes[id(node)] = (text, link, links)
+        first_words[id(node)] = start
+    navigation = []
+    stack_nodes = [root]
+    while stack_nodes:
+        node = stack_nodes.pop()
+        text, link, links = sizes[id(node)]
+        if (
+            node is not root
+            and node.name in _NAVIGATION_CANDIDATES
+            and text
+            and (
+                (links >= NAVIGATION_MIN_LINKS and link >= NAVIGATION_LINK_SHARE * text)
+                or (
+                    links >= 1 and text <= PAGE_BAR_CHARS and _PAGE_BAR.match(first_words[id(node)])
+                )
+            )
+        ):
+            navigation.append(node)
+            continue
+        stack_nodes.extend(c for c in node.children if isinstance(c, Tag))
+    for node in navigation + permalinks:
+        node.decompose()
+
+
 _BLOCK_TAGS = ("p", "li", "pre", "blockquote", "td", "th", "dd", "dt", "figcaption", "div")
 
 
@@ -218,7 +473,10 @@ def _parse_html(html: str) -> ParsedDocument:
     soup = BeautifulSoup(html, "html.parser")
     for tag in soup(list(_BOILERPLATE_TAGS)):
         tag.decompose()
+    for tag in soup.find_all(True, attrs={"role": list(_BOILERPLATE_ROLES)}):
+        tag.decompose()
     body = soup.find("main") or soup.find("article") or soup.body or soup
+    _drop_navigation(body)
     lines = _HtmlLines()
     lines.walk(body)
     parts = lines.parts()
@@ -362,8 +620,10 @@ def _parse_pdf(raw: bytes) -> ParsedDocument:
     parts: list[str] = []
     sections: list[Section] = []
     offset = 0
+    pages = [_pdf_text(page) for page in pages]
+    running = _running_lines(pages)
     for number, page_text in enumerate(pages, start=1):
-        page_text = page_text.strip()
+        page_text = _without_running_lines(page_text, running).strip()
         if not page_text:
             continue
         sections.append(Section(offset, f"page {number}", _page_flags(page_text)))
@@ -372,6 +632,51 @@ def _parse_pdf(raw: bytes) -> ParsedDocument:
     if not parts:
         raise ParseError("the PDF has no text layer (scanned images are not OCRed)")
     return ParsedDocument("\n\n".join(parts), sections)
+
+
+# A word broken at a line's end by typesetting ("manip-\nulation"): joined again. Only
+# between lowercase letters, so a compound at a line end ("GPL-\n3") keeps its hyphen.
+_LINE_END_HYPHEN = re.compile(r"(?<=[a-z])-\n(?=[a-z])")
+# A page's first and last lines that are the same on this share of the pages (digits aside:
+# "Chapter 4: Function reference 15") are running headers and footers, page numbers among
+# them, not text: they would start and end every chunk.
+RUNNING_LINE_SHARE = 0.3
+RUNNING_LINE_EDGE = 2  # lines at each end of a page that may be running ones
+
+
+def _pdf_text(page_text: str) -> str:
+    """A page's text as a reader sees it: ligatures and other compatibility characters as
+    the letters they stand for (NFKC: "\ufb01" is "fi"), broken words joined."""
+    return _LINE_END_HYPHEN.sub("", unicodedata.normalize("NFKC", page_text))
+
+
+def _line_shape(line: str) -> str:
+    return re.sub(r"\d+", "#", line.strip())
+
+
+def _edge_lines(page_text: str) -> list[str]:
+    lines = [line for line in page_text.strip().splitlines() if line.strip()]
+    if len(lines) <= 2 * RUNNING_LINE_EDGE:  # a short page: its first and last line only
+        return lines[:1] + lines[-1:]
+    return lines[:RUNNING_LINE_EDGE] + lines[-RUNNING_LINE_EDGE:]
+
+
+def _running_lines(pages: list[str]) -> set[str]:
+    shapes = Counter(
+        shape for page in pages for shape in {_line_shape(x) for x in _edge_lines(page)}
+    )
+    needed = max(3, RUNNING_LINE_SHARE * sum(1 for page in pages if page.strip()))
+    return {shape for shape, count in shapes.items() if count >= needed and shape}
+
+
+def _without_running_lines(page_text: str, running: set[str]) -> str:
+    if not running:
+        return page_text
+    lines = page_text.strip().splitlines()
+    edge = set(range(RUNNING_LINE_EDGE)) | set(range(len(lines) - RUNNING_LINE_EDGE, len(lines)))
+    return "\n".join(
+        line for i, line in enumerate(lines) if i not in edge or _line_shape(line) not in running
+    )
 
 
 def _page_flags(page_text: str) -> tuple[str, ...]:

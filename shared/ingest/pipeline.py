@@ -95,6 +95,7 @@ def _chunker(settings: Settings, embedder: Embedder) -> Chunker:
         settings.chunk_max_tokens,
         settings.chunk_overlap_tokens,
         settings.chunk_max_chars,
+        settings.chunk_min_tokens,
     )
 
 

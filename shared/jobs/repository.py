@@ -212,6 +212,16 @@ def latest_jobs_for(
     return {(document_id, version): (job_id, state) for document_id, version, job_id, state in rows}
 
 
+def newest_job(session: Session, document_id: uuid.UUID, version: int) -> IngestJob | None:
+    """The newest job of a document's version (a replayed one's retry, say)."""
+    return session.scalars(
+        select(IngestJob)
+        .where(IngestJob.document_id == document_id, IngestJob.version == version)
+        .order_by(IngestJob.created_at.desc())
+        .limit(1)
+    ).first()
+
+
 def live_job_states(
     session: Session, tenant_id: str, external_ids: Sequence[str]
 ) -> dict[str, str]:
@@ -227,6 +237,42 @@ def live_job_states(
         .where(Document.tenant_id == tenant_id, any_of(Document.external_id, external_ids))
     ).all()
     return {external_id: state for external_id, state in rows}
+
+
+def upload_outcomes(
+    session: Session, tenant_id: str, external_ids: Sequence[str], since: datetime
+) -> dict[str, tuple[str, str | None]]:
+    """external id -> (state, why it failed) of what became of an upload sent at ``since``:
+    its live version's job (``failed`` and ``dead_lettered`` with the job's error), or
+    ``dead_lettered`` with the reason when the upload event itself was refused at intake
+    (an event that never became a document has no job to wait for)."""
+    if not external_ids:
+        return {}
+    outcomes: dict[str, tuple[str, str | None]] = {}
+    jobs = session.execute(
+        select(Document.external_id, IngestJob.state, IngestJob.error_message)
+        .join(
+            IngestJob,
+            (IngestJob.document_id == Document.id) & (IngestJob.version == Document.version),
+        )
+        .where(Document.tenant_id == tenant_id, any_of(Document.external_id, external_ids))
+    ).all()
+    for external_id, state, error in jobs:
+        outcomes[external_id] = (state, error if state in ("failed", "dead_lettered") else None)
+    refused = session.execute(
+        select(DeadLetter.ref, DeadLetter.message)
+        .where(
+            DeadLetter.tenant_id == tenant_id,
+            DeadLetter.source == "event",
+            DeadLetter.created_at >= since,
+            any_of(DeadLetter.ref, external_ids),
+        )
+        .order_by(DeadLetter.id)
+    ).all()
+    for external_id, message in refused:
+        if outcomes.get(external_id, ("",))[0] != "indexed":
+            outcomes[external_id] = ("dead_lettered", message)
+    return outcomes
 
 
 # ------------------------------------------------------------------ the operator's views

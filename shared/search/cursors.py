@@ -25,7 +25,6 @@ import json
 import re
 import secrets
 import zlib
-from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
@@ -34,25 +33,17 @@ from redis.exceptions import RedisError, ResponseError
 
 from shared.errors import BadRequest, NotFound, StoreUnavailable
 from shared.redis_client import redis_client
-from shared.search.fusion import ArmHit
+from shared.search.coverage import CorpusCounts
 from shared.search.schemas import SearchRequest
+from shared.search.values import Retrieved
 from shared.settings import Settings
+from shared.stores.schemas import ArmHit
 
 PREFIX = "concord:search-cursor:"
 # What save() issues (secrets.token_urlsafe(16)); checked before any read, so no forged id
 # can name another key under PREFIX (a tenant's cursor list, say).
 _CURSOR_ID = re.compile(r"[A-Za-z0-9_-]{22}")
 MAX_SNAPSHOT_BYTES = 256 * 1024
-
-
-@dataclass(frozen=True)
-class Retrieved:
-    """What the retrieval stage produced: everything a page of results is built from."""
-
-    arms: dict[str, list[ArmHit]]
-    degraded: list[str]
-    vector: list[float]
-    fused: list[tuple[str, float]]
 
 
 def save(settings: Settings, tenant_id: str, request: SearchRequest, retrieved: Retrieved) -> str:
@@ -66,6 +57,9 @@ def save(settings: Settings, tenant_id: str, request: SearchRequest, retrieved: 
         "degraded": retrieved.degraded,
         "vector": retrieved.vector,
         "fused": retrieved.fused,
+        "counts": None
+        if retrieved.counts is None
+        else [retrieved.counts.chunks, retrieved.counts.holding, retrieved.counts.known],
     }
     stored = zlib.compress(json.dumps(snapshot).encode(), 1)
     if len(stored) > MAX_SNAPSHOT_BYTES:
@@ -139,6 +133,7 @@ def load(settings: Settings, tenant_id: str, cursor_id: str) -> tuple[SearchRequ
         degraded=list(snapshot["degraded"]),
         vector=list(snapshot["vector"]),
         fused=[(c, s) for c, s in snapshot["fused"]],
+        counts=CorpusCounts(*snapshot["counts"]) if snapshot.get("counts") else None,
     )
     return SearchRequest.model_validate(snapshot["request"]), retrieved
 

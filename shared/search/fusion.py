@@ -1,4 +1,5 @@
-"""Fusion of the dense and lexical candidate lists.
+"""Fuse: the dense and lexical candidate lists as one ranking (then lifted by a metadata
+boost, and capped per document for a paginated search).
 
 * Weighted reciprocal rank fusion: ``sum(w_arm / (k + rank_arm))``; uses ranks only.
 * Convex combination: each arm's scores normalized (min-max or z-score) and combined as
@@ -9,16 +10,17 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from datetime import UTC, datetime
 
+from sqlalchemy.orm import Session
+
+from shared.search.boost import boosted
+from shared.search.diversify import within_cap
 from shared.search.schemas import Fusion
-
-
-@dataclass(frozen=True)
-class ArmHit:
-    chunk_id: str
-    rank: int
-    score: float
+from shared.search.values import Arms, Query, Retrieved
+from shared.stores.schemas import ArmHit, document_of_chunk
+from shared.stores.vector_store import PgVectorStore
+from shared.timing import StageTimes
 
 
 def rrf(
@@ -66,3 +68,21 @@ def fuse(arms: dict[str, list[ArmHit]], options: Fusion) -> list[tuple[str, floa
 
 def _ordered(scores: dict[str, float]) -> list[tuple[str, float]]:
     return sorted(scores.items(), key=lambda item: (-item[1], item[0]))
+
+
+def fused_ranking(query: Query, arms: Arms, session: Session, timings: StageTimes) -> Retrieved:
+    """The arms' hits fused as the request asks, lifted by its boost (the values read from
+    Postgres for every fused candidate, in one query); for a paginated search, capped per
+    document once, so that the cap holds across pages."""
+    request = query.request
+    fused = timings.timed("fuse", lambda: fuse(arms.hits, request.fusion))
+    boost = request.boost
+    if boost is not None:
+        with timings.stage("boost"):
+            values = PgVectorStore(session, query.settings).metadata_values(
+                query.tenant_id, [cid for cid, _ in fused], boost.field
+            )
+            fused = boosted(fused, values, boost, datetime.now(UTC))
+    if request.paginate and request.per_document_cap is not None:
+        fused = within_cap(fused, request.per_document_cap, lambda hit: document_of_chunk(hit[0]))
+    return Retrieved(arms.hits, arms.degraded, arms.vector, fused, arms.counts)

@@ -23,7 +23,7 @@ import numpy as np
 
 from shared.answerability.schemas import AnswerabilityTrace
 from shared.ingest.chunking import first_sentence_end, sentence_spans
-from shared.search.schemas import Decision, EvidenceItem, Omission, Provenance
+from shared.search.schemas import Decision, EvidenceItem, Omission, Provenance, TermCoverage
 
 ScoreType = Literal["dense_cosine", "rerank", "answerability"]
 Status = Literal["answerable", "verify", "abstain"]
@@ -76,6 +76,11 @@ class PolicyConfig:
     # With score_type "answerability": the model's judgement of this query (None when it
     # could not be made, e.g. an arm was down), and the probability below which to verify.
     answerability: AnswerabilityTrace | None = None
+    # The default decision's term coverage (None: the score alone decides) and its bounds.
+    coverage: TermCoverage | None = None
+    absent_weight_abstain: float = 0.15
+    coverage_abstain: float = 0.3
+    coverage_answer: float = 0.6
 
 
 @dataclass
@@ -95,6 +100,7 @@ class Candidate:
     scores: dict[str, float]
     flags: list[str] = field(default_factory=list)  # from ingest, e.g. doubtful_extraction
     first_sentence_tokens: int | None = None  # from ingest; None: counted here if needed
+    copies: list[Candidate] = field(default_factory=list)  # the same text in other chunks
 
 
 @dataclass
@@ -110,6 +116,7 @@ class PolicyResult:
     token_budget: int = 0
     per_result: dict[str, str] = field(default_factory=dict)
     answerability: AnswerabilityTrace | None = None
+    coverage: TermCoverage | None = None
 
     def decision(self) -> Decision:
         decision = Decision(
@@ -122,6 +129,8 @@ class PolicyResult:
         if self.answerability is not None:  # set only then: the response leaves unset out
             decision.verify_below = self.answerability.verify_below
             decision.answerability = self.answerability
+        if self.coverage is not None:
+            decision.coverage = self.coverage
         return decision
 
 
@@ -159,6 +168,7 @@ def apply_policy(
         return result
     if config.score_type == "answerability":
         return _judge_query(candidates, config, count_tokens, result, load_embeddings)
+    result.coverage = config.coverage
 
     scored: list[Candidate] = []
     for c in candidates:
@@ -182,9 +192,34 @@ def apply_policy(
         )
         return result
 
+    if (
+        config.coverage is not None
+        and config.coverage.absent_weight >= config.absent_weight_abstain
+    ):
+        for c in scored:
+            _omit(result, c, "query_terms_absent")
+        result.reason = "query_terms_absent"
+        return result
     _pack(scored, config, count_tokens, result, load_embeddings)
     _decide_on_evidence(result)
+    if result.status == "answerable" and config.coverage is not None:
+        _decide_on_coverage(result, config.coverage, config)
     return result
+
+
+def _decide_on_coverage(result: PolicyResult, coverage: TermCoverage, config: PolicyConfig) -> None:
+    """Evidence that holds too little of what the question asks about is no answer (abstain,
+    nothing packed); evidence that holds part of it is one to check (verify)."""
+    if coverage.covered < config.coverage_abstain:
+        for item in result.evidence:
+            result.omitted.append(
+                Omission(chunk_id=item.chunk_id, reason="evidence_does_not_cover_query")
+            )
+            result.per_result[item.chunk_id] = "evidence_does_not_cover_query"
+        result.evidence, result.tokens_used = [], 0
+        result.status, result.reason = "abstain", "evidence_does_not_cover_query"
+    elif coverage.covered < config.coverage_answer:
+        result.status, result.reason = "verify", "partial_coverage"
 
 
 def _judge_query(

@@ -338,12 +338,28 @@ class Evidence(BaseModel):
     omitted: list[Omission]
 
 
+class TermCoverage(BaseModel):
+    """What the decision read of the question's informative terms (shared/search/coverage.py):
+    those the tenant's corpus holds nowhere, those the first results do not hold, and the
+    shares of the terms' weight (inverse document frequency in the tenant's corpus)."""
+
+    terms: list[str] = Field(default_factory=list, description="the informative words")
+    absent: list[str] = Field(default_factory=list, description="held by no chunk of the corpus")
+    uncovered: list[str] = Field(
+        default_factory=list, description="in the corpus, not in the first results"
+    )
+    absent_weight: float = Field(default=0.0, description="the absent terms' share of the weight")
+    covered: float = Field(default=1.0, description="the first results' share of the weight")
+
+
 class Decision(BaseModel):
     """``answerable``; ``verify`` with the reason (``uncertain_answerability``,
     ``answerability_unavailable``, ``possible_prompt_injection``, ``doubtful_extraction``):
     evidence to check before use; or ``abstain`` with the reason (``no_hits``,
     ``all_filtered``, ``below_threshold``, ``unlikely_answerable``, ``score_unavailable``,
-    ``missing_provenance``, ``over_budget``)."""
+    ``missing_provenance``, ``over_budget``, ``query_terms_absent``,
+    ``evidence_does_not_cover_query``); the default decision's ``verify`` reason
+    ``partial_coverage`` says the first results hold only part of what the question asks."""
 
     status: Literal["answerable", "verify", "abstain"]
     reason: str | None
@@ -354,6 +370,9 @@ class Decision(BaseModel):
     )
     verify_below: float | None = None
     answerability: AnswerabilityTrace | None = None
+    coverage: TermCoverage | None = Field(
+        default=None, description="the term coverage the default decision read"
+    )
 
 
 class RankScore(BaseModel):
@@ -378,6 +397,16 @@ class Trace(BaseModel):
     policy: str
 
 
+class Copy(BaseModel):
+    """Another chunk of the same text as a result: where else it is."""
+
+    chunk_id: str
+    document_id: str
+    external_id: str | None
+    title: str
+    section: str
+
+
 class SearchResult(BaseModel):
     chunk_id: str
     document_id: str
@@ -389,10 +418,18 @@ class SearchResult(BaseModel):
     char_start: int | None
     char_end: int | None
     indexed_at: str | None
-    score: float = Field(description="the fused score")
+    score: float = Field(
+        description="what the mode ranks by: hybrid, the fused score; dense, the cosine; "
+        "lexical, the BM25 score"
+    )
     found_by: list[Arm]
     scores: dict[str, float] = Field(description="dense_cosine, and rerank when reranked")
     trace: Trace | None = Field(default=None, description="with explain")
+    copies: list[Copy] | None = Field(
+        default=None,
+        description="other chunks of the same text (another document holding the same page), "
+        "shown once as this result",
+    )
     highlights: list[tuple[int, int]] | None = Field(
         default=None,
         description="with highlight: [start, end) offsets into text of the words that match a "
@@ -415,6 +452,9 @@ class SearchResponse(BaseModel):
     # Server-Timing header, so a caller can see where the time went without asking for the
     # per-result traces (which cost about 1 ms of a 100-result search).
     _stage_ms: dict[str, float] = PrivateAttr(default_factory=dict)
+    # The hits found stale (Postgres does not hold them live): their copies' purges are
+    # queued once the response is made (shared/search/service.queue_purges).
+    _stale: list[str] = PrivateAttr(default_factory=list)
 
     query: str
     mode: Mode

@@ -181,6 +181,9 @@ class ChunkIndex(Protocol):
         field_boosts: Mapping[Any, float] | None = None,
         tie_breaker: float | None = None,
     ) -> list[tuple[str, float]]: ...
+    def term_counts(
+        self, tenant_id: str, terms: list[str]
+    ) -> tuple[int, dict[str, int]] | None: ...
     def refresh(self, tenant_id: str | None = None) -> None: ...
     def tenants(self) -> set[str]: ...
     def bucket_stats(self, tenant: str) -> tuple[BucketStats, int]: ...
@@ -478,6 +481,43 @@ class ElasticsearchChunkIndex:
         except NotFoundError:  # no copy of this tenant was ever written
             return []
         return [(hit["_id"], float(hit["_score"])) for hit in response["hits"]["hits"]]
+
+    def term_counts(self, tenant_id: str, terms: list[str]) -> tuple[int, dict[str, int]] | None:
+        """The tenant's number of copies, and how many of them hold each of ``terms`` (stemmed
+        terms of the Python English analysis) in any field BM25 reads; None where the index
+        has no such fields (the Elasticsearch analysis). One request, counted within the
+        tenant (on the shared layout too: no other tenant's words are counted)."""
+        if self.settings.lexical_analysis != "python-english" or not terms:
+            return None
+        fields = [f"stemmed.{name}" for name in self.settings.lexical_field_boosts]
+        try:
+            response = self.es.search(
+                index=self._target(tenant_id),
+                size=0,
+                track_total_hits=True,
+                query={"bool": {"filter": [{"term": {"tenant_id": tenant_id}}]}},
+                aggs={
+                    "holding": {
+                        "filters": {
+                            "filters": {
+                                term: {
+                                    "bool": {
+                                        "should": [{"term": {f: term}} for f in fields],
+                                        "minimum_should_match": 1,
+                                    }
+                                }
+                                for term in terms
+                            }
+                        }
+                    }
+                },
+            )
+        except NotFoundError:  # no copy of this tenant was ever written
+            return 0, dict.fromkeys(terms, 0)
+        buckets = response["aggregations"]["holding"]["buckets"]
+        return int(response["hits"]["total"]["value"]), {
+            term: int(buckets[term]["doc_count"]) for term in terms
+        }
 
     def refresh(self, tenant_id: str | None = None) -> None:
         """Make every write acknowledged so far (of one tenant, or all) visible to reads."""

@@ -32,11 +32,37 @@ def _stemmer() -> Stemmer.Stemmer:
     return Stemmer.Stemmer("porter")
 
 
+# Identifiers, searchable by their parts and as a whole: a name joined by underscores or
+# written in camelCase is one token above (its parts are added), one joined by dots or
+# hyphens (path.format, --files-without-match, 3.8.1) is its parts above (the whole is added,
+# as written, unstemmed).
+_JOINED = re.compile(r"\w+(?:[.\-]\w+)+")
+_CAMEL_OR_SNAKE = re.compile(r"[A-Za-z0-9]*(?:_[A-Za-z0-9]|[a-z0-9][A-Z])\w*")
+_PARTS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+
 def analyze(text: str) -> str:
-    """Space-separated stemmed terms of ``text`` (stop words dropped)."""
+    """Space-separated stemmed terms of ``text`` (stop words dropped), then the parts and
+    wholes of its identifiers (``identifier_terms``)."""
     words = (_without_possessive(t) for t in _TOKEN.findall(text.lower()))
     kept = [w for w in words if w and w not in STOP_WORDS]
-    return " ".join(_stemmer().stemWords(kept))
+    return " ".join([*_stemmer().stemWords(kept), *identifier_terms(text)])
+
+
+def identifier_terms(text: str) -> list[str]:
+    """The terms an identifier adds to its words: ``serialization_failure`` its stemmed
+    parts (serial, failur), ``camelCase`` its parts (camel, case), ``path.format`` and
+    ``--files-without-match`` their whole (path.format, files-without-match). A text
+    without such names (most prose) adds nothing and costs two regex scans."""
+    extra: list[str] = []
+    if "_" in text or not text.islower():
+        for match in _CAMEL_OR_SNAKE.finditer(text):
+            parts = [p.lower() for p in _PARTS.findall(match.group())]
+            if len(parts) > 1:
+                extra += _stemmer().stemWords([p for p in parts if p not in STOP_WORDS])
+    if "." in text or "-" in text:
+        extra += [m.group().lower() for m in _JOINED.finditer(text)]
+    return extra
 
 
 def _without_possessive(word: str) -> str:

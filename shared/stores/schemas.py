@@ -38,6 +38,16 @@ Fingerprints = dict[str, tuple[int, int]]
 
 
 @dataclass(frozen=True)
+class ArmHit:
+    """One hit of a search arm (a store's nearest or best-matching chunks): its chunk, its
+    rank in the arm (from 1) and the arm's own score (cosine, BM25)."""
+
+    chunk_id: str
+    rank: int
+    score: float
+
+
+@dataclass(frozen=True)
 class ChunkRow:
     id: str
     ordinal: int

@@ -53,8 +53,9 @@ def _free_ports(count: int, start: int) -> int:
 def _cluster_settings(base: Settings, state: Path) -> dict[str, Any]:
     return {
         "state_dir": state,
-        "es_port": _free_ports(NODES, 29200),
-        "es_transport_port": _free_ports(NODES, 29300),
+        # above the run's own node: two system runs at once (scripts/test.sh) never meet
+        "es_port": _free_ports(NODES, base.es_port + 1),
+        "es_transport_port": _free_ports(NODES, base.es_transport_port + 1),
         "es_nodes": NODES,
         "es_heap": "256m",
         "es_replicas": 1,

@@ -16,7 +16,7 @@ import yaml
 
 from services.cli.stack import _pid_alive, _read_pid
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -46,6 +46,8 @@ from shared.errors import (
     describe_validation_errors,
 )
 from shared.ingest.parsing import resolve_content_type
+from shared.jobs import repository as jobs_repo
+from shared.jobs.service import ingest_job_view
 from shared.search.schemas import NO_NUL
 from shared.settings import Settings
 from shared.stores.chunk_index import ElasticsearchChunkIndex
@@ -233,6 +235,7 @@ def read_document(
         doc = get_document(uow.session, principal.tenant_id, document_id, include_deleted)
         versions = repo.list_versions(uow.session, doc.id)
         chunk_count = PgVectorStore(uow.session, settings).count_of_document(doc.id)
+        job = None if doc.deleted else jobs_repo.newest_job(uow.session, doc.id, doc.version)
     return DocumentView(
         id=doc.id,
         external_id=doc.external_id,
@@ -246,6 +249,7 @@ def read_document(
             for v in versions
         ],
         elasticsearch=_index_state(settings, doc.tenant_id, doc.id, doc.version, chunk_count),
+        job=None if job is None else ingest_job_view(job),
     )
 
 

@@ -5,6 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Path
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
+from starlette.background import BackgroundTask
 
 from services.api.deps import (
     MODEL_OUT_OF_DATE,
@@ -22,7 +23,8 @@ from shared.profiles.schemas import ProfileBody, ProfileView
 from shared.rerankers import service as rerankers
 from shared.rerankers.schemas import RerankerView
 from shared.search.schemas import PROFILE_NAME, SearchPage, SearchRequest, SearchResponse
-from shared.search.service import search, search_next_page
+from shared.search.service import queue_purges_after_response, search, search_next_page
+from shared.settings import Settings
 from shared.tenants.admission import search_admission
 
 router = APIRouter(
@@ -51,12 +53,19 @@ async def search_route(
     embedding_cache = "no-cache" not in (cache_control or "").lower()
     async with search_admission.slot(principal.tenant_id, settings):
         response = await run_in_threadpool(
-            search, unit_of_work, principal.tenant_id, body, None, _replica(), embedding_cache
+            search,
+            unit_of_work,
+            principal.tenant_id,
+            body,
+            None,
+            _replica(),
+            embedding_cache,
+            purge_stale=False,
         )
     # The response is a model already: encoded once by pydantic, not validated and walked
     # again by FastAPI (a 100-result response with traces spent 3.7 ms in its encoder).
     # Unset fields (``trace`` and ``timings_ms`` without explain) are left out.
-    return _encoded(response)
+    return _encoded(response, principal.tenant_id, settings)
 
 
 @router.post("/search/next", response_model=SearchResponse)
@@ -67,17 +76,27 @@ async def search_next_page_route(
     made (404 once the cursor has expired, or for another tenant's cursor)."""
     async with search_admission.slot(principal.tenant_id, settings):
         response = await run_in_threadpool(
-            search_next_page, unit_of_work, principal.tenant_id, body.cursor, None, _replica()
+            search_next_page,
+            unit_of_work,
+            principal.tenant_id,
+            body.cursor,
+            None,
+            _replica(),
+            purge_stale=False,
         )
-    return _encoded(response)
+    return _encoded(response, principal.tenant_id, settings)
 
 
-def _encoded(response: SearchResponse) -> Response:
-    """The response's JSON, with its stage timings in a Server-Timing header."""
+def _encoded(response: SearchResponse, tenant_id: str, settings: Settings) -> Response:
+    """The response's JSON, with its stage timings in a Server-Timing header; the purges of
+    the stale copies the search met are queued after it is sent."""
     return Response(
         response.model_dump_json(exclude_unset=True),
         media_type="application/json",
         headers={"Server-Timing": response.server_timing()},
+        background=BackgroundTask(
+            queue_purges_after_response, unit_of_work, settings, tenant_id, response
+        ),
     )
 
 

@@ -178,6 +178,9 @@ class ElasticsearchService:
         (self.conf / "jvm.options.d" / "heap.options").write_text(
             f"-Xms{self.s.es_heap}\n-Xmx{self.s.es_heap}\n"
         )
+        (self.conf / "jvm.options.d" / "concord.options").write_text(
+            "".join(f"{option}\n" for option in self.s.es_jvm_options.split())
+        )
         (self.conf / "elasticsearch.yml").write_text(
             "\n".join(
                 [

@@ -1,0 +1,206 @@
+"""``concord eval-docs``: a set of real documents and questions about them (files/ and
+questions.jsonl, as in evaluation/devsets/real-docs) through the real ingest pipeline and the
+default search request, measuring what a user of the answers sees:
+
+- answerable questions: how often the chunk that holds the answer (its evidence span) is in
+  the first 5 results, how often its file is, and how often the decision is ``answerable``;
+- near-topic and off-topic questions (answers the corpus does not hold): how often the
+  decision abstains (and how often it asks to verify);
+- the first 5 results of every question: the share that are stubs (fewer than
+  ``STUB_WORDS`` words) and the share that repeat a result above them.
+
+A set's documents are its files, each uploaded under its file name with the content type its
+name and bytes give (as ``concord ingest`` does)."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from evaluation.corpus import Progress, sync_uploads
+from shared.db import unit_of_work
+from shared.documents.schemas import Upload
+from shared.ingest.parsing import resolve_content_type
+from shared.search.schemas import SearchRequest, SearchResult
+from shared.search.service import search
+from shared.settings import get_settings
+
+TOP = 5
+STUB_WORDS = 12
+KINDS = ("answerable", "near_topic", "off_topic")
+
+
+class DevSetError(ValueError):
+    """The set's directory or its questions file is not usable (the CLI says why)."""
+
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    question: str
+    kind: str
+    file: str | None
+    evidence: str | None
+
+
+def load_questions(path: Path) -> list[Question]:
+    questions = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            question = Question(
+                row["id"], row["question"], row["kind"], row.get("file"), row.get("evidence")
+            )
+        except (ValueError, KeyError, TypeError) as e:
+            raise DevSetError(f"{path}:{number}: not a question ({e})") from e
+        if question.kind not in KINDS:
+            raise DevSetError(f"{path}:{number}: kind must be one of {KINDS}")
+        if question.kind == "answerable" and not (question.file and question.evidence):
+            raise DevSetError(f"{path}:{number}: an answerable question needs file and evidence")
+        questions.append(question)
+    return questions
+
+
+def uploads_of(tenant_id: str, files: Path) -> list[Upload]:
+    uploads = []
+    for path in sorted(p for p in files.iterdir() if p.is_file()):
+        raw = path.read_bytes()
+        uploads.append(
+            Upload(
+                tenant_id=tenant_id,
+                external_id=path.name,
+                raw=raw,
+                content_type=resolve_content_type(None, path.name, raw),
+                filename=path.name,
+            )
+        )
+    return uploads
+
+
+def normalized(text: str) -> str:
+    """Text as compared with an evidence span: NFKC (ligatures), case-folded, spaces
+    before punctuation and runs of whitespace collapsed."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    text = re.sub(r"\s+", " ", text)
+    return re.sub(r" ([.,;:!?)\]])", r"\1", text).strip()
+
+
+def holds_evidence(text: str, evidence: str) -> bool:
+    """A chunk holds the evidence when it holds the span, or (a span cut by a chunk
+    boundary) at least 80 % of its words in one run of the chunk."""
+    chunk, span = normalized(text), normalized(evidence)
+    if span in chunk:
+        return True
+    words = span.split()
+    needed = max(1, int(len(words) * 0.8 + 0.999))
+    for start in range(len(words) - needed + 1):
+        if " ".join(words[start : start + needed]) in chunk:
+            return True
+    return False
+
+
+def same_text(files: Path) -> dict[str, str]:
+    """Each file's name -> the name of the first file with the same bytes (a page shipped
+    under two names answers a question about either)."""
+    first: dict[bytes, str] = {}
+    canonical = {}
+    for path in sorted(p for p in files.iterdir() if p.is_file()):
+        canonical[path.name] = first.setdefault(path.read_bytes(), path.name)
+    return canonical
+
+
+def score_question(
+    question: Question, results: list[SearchResult], status: str, canonical: dict[str, str]
+) -> dict[str, Any]:
+    top = results[:TOP]
+    files = [canonical.get(r.external_id or "", r.external_id) for r in top]
+    texts = [normalized(r.text) for r in top]
+    row: dict[str, Any] = {
+        "id": question.id,
+        "kind": question.kind,
+        "status": status,
+        "stubs": sum(len(r.text.split()) < STUB_WORDS for r in top),
+        "repeats": sum(t in texts[:i] for i, t in enumerate(texts)),
+        "results": len(top),
+    }
+    if question.kind == "answerable":
+        assert question.file is not None and question.evidence is not None
+        wanted = canonical.get(question.file, question.file)
+        row["file_hit"] = wanted in files
+        row["answer_rank"] = next(
+            (
+                rank
+                for rank, (r, f) in enumerate(zip(top, files, strict=True), start=1)
+                if f == wanted and holds_evidence(r.text, question.evidence)
+            ),
+            None,
+        )
+    return row
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def share(items: list[dict[str, Any]], test: Any) -> float:
+        return round(sum(1 for r in items if test(r)) / len(items), 3) if items else 0.0
+
+    by_kind = {kind: [r for r in rows if r["kind"] == kind] for kind in KINDS}
+    answerable = by_kind["answerable"]
+    shown = sum(r["results"] for r in rows) or 1
+    summary: dict[str, Any] = {
+        "questions": {kind: len(items) for kind, items in by_kind.items()},
+        "answer_chunk_at_5": share(answerable, lambda r: r["answer_rank"] is not None),
+        "answer_chunk_at_1": share(answerable, lambda r: r["answer_rank"] == 1),
+        "file_at_5": share(answerable, lambda r: r["file_hit"]),
+        "answerable_answered": share(answerable, lambda r: r["status"] == "answerable"),
+        "answerable_abstained": share(answerable, lambda r: r["status"] == "abstain"),
+        "stub_share_of_top_5": round(sum(r["stubs"] for r in rows) / shown, 3),
+        "repeat_share_of_top_5": round(sum(r["repeats"] for r in rows) / shown, 3),
+    }
+    for kind in ("near_topic", "off_topic"):
+        items = by_kind[kind]
+        summary[f"{kind}_abstained"] = share(items, lambda r: r["status"] == "abstain")
+        summary[f"{kind}_verify"] = share(items, lambda r: r["status"] == "verify")
+        summary[f"{kind}_answered"] = share(items, lambda r: r["status"] == "answerable")
+    return summary
+
+
+def run_devset(
+    directory: Path, out: Path, progress: Progress, tenant_id: str = "eval-real-docs"
+) -> dict[str, Any]:
+    files, questions_file = directory / "files", directory / "questions.jsonl"
+    if not files.is_dir() or not questions_file.is_file():
+        raise DevSetError(f"{directory} needs files/ and questions.jsonl")
+    questions = load_questions(questions_file)
+    uploads = uploads_of(tenant_id, files)
+    synced = sync_uploads(tenant_id, uploads, progress, timeout_s=1800)
+    canonical = same_text(files)
+    settings = get_settings()
+    rows, latencies = [], []
+    for i, question in enumerate(questions, start=1):
+        started = time.perf_counter()
+        response = search(
+            unit_of_work, tenant_id, SearchRequest(query=question.question, top_k=TOP), settings
+        )
+        latencies.append((time.perf_counter() - started) * 1e3)
+        row = score_question(question, response.results, response.decision.status, canonical)
+        row["reason"] = response.decision.reason
+        row["top"] = [
+            {"file": r.external_id, "section": r.section, "text": r.text[:160]}
+            for r in response.results[:3]
+        ]
+        rows.append(row)
+        progress("questions", i, len(questions))
+    summary = summarize(rows)
+    summary["documents"] = {"files": len(uploads), "failed": synced.failed or {}}
+    summary["search_ms_p50"] = round(statistics.median(latencies), 1)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return summary

@@ -1,0 +1,105 @@
+"""``concord sync``: a directory mirrored into a tenant through the real queue and worker,
+incrementally by content hash, with deletes under --prune, a dry run that sends nothing, and a
+second run that sends nothing either."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from typer.testing import CliRunner
+
+from services.cli.main import app
+from shared.db import unit_of_work
+from shared.documents.repository import live_content_hashes
+from tests.conftest import wait_for
+
+
+def _sync(directory: Path, tenant: str, *flags: str) -> str:
+    result = CliRunner().invoke(app, ["sync", str(directory), "--tenant", tenant, *flags])
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.split())
+
+
+def _live(tenant: str) -> dict[str, str]:
+    with unit_of_work() as uow:
+        return live_content_hashes(uow.session, tenant, "")
+
+
+def test_sync_sends_only_what_changed_and_prunes_what_is_gone(
+    tmp_path: Path, tenant: str, worker: Any
+) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.md").write_text("# Moss\nSphagnum moss holds twenty times its weight.")
+    (tmp_path / "b.txt").write_text("Tides follow the moon.")
+    (tmp_path / "sub" / "c.html").write_text("<p>Reefs shelter fish.</p>")
+    (tmp_path / ".hidden").write_text("never sent")
+
+    planned = _sync(tmp_path, tenant, "--dry-run")
+    assert "3 new, 0 changed, 0 unchanged, 0 to delete" in planned and "nothing sent" in planned
+    assert _live(tenant) == {}
+
+    first = _sync(tmp_path, tenant, "--wait")
+    assert "sent 3 event(s)" in first and "indexed 3 of 3" in first
+    assert set(_live(tenant)) == {"a.md", "b.txt", "sub/c.html"}
+    assert "in sync: nothing to send" in _sync(tmp_path, tenant)
+
+    (tmp_path / "b.txt").write_text("Tides follow the moon and the sun.")
+    (tmp_path / "a.md").unlink()
+    (tmp_path / "d.txt").write_text("Dunes move with the wind.")
+    before = _live(tenant)
+    kept = _sync(tmp_path, tenant, "--wait")  # without --prune nothing is deleted
+    assert "1 new, 1 changed, 1 unchanged, 0 to delete" in kept
+    assert "a.md" in _live(tenant) and _live(tenant)["b.txt"] != before["b.txt"]
+
+    pruned = _sync(tmp_path, tenant, "--prune")
+    assert "0 new, 0 changed, 3 unchanged, 1 to delete" in pruned and "delete a.md" in pruned
+    wait_for(lambda: "a.md" not in _live(tenant) or None, 30, what="a.md deleted")
+    assert set(_live(tenant)) == {"b.txt", "sub/c.html", "d.txt"}
+    assert "in sync: nothing to send" in _sync(tmp_path, tenant, "--prune")
+
+
+def test_prune_refuses_an_empty_directory_or_deleting_most_of_the_prefix_without_force(
+    tmp_path: Path, tenant: str, worker: Any
+) -> None:
+    source = tmp_path / "docs"
+    source.mkdir()
+    for i in range(4):
+        (source / f"{i}.txt").write_text(f"Note {i} about rivers and their deltas.")
+    _sync(source, tenant, "--wait")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+
+    def refused(directory: Path, *flags: str) -> str:
+        result = CliRunner().invoke(app, ["sync", str(directory), "--tenant", tenant, *flags])
+        assert result.exit_code == 2, result.output
+        return " ".join(result.output.split())
+
+    assert "the directory is empty: --prune would delete all 4 documents" in refused(
+        empty, "--prune"
+    )
+    for i in range(3):
+        (source / f"{i}.txt").unlink()
+    assert "--prune would delete 3 of the prefix's 4 documents" in refused(source, "--prune")
+    planned = _sync(source, tenant, "--prune", "--dry-run")  # the plan says so, sends nothing
+    assert "3 to delete" in planned and "--force deletes anyway" in planned
+    assert len(_live(tenant)) == 4
+    forced = _sync(source, tenant, "--prune", "--force")
+    assert "sent 3 event(s)" in forced
+    wait_for(lambda: len(_live(tenant)) == 1 or None, 30, what="three deleted")
+
+
+def test_sync_refuses_what_it_cannot_do_clearly(tmp_path: Path, tenant: str) -> None:
+    result = CliRunner().invoke(app, ["sync", str(tmp_path / "absent"), "--tenant", tenant])
+    assert result.exit_code == 2 and "is not a directory" in " ".join(result.output.split())
+    result = CliRunner().invoke(app, ["sync", str(tmp_path), "--tenant", tenant, "--by-reference"])
+    assert result.exit_code == 2 and "CONCORD_INGEST_CONTENT_ROOT" in " ".join(
+        result.output.split()
+    )
+
+
+def test_a_prefix_must_name_a_directory_of_external_ids(tmp_path: Path, tenant: str) -> None:
+    result = CliRunner().invoke(
+        app, ["sync", str(tmp_path), "--tenant", tenant, "--prefix", "team1", "--prune"]
+    )
+    assert result.exit_code == 2 and "must end with '/'" in " ".join(result.output.split())

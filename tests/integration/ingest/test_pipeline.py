@@ -1,0 +1,320 @@
+"""Issue 3 acceptance: durable, idempotent, versioned ingestion on the real services."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from elasticsearch import ApiError
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from shared.db import unit_of_work
+from shared.documents.events import build_upload_event
+from shared.ingest import pipeline
+from shared.jobs import sweep
+from shared.jobs.repository import live_job_states
+from shared.models import Chunk, DeadLetter
+from shared.outbox import service as relay
+from shared.queue import publish_ingest_job, publish_upload_event
+from shared.settings import get_settings
+from shared.stores.elastic import get_es
+from tests.conftest import wait_for
+from tests.helpers import (
+    es_chunks,
+    exhaust_attempts,
+    job_state,
+    key_headers,
+    long_text,
+    paused,
+    pg_chunks,
+    search,
+    tenant_index,
+    upload_text,
+    wait_converged,
+    wait_job,
+)
+
+
+def chunk_fingerprint(tenant: str) -> list[tuple[int, str, int]]:
+    with unit_of_work() as uow:
+        rows = uow.session.execute(
+            select(Chunk.ordinal, Chunk.text_hash, Chunk.version)
+            .where(Chunk.tenant_id == tenant)
+            .order_by(Chunk.ordinal)
+        ).all()
+    return [(r.ordinal, r.text_hash, r.version) for r in rows]
+
+
+def test_unchanged_reupload_is_a_noop_and_unchanged_chunks_are_never_reembedded(
+    client: TestClient, auth, tenant, worker
+):
+    text = long_text("harbour")
+    first = upload_text(client, auth, "harbour.txt", text)
+    job = wait_job(client, auth, first["job_id"])
+    before = wait_converged(tenant)
+    assert job["detail"]["chunks"] == len(before) > 1
+
+    again = client.post(
+        "/v1/documents", headers=auth, json={"external_id": "harbour.txt", "text": text}
+    )
+    assert again.status_code == 200
+    assert again.json() == {**first, "status": "unchanged"}
+    assert pg_chunks(tenant) == before
+
+    # The same text under another id: every chunk comes from the embedding cache.
+    copy = upload_text(client, auth, "harbour-copy.txt", text)
+    copy_job = wait_job(client, auth, copy["job_id"])
+    assert copy_job["detail"]["cache_hits"] == copy_job["detail"]["chunks"]
+    assert copy_job["detail"]["embedded"] == 0
+
+    # A changed ending: a new version that re-embeds only the chunks that changed.
+    changed = upload_text(client, auth, "harbour.txt", text + " A closing remark on tides.")
+    assert changed["version"] == 2 and changed["document_id"] == first["document_id"]
+    changed_job = wait_job(client, auth, changed["job_id"])
+    assert changed_job["detail"]["embedded"] <= 2
+    assert changed_job["detail"]["cache_hits"] >= changed_job["detail"]["chunks"] - 2
+
+
+def test_update_removes_the_old_version_from_both_stores(client: TestClient, auth, tenant, worker):
+    v1 = upload_text(client, auth, "policy.txt", long_text("xylophone"), title="Policy")
+    wait_job(client, auth, v1["job_id"])
+    assert len(wait_converged(tenant)) > 1
+
+    v2 = upload_text(
+        client, auth, "policy.txt", "The policy now covers marimbas only.", title="Policy"
+    )
+    wait_job(client, auth, v2["job_id"])
+    chunks = wait_converged(tenant)
+    assert set(chunks.values()) == {2} and len(chunks) == 1
+    assert search(client, auth, "xylophone report", mode="lexical")["results"] == []
+    hits = search(client, auth, "xylophone report")["results"]
+    assert all(h["version"] == 2 for h in hits)
+    doc = client.get(f"/v1/documents/{v1['document_id']}", headers=auth).json()
+    assert doc["version"] == 2 and doc["chunk_count"] == 1
+    assert doc["elasticsearch"]["in_sync"] is True
+
+
+def _index_stale(tenant: str, chunk_id: str, source: dict[str, Any], version: int) -> int:
+    """Replay a write as a late relay would: the old text at its old external version."""
+    es = get_es()
+    try:
+        es.index(
+            index=tenant_index(tenant),
+            id=chunk_id,
+            document=source,
+            version=version,
+            version_type="external",
+            refresh=True,
+        )
+    except ApiError as e:  # ConflictError (409) is the one we expect
+        return int(e.meta.status)
+    return 201
+
+
+def test_delete_and_stale_replays_never_resurrect(client: TestClient, auth, tenant, worker):
+    up = upload_text(client, auth, "secret.txt", "Project quetzalcoatl launches in spring.")
+    wait_job(client, auth, up["job_id"])
+    [chunk_id] = wait_converged(tenant)
+    es = get_es()
+    alias = tenant_index(tenant)
+    stale_source = es.get(index=alias, id=chunk_id)["_source"]
+
+    deleted = client.delete(f"/v1/documents/{up['document_id']}", headers=auth)
+    assert deleted.status_code == 200 and deleted.json()["version"] == 2
+    assert wait_converged(tenant) == {}
+    assert client.delete(f"/v1/documents/{up['document_id']}", headers=auth).status_code == 404
+
+    # Within gc_deletes, Elasticsearch's tombstone (version 2) rejects the stale write.
+    assert _index_stale(tenant, chunk_id, stale_source, 1) == 409
+    # Re-delivering the original job does nothing either.
+    publish_ingest_job(uuid.UUID(up["job_id"]))
+    time.sleep(2)
+    assert es_chunks(tenant) == {} and pg_chunks(tenant) == {}
+
+    # Past gc_deletes, Elasticsearch has forgotten the tombstone and accepts the stale write;
+    # the read path must still never serve it, and must get it removed.
+    index = next(iter(es.indices.get_alias(name=alias)))
+    es.indices.put_settings(index=index, settings={"index.gc_deletes": "0s"})
+    try:
+
+        def accepted() -> bool:
+            es.indices.refresh(index=alias)
+            return _index_stale(tenant, chunk_id, stale_source, 1) == 201
+
+        wait_for(accepted, 30, interval=1, what="ES to forget the tombstone")
+    finally:
+        es.indices.put_settings(index=index, settings={"index.gc_deletes": "60s"})
+    assert chunk_id in es_chunks(tenant)
+    found = search(client, auth, "quetzalcoatl", mode="lexical")
+    assert found["results"] == [] and found["dropped_stale"] == 1
+    assert wait_converged(tenant) == {}, "the read path queued the orphan for deletion"
+
+
+def test_out_of_order_and_duplicate_deliveries_end_as_one_delivery(
+    client: TestClient, auth, tenant, worker
+):
+    control = upload_text(client, auth, "control.txt", long_text("lighthouse", 30) + " v2")
+    wait_job(client, auth, control["job_id"])
+    expected = [(o, h, 1) for o, h, _ in chunk_fingerprint(tenant)]
+    client.delete(f"/v1/documents/{control['document_id']}", headers=auth)
+    wait_converged(tenant)
+
+    with paused(worker):  # deliveries below happen in our order
+        v1 = upload_text(client, auth, "beacon.txt", long_text("lighthouse", 30) + " v1")
+        v2 = upload_text(client, auth, "beacon.txt", long_text("lighthouse", 30) + " v2")
+        # v2 first; v1 runs after it (in v2's batch, or on its own delivery).
+        late = pipeline.process_job(unit_of_work, uuid.UUID(v2["job_id"]))
+        pipeline.process_job(unit_of_work, uuid.UUID(v1["job_id"]))
+        duplicate = pipeline.process_job(unit_of_work, uuid.UUID(v2["job_id"]))
+        relay.drain(unit_of_work)
+    assert late.state == "indexed"
+    state, detail, _ = job_state(v1["job_id"])
+    assert state == "indexed" and detail["superseded_by"] == 2
+    assert duplicate.detail == {"duplicate_delivery": True}
+    # The queued messages for both jobs are delivered too (more duplicates).
+    wait_for(lambda: job_state(v1["job_id"])[0] == job_state(v2["job_id"])[0] == "indexed", 30)
+    chunks = wait_converged(tenant)
+    assert set(chunks.values()) == {2}
+    assert [(o, h) for o, h, _ in chunk_fingerprint(tenant)] == [(o, h) for o, h, _ in expected]
+
+
+def test_a_delivery_for_a_job_running_under_a_live_lease_leaves_it_alone(
+    client: TestClient, auth, tenant, worker
+):
+    from datetime import timedelta
+
+    from sqlalchemy import func, update
+
+    from shared.models import IngestJob
+
+    with paused(worker):
+        upload = upload_text(client, auth, "leased.txt", long_text("quay", 10))
+        with unit_of_work() as uow:  # as if another worker's batch held it
+            uow.session.execute(
+                update(IngestJob)
+                .where(IngestJob.id == uuid.UUID(upload["job_id"]))
+                .values(state="running", lease_expires_at=func.now() + timedelta(seconds=2))
+            )
+        outcome = pipeline.process_job(unit_of_work, uuid.UUID(upload["job_id"]))
+        assert outcome.state == "running" and outcome.detail == {"leased_elsewhere": True}
+        assert job_state(upload["job_id"])[0] == "running" and pg_chunks(tenant) == {}
+    # Once the lease has run out, the next delivery (its own message, or the sweep's) takes
+    # it, and it ends indexed.
+    time.sleep(2.5)
+    sweep.sweep_expired_jobs(unit_of_work)
+    wait_job(client, auth, upload["job_id"])
+    assert len(wait_converged(tenant)) > 0
+
+
+def test_unparseable_files_fail_with_a_reason_and_others_proceed(
+    client: TestClient, auth, tenant, worker
+):
+    bad = {
+        "empty.html": (
+            b"<html><body><script>x()</script><nav>Menu</nav></body></html>",
+            "text/html",
+            "no text",
+        ),
+        "latin1.txt": ("Café crème brûlée".encode("latin-1"), "text/plain", "UTF-8"),
+    }
+    jobs = {}
+    for name, (raw, content_type, _) in bad.items():
+        response = client.post(
+            "/v1/documents", headers=auth, files={"file": (name, raw, content_type)}
+        )
+        assert response.status_code == 202, response.text
+        jobs[name] = response.json()["job_id"]
+    # Upload events go through the same intake check as the API: a broken PDF is refused there
+    # (a dead letter with the reason, as the API answers 422); a 0-byte file reaches a job,
+    # which fails with a reason.
+    publish_upload_event(
+        build_upload_event(tenant_id=tenant, external_id="zero.txt", raw=b"", filename="zero.txt")
+    )
+    publish_upload_event(
+        build_upload_event(
+            tenant_id=tenant,
+            external_id="broken.pdf",
+            raw=b"%PDF-1.4\n1 0 obj << /Type /Catalog >> garbage",
+            filename="broken.pdf",
+        )
+    )
+    good = upload_text(client, auth, "good.txt", "Gannets dive from thirty metres.")
+    wait_job(client, auth, good["job_id"])
+    for name, job_id in jobs.items():
+        body = wait_job(client, auth, job_id, state="failed")
+        assert body["error"]["stage"] == "parse"
+        assert bad[name][2] in body["error"]["message"]
+
+    def events_done() -> tuple[str, str] | None:
+        with unit_of_work() as uow:
+            states = live_job_states(uow.session, tenant, ["zero.txt", "broken.pdf"])
+            letter = uow.session.execute(
+                select(DeadLetter.source, DeadLetter.message).where(
+                    DeadLetter.tenant_id == tenant, DeadLetter.ref == "broken.pdf"
+                )
+            ).first()
+        done = states == {"zero.txt": "failed"} and letter is not None
+        return (letter[0], letter[1]) if done and letter is not None else None
+
+    source, message = wait_for(events_done, 30, what="the 0-byte job failed, the PDF refused")
+    assert source == "event" and "PDF" in message
+    assert len(wait_converged(tenant)) == 1
+
+
+def test_exhausted_attempts_are_dead_lettered_with_the_reason(
+    client: TestClient, auth, tenant, worker
+):
+    with paused(worker):
+        up = upload_text(client, auth, "doomed.txt", "This job keeps losing its worker.")
+        exhaust_attempts(up["job_id"], last_error="WorkerLostError: SIGKILL")
+        report = sweep.sweep_expired_jobs(unit_of_work)
+    assert up["job_id"] in report.dead_lettered
+    body = client.get(f"/v1/jobs/{up['job_id']}", headers=auth).json()
+    assert body["state"] == "dead_lettered"
+    assert "WorkerLostError" in body["error"]["message"]
+    with unit_of_work() as uow:
+        letter = uow.session.scalar(select(DeadLetter).where(DeadLetter.ref == up["job_id"]))
+        assert letter is not None and letter.attempts == get_settings().job_max_attempts
+        assert letter.stage == "lease" and letter.tenant_id == tenant
+
+
+def test_a_document_of_too_many_chunks_fails_alone_and_its_batch_mates_are_indexed(
+    client: TestClient, auth, tenant, worker
+):
+    """One batch: a markdown file of more sections than a document may make chunks, 4 KB of
+    nested tables (which once parsed into 600 KB of text), and another tenant's ordinary
+    upload. The first fails with the reason before anything is embedded; the others are
+    indexed, the tables as the one line of text they hold."""
+    other = f"{tenant}-b"
+    other_auth = key_headers(other, ["read", "write"])
+    many = "".join(  # sections of a chunk each: more than a stub, which joins its neighbour
+        f"# Heading {i}\nWords of section {i}, which says one more thing about the survey and "
+        "the method that led its authors to what they concluded in the end.\n"
+        for i in range(30)
+    ).encode()
+    tables = b"<html><body>" + b"<table><tr><td>" * 300 + b"Terns migrate far." * 10
+
+    def post(headers: dict[str, str], name: str, raw: bytes, content_type: str) -> uuid.UUID:
+        response = client.post(
+            "/v1/documents", headers=headers, files={"file": (name, raw, content_type)}
+        )
+        assert response.status_code == 202, response.text
+        return uuid.UUID(response.json()["job_id"])
+
+    with paused(worker):
+        jobs = {
+            "many": post(auth, "many.md", many, "text/markdown"),
+            "tables": post(auth, "tables.html", tables, "text/html"),
+            "fine": post(other_auth, "fine.txt", b"Puffins nest in burrows.", "text/plain"),
+        }
+        settings = get_settings().model_copy(update={"max_chunks_per_document": 20})
+        outcomes = pipeline.process_jobs(unit_of_work, list(jobs.values()), settings)
+    states = {name: outcomes[job].state for name, job in jobs.items()}
+    assert states == {"many": "failed", "tables": "indexed", "fine": "indexed"}
+    failed = wait_job(client, auth, str(jobs["many"]), state="failed")
+    assert failed["error"]["stage"] == "chunk" and "the limit is 20" in failed["error"]["message"]
+    assert outcomes[jobs["tables"]].detail["chunks"] == 1
+    wait_converged(tenant)
+    assert len(wait_converged(other)) == 1

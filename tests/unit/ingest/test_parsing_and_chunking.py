@@ -1,0 +1,399 @@
+"""Unit tests of parsing and chunking (shared/ingest/parsing.py, chunking.py): no services."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from shared.errors import ParseError, UnsupportedMediaType
+from shared.ingest.chunking import Chunker
+from shared.ingest.parsing import parse, resolve_content_type
+
+
+def word_offsets(text: str) -> list[tuple[int, int]]:
+    """A stand-in tokenizer: one token per word or punctuation mark."""
+    return [(m.start(), m.end()) for m in re.finditer(r"\w+|[^\w\s]", text)]
+
+
+def test_chunks_respect_token_budget_offsets_and_sections():
+    md = "# Intro\nCats purr. Dogs bark loudly.\n\n## Care\n" + "Feed them daily. " * 40
+    chunker = Chunker(word_offsets, max_tokens=30, overlap_tokens=6)
+    doc = parse(md.encode(), "text/markdown")
+    chunks = chunker.chunk(doc)
+    assert len(chunks) > 3
+    for chunk in chunks:
+        assert chunk.token_count <= 30
+        assert doc.text[chunk.char_start : chunk.char_end] == chunk.text
+    assert chunks[0].section == "Intro"
+    assert chunks[-1].section == "Intro > Care"
+    # Overlap: consecutive chunks in one section share text.
+    assert chunks[2].char_start < chunks[1].char_end
+
+
+def test_overlong_sentence_is_cut_at_token_boundaries():
+    text = "word " * 100
+    chunks = Chunker(word_offsets, max_tokens=16, overlap_tokens=0).chunk(
+        parse(text.encode(), "text/plain")
+    )
+    assert all(c.token_count <= 16 for c in chunks)
+    assert sum(c.token_count for c in chunks) == 100
+
+
+def test_html_boilerplate_is_stripped_and_headings_kept():
+    html = b"""<html><head><script>var x = 1;</script><style>p{}</style></head><body>
+    <nav>Home | About</nav><h1>Guide</h1><p>Install the pump.</p><h2>Safety</h2>
+    <p>Wear gloves.</p><footer>(c) 2026</footer></body></html>"""
+    doc = parse(html, "text/html")
+    assert "var x" not in doc.text and "Home | About" not in doc.text and "(c)" not in doc.text
+    assert "Install the pump." in doc.text
+    assert doc.section_at(doc.text.index("Wear gloves")) == "Guide > Safety"
+
+
+@pytest.mark.parametrize(
+    ("raw", "content_type", "reason"),
+    [
+        (b"", "text/plain", "empty"),
+        (b"\xff\xfe\x00bad", "text/plain", "UTF-8"),
+        (b"%PDF-1.4 garbage", "application/pdf", "PDF"),
+        (b"<html><body><script>x</script></body></html>", "text/html", "no text"),
+        (b'{"a": ', "application/json", "invalid JSON"),
+    ],
+)
+def test_unparseable_documents_give_a_reason(raw, content_type, reason):
+    with pytest.raises(ParseError, match=reason):
+        parse(raw, content_type)
+
+
+def test_content_type_from_magic_bytes_then_header_then_extension():
+    assert resolve_content_type("text/plain", "x.txt", b"%PDF-1.7") == "application/pdf"
+    assert resolve_content_type("application/octet-stream", "a.md", b"# hi") == "text/markdown"
+    with pytest.raises(UnsupportedMediaType):
+        resolve_content_type("image/png", "a.png", b"\x89PNG")
+
+
+def test_json_records_use_configured_text_fields():
+    raw = b'{"title": "T1", "text": "alpha"}\n{"title": "T2", "body": "beta"}\n'
+    doc = parse(raw, "application/x-ndjson")
+    assert doc.text == "alpha\n\nbeta"
+    assert doc.section_at(doc.text.index("beta")) == "T2"
+
+
+def test_a_long_word_is_cut_to_the_character_cap():
+    """One 200,000-character word is a single unknown token for WordPiece: without a cap in
+    characters it would be one enormous chunk."""
+    text = "Start. " + "x" * 200_000 + " end of the story."
+    chunks = Chunker(word_offsets, max_tokens=16, overlap_tokens=0, max_chars=1000).chunk(
+        parse(text.encode(), "text/plain")
+    )
+    assert max(len(c.text) for c in chunks) <= 1000
+    assert sum(c.text.count("x") for c in chunks) == 200_000
+    doc_text = parse(text.encode(), "text/plain").text
+    assert all(doc_text[c.char_start : c.char_end] == c.text for c in chunks)
+
+
+def test_markdown_headings_parse_in_linear_time():
+    """The former heading pattern backtracked over a long line of spaces: quadratic."""
+    import time
+
+    def parse_time(n: int) -> float:
+        line = "# a" + " " * n + "b\n"
+        started = time.perf_counter()
+        doc = parse((line + "Body text.\n").encode(), "text/markdown")
+        assert doc.sections and doc.sections[0].path.startswith("a")
+        return time.perf_counter() - started
+
+    small, large = parse_time(5_000), parse_time(50_000)
+    # Linear: 10x the input costs about 10x (quadratic would be about 100x). Generous, since
+    # the machine is shared; the former pattern took seconds at 50,000.
+    assert large < max(small * 30, 0.05), (small, large)
+
+
+def test_section_lookup_bisects_and_keeps_heading_paths_bounded():
+    md = "".join(f"# Heading {i}\nText of part {i}.\n" for i in range(2000))
+    md += "# " + "long " * 1000 + "\nLast part.\n"
+    doc = parse(md.encode(), "text/markdown")
+    assert doc.section_at(0) == "Heading 0"
+    assert doc.section_at(doc.text.index("Text of part 1234.")) == "Heading 1234"
+    assert doc.section_at(len(doc.text) - 1).startswith("long")
+    assert all(len(s.path) <= 500 for s in doc.sections)
+    # A JSON record's title is its section's path: a field of any length, capped the same.
+    record = json.dumps({"title": "T" * 100_000, "text": "Body of the record."}).encode()
+    assert [len(s.path) for s in parse(record, "application/json").sections] == [500]
+
+
+def test_a_pdf_error_that_quotes_a_nul_is_a_parse_error_with_a_storable_message() -> None:
+    """pypdf's own exceptions are of many kinds and quote the file: this filter's name holds
+    a NUL (#00), which Postgres would refuse in the job's recorded error."""
+    from shared.retry import describe_error
+    from tests.helpers import pdf_whose_error_quotes_a_nul
+
+    with pytest.raises(ParseError, match="PDF could not be read") as refused:
+        parse(pdf_whose_error_quotes_a_nul(), "application/pdf")
+    assert "\x00" in str(refused.value) and "\x00" not in describe_error(refused.value)
+    assert "\ufffd" in describe_error(ValueError("a lone \ud800 surrogate"))
+
+
+def test_the_first_sentence_end_is_where_sentence_spans_ends_the_first_sentence() -> None:
+    import random
+
+    from shared.ingest.chunking import first_sentence_end, sentence_spans
+
+    rng = random.Random(5)
+    pieces = ["Word", "e.g.", "Dr.", "end.", "Why?", "Yes!", "  ", "\n\n", "3.5", "…", "x"]
+    for _ in range(500):
+        text = " ".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        spans = sentence_spans(text, 0, len(text))
+        assert first_sentence_end(text) == (spans[0][1] if spans else None)
+
+
+def test_pdf_pages_with_a_thin_or_garbled_text_layer_flag_their_chunks() -> None:
+    from tests.helpers import pdf_with_pages
+
+    body = "Glaciers carve U-shaped valleys as the ice moves slowly downhill. " * 4
+    raw = pdf_with_pages([body, "Figure 3: moraine", "@#%& ~~ ||| ## " * 10, body])
+    doc = parse(raw, "application/pdf")
+    flagged = {s.path: s.flags for s in doc.sections}
+    assert flagged == {
+        "page 1": (),
+        "page 2": ("doubtful_extraction",),  # 15 letters and digits: a caption, not a page
+        "page 3": ("doubtful_extraction",),  # symbols, not words: an unusable font encoding
+        "page 4": (),
+    }
+    chunks = Chunker(word_offsets, max_tokens=200, overlap_tokens=0).chunk(doc)
+    by_page = {c.section: c.flags for c in chunks}
+    assert by_page["page 2"] == ("doubtful_extraction",) and by_page["page 1"] == ()
+    # Other formats are never flagged.
+    text_chunks = Chunker(word_offsets, max_tokens=200, overlap_tokens=0).chunk(
+        parse(b"Short.", "text/plain")
+    )
+    assert all(c.flags == () for c in text_chunks)
+
+
+def test_markdown_heading_lines_become_the_section_path_not_chunk_text() -> None:
+    md = (
+        "# Intro\nCats purr.\n\n## Care ##\r\nFeed them.\n"
+        "```\n# a comment in code, not a heading\n```\n### Deep\nLast words.\n"
+    )
+    doc = parse(md.encode(), "text/markdown")
+    assert "# Intro" not in doc.text and "## Care" not in doc.text and "Deep" not in doc.text
+    assert "# a comment in code, not a heading" in doc.text  # fenced code is kept as written
+    assert doc.section_at(doc.text.index("Cats")) == "Intro"
+    assert doc.section_at(doc.text.index("Feed")) == "Intro > Care"
+    assert doc.section_at(doc.text.index("# a comment")) == "Intro > Care"
+    assert doc.section_at(doc.text.index("Last words")) == "Intro > Care > Deep"
+    chunks = Chunker(word_offsets, max_tokens=30, overlap_tokens=0, min_tokens=0).chunk(doc)
+    assert not any(c.text.lstrip().startswith("#") and c.section != "Intro > Care" for c in chunks)
+    assert [c.text for c in chunks if c.section == "Intro"] == ["Cats purr."]
+    # A document of headings only keeps their words as its text.
+    assert parse(b"# Only\n## Headings\n", "text/markdown").text == "Only\n\nHeadings"
+
+
+def test_html_table_rows_and_list_items_keep_their_boundaries() -> None:
+    html = b"""<body><h1>Staff</h1>
+    <table><tr><th>Name</th><th>Role</th></tr>
+    <tr><td>Ann</td><td><p>Pump engineer</p></td></tr><tr><td>Bo</td><td>Diver</td></tr></table>
+    <ul><li>Fruits<ul><li>apple</li><li>pear</li></ul></li><li>Vegetables</li></ul></body>"""
+    doc = parse(html, "text/html")
+    blocks = doc.text.split("\n\n")
+    # A row is one block, its cells in order; no cell is repeated as a block of its own.
+    assert blocks[1:4] == ["Name | Role", "Ann | Pump engineer", "Bo | Diver"]
+    # A list item that holds a nested list keeps its own words; each item is its own block.
+    assert blocks[4:] == ["Fruits", "apple", "pear", "Vegetables"]
+    # A chunk holds whole rows: the chunker never cuts between a row's cells.
+    rows = {"Name | Role", "Ann | Pump engineer", "Bo | Diver"}
+    for chunk in Chunker(word_offsets, max_tokens=12, overlap_tokens=0).chunk(doc):
+        pieces = chunk.text.split("\n\n")
+        assert all(p in rows for p in pieces if "|" in p), chunk.text
+
+
+def test_contextual_text_puts_the_title_and_section_before_the_chunk() -> None:
+    from shared.ingest.chunking import contextual_text
+
+    assert contextual_text("It smiles.", "Quokka", "Habits", "none") == "It smiles."
+    assert contextual_text("It smiles.", "Quokka", "Habits", "title") == "Quokka\n\nIt smiles."
+    assert (
+        contextual_text("It smiles.", "Quokka", "Habits", "title_section")
+        == "Quokka\nHabits\n\nIt smiles."
+    )
+    assert contextual_text("It smiles.", "", "", "title_section") == "It smiles."
+
+
+def test_nested_html_is_read_in_one_pass_each_text_once() -> None:
+    """Each row's cells, each block's own words: a text node is read once however deep it
+    sits. Asking every element for its ancestors and descendants made 17 KB of nested tables
+    a gigabyte of text, and 100 KB of nested divs a minute of parsing."""
+    tables = b"<table><tr><td>" * 300 + b"x" * 2000
+    doc = parse(tables, "text/html")
+    assert doc.text == "x" * 2000  # each outer row's own cells are empty: no line of its own
+    divs = b"<div>" * 20_000 + b"deep" + b"</div>" * 20_000
+    assert parse(divs, "text/html").text == "deep"
+    headings = b"<h1>" * 3000 + b"y" * 3000
+    assert parse(headings, "text/html").text == "y" * 3000
+    nested = b"""<body><table><tr><td>outer <table><tr><td>inner</td><td>cell</td></tr></table>
+    tail</td><td>last</td></tr></table><h2>Head <p>in heading</p></h2></body>"""
+    assert parse(nested, "text/html").text.split("\n\n") == [
+        "outer tail | last",
+        "inner | cell",
+        "Head in heading",
+    ]
+    # Cells whose </td> is left out (valid HTML; html.parser nests each in the one before)
+    unclosed = b"<table><tr><th>Name<th>Age<tr><td>Ann<td>31<tr><td>Bob<td>42</table>"
+    assert parse(unclosed, "text/html").text.split("\n\n") == [
+        "Name | Age",
+        "Ann | 31",
+        "Bob | 42",
+    ]
+    # Words after a heading inside a block are in that heading's section, after it.
+    after = parse(b"<div><p>Before</p><h2>Intro</h2>Loose words</div>", "text/html")
+    assert after.text.split("\n\n") == ["Before", "Intro", "Loose words"]
+    assert after.section_at(after.text.index("Loose")) == "Intro"
+
+
+def test_json_records_are_counted_as_intake_counts_them_and_bounded() -> None:
+    from shared.ingest.parsing import MAX_JSON_RECORDS
+
+    # U+2028 is a line separator to str.splitlines, not to JSON Lines: inside a string it is
+    # text, and records separated by it are one (invalid) line, as intake counted them.
+    inside = json.dumps({"text": "one\u2028record"}, ensure_ascii=False).encode()
+    assert parse(inside + b"\n", "application/x-ndjson").text == "one\u2028record"
+    two = '{"text": "a"}\u2028{"text": "b"}'.encode()
+    with pytest.raises(ParseError, match="invalid JSON on line 1"):
+        parse(two, "application/x-ndjson")
+    # "\r\n" and a lone "\r" end a line, here and in intake's count.
+    from shared.ingest.parsing import jsonl_line_count
+
+    crlf = b'{"text": "a"}\r\n{"text": "b"}\r{"text": "c"}'
+    assert parse(crlf, "application/x-ndjson").text.split("\n\n") == ["a", "b", "c"]
+    assert jsonl_line_count(crlf) == 3 and jsonl_line_count(two) == 1
+    array = json.dumps(["w"] * (MAX_JSON_RECORDS + 1)).encode()
+    with pytest.raises(ParseError, match=f"the limit is {MAX_JSON_RECORDS}"):
+        parse(array, "application/json")
+    assert len(parse(json.dumps(["w"] * 3).encode(), "application/json").sections) == 3
+
+
+def test_a_heading_sits_under_the_nearest_heading_above_its_level() -> None:
+    """Not under whichever came before: a page whose headings start at h2 has its h2s side by
+    side, and a heading of a higher level ends the deeper ones."""
+    html = b"<h2>Title</h2><p>a</p><h2>Next</h2><p>b</p><h3>Deep</h3><p>c</p><h1>Top</h1><p>d</p>"
+    doc = parse(html, "text/html")
+    assert [doc.section_at(doc.text.index(w)) for w in "abcd"] == [
+        "Title",
+        "Next",
+        "Next > Deep",
+        "Top",
+    ]
+    markdown = parse(b"## A\nx\n## B\ny\n#### C\nz\n### D\nw\n", "text/markdown")
+    assert [s.path for s in markdown.sections] == ["A", "B", "B > C", "B > D"]
+
+
+def test_commonmark_setext_headings_front_matter_comments_and_tables() -> None:
+    md = (
+        "---\nsection: 1\ndescription: front matter\n---\n\n"
+        "Stage\n=====\n\nIntro of `npm stage`.\n\n<!-- YAML\nadded: v1\n-->\n\n"
+        "Flags\n-----\n\n| Flag | Default |\n| --- | --- |\n| `--otp` | null |\n"
+        "| `--json` | false |\n\nAfter the table.\n"
+    )
+    doc = parse(md.encode(), "text/markdown")
+    assert "front matter" not in doc.text and "YAML" not in doc.text and "=====" not in doc.text
+    assert doc.section_at(doc.text.index("Intro")) == "Stage"
+    row = doc.text.index("`--json`")
+    assert doc.section_at(row) == "Stage > Flags > | Flag | Default |"
+    assert "table" in doc.flags_at(row) and "| Flag |" not in doc.text  # the header: in the path
+    assert doc.section_at(doc.text.index("After")) == "Stage > Flags"
+    assert "table" not in doc.flags_at(doc.text.index("After"))
+
+
+def test_a_table_is_chunked_by_whole_rows_each_chunk_under_its_header() -> None:
+    rows = "".join(f"| `--flag-{i}` | value {i} of the flag |\n" for i in range(40))
+    doc = parse(f"# Flags\n\n| Flag | Meaning |\n|---|---|\n{rows}".encode(), "text/markdown")
+    chunks = Chunker(word_offsets, max_tokens=40, overlap_tokens=0).chunk(doc)
+    assert len(chunks) > 3
+    for chunk in chunks:
+        assert chunk.section == "Flags > | Flag | Meaning |" and "table" in chunk.flags
+        assert all(line.startswith("| `--flag-") and line.endswith("|") for line in
+                   chunk.text.splitlines())  # fmt: skip
+    assert sum(len(c.text.splitlines()) for c in chunks) == 40
+
+
+def test_a_stub_chunk_joins_a_neighbour_and_no_chunk_is_a_heading_alone() -> None:
+    md = (
+        "# NAME\ngrep - print lines.\n\n# DESCRIPTION\n"
+        + "Grep searches each file. " * 8
+        + "\n\n# NOTES\nSee also.\n"
+    )
+    doc = parse(md.encode(), "text/markdown")
+    unmerged = Chunker(word_offsets, max_tokens=60, overlap_tokens=0, min_tokens=0).chunk(doc)
+    assert unmerged[0].text == "grep - print lines."
+    chunks = Chunker(word_offsets, max_tokens=60, overlap_tokens=0, min_tokens=12).chunk(doc)
+    assert all(c.token_count >= 12 for c in chunks), [(c.text, c.token_count) for c in chunks]
+    assert chunks[0].text.startswith("grep - print lines.") and chunks[0].section == "NAME"
+    assert chunks[-1].text.endswith("See also.")  # the last section's stub joined the one before
+    for chunk in chunks:
+        assert doc.text[chunk.char_start : chunk.char_end] == chunk.text
+
+
+def test_a_man_page_has_its_sections_and_no_running_header_or_justified_spaces() -> None:
+    page = (
+        "GREP(1)                    User Commands                    GREP(1)\n\n"
+        "NAME\n       grep - print lines that match patterns\n\n"
+        "OPTIONS\n   Generic Program Information\n       --help Output  a  usage  message.\n\n"
+        "   Matching Control\n       -i, --ignore-case\n              Ignore  case.\n\n"
+        "GNU grep 3.8                  2019-12-29                   GREP(1)\n"
+    )
+    doc = parse(page.encode(), "text/plain")
+    assert "GREP(1)" not in doc.text and "Output a usage message." in doc.text
+    assert doc.section_at(doc.text.index("grep - print")) == "NAME"
+    assert doc.section_at(doc.text.index("--help")) == "OPTIONS > Generic Program Information"
+    assert doc.section_at(doc.text.index("Ignore case")) == "OPTIONS > Matching Control"
+
+
+def test_underlined_headings_in_plain_text_are_sections_by_style() -> None:
+    rst = (
+        "=======\nJansson\n=======\n\nA C library.\n\nBuilding\n--------\n\nRun cmake.\n\n"
+        "Documentation\n-------------\n\nSee the docs.\n\nA line\n-- not a heading\n"
+    )
+    doc = parse(rst.encode(), "text/plain")
+    assert doc.section_at(doc.text.index("A C library")) == "Jansson"
+    assert doc.section_at(doc.text.index("Run cmake")) == "Jansson > Building"
+    assert doc.section_at(doc.text.index("See the docs")) == "Jansson > Documentation"
+    assert "-- not a heading" in doc.text and "=======" not in doc.text
+
+
+def test_pdf_text_is_normalized_and_running_lines_dropped() -> None:
+    from shared.ingest.parsing import _pdf_text, _running_lines, _without_running_lines
+
+    assert _pdf_text("e\ufb03cient de\ufb01nition of the manip-\nulation in GPL-\n3") == (
+        "efficient definition of the manipulation in GPL-\n3"
+    )
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
+    pages = [
+        f"Chapter 4: Functions {10 + i}\n{w} opens the page.\nThe {w} middle.\n"
+        f"More of {w}.\n{w} ends the page.\n{10 + i}"
+        for i, w in enumerate(words)
+    ]
+    pages.append("A last page without the header.\nIts text.")
+    running = _running_lines(pages)
+    assert running == {"Chapter #: Functions #", "#"}
+    cleaned = _without_running_lines(pages[2], running)
+    assert (
+        cleaned == "gamma opens the page.\nThe gamma middle.\nMore of gamma.\ngamma ends the page."
+    )
+    assert _without_running_lines(pages[-1], running) == pages[-1]
+
+
+def test_a_code_block_is_one_chunk_where_it_fits_and_cut_between_lines_where_not() -> None:
+    code = "".join(f"    step_{i}(); // then the next step\n" for i in range(6))
+    md = f"# Build\n\nRun this.\n\n```c\n{code}```\n\nThen stop. " + "More prose. " * 30
+    doc = parse(md.encode(), "text/markdown")
+    chunks = Chunker(word_offsets, max_tokens=80, overlap_tokens=0, min_tokens=0).chunk(doc)
+    holding = [c for c in chunks if "step_0" in c.text]
+    assert len(holding) == 1 and all(f"step_{i}" in holding[0].text for i in range(6))
+    assert "code" in holding[0].flags
+    small = Chunker(word_offsets, max_tokens=24, overlap_tokens=0, min_tokens=0).chunk(doc)
+    for chunk in small:
+        if "code" in chunk.flags:
+            assert all(
+                line.strip().startswith(("step_", "```")) for line in chunk.text.splitlines()
+            )

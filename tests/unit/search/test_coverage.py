@@ -1,0 +1,88 @@
+"""The default decision's term coverage (shared/search/coverage.py) and what the policy does
+with it: terms the corpus holds nowhere abstain with those terms named, evidence that holds
+too little of the question abstains, part of it asks to verify."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from shared.search.coverage import CorpusCounts, QueryTerms, coverage
+from shared.search.policy import PolicyConfig, apply_policy
+from tests.unit.search.test_units import _candidates
+
+
+class Words:
+    def __call__(self, text: str) -> int:
+        return len(text.split())
+
+    def prefix_counts(self, text: str, ends: list[int]) -> list[int]:
+        return [len(text[:e].split()) for e in ends]
+
+
+def test_question_words_are_not_informative_and_each_term_keeps_its_word() -> None:
+    terms = QueryTerms.of("What is the boiling point of Tungsten? How does tungsten boil?")
+    assert terms.stems == ("boil", "point", "tungsten")
+    assert terms.words == {"boil": "boiling", "point": "point", "tungsten": "Tungsten"}
+    assert QueryTerms.of("what is it and how").stems == ()
+
+
+def test_absent_terms_and_coverage_are_weighed_by_the_corpus_rarity() -> None:
+    counts = CorpusCounts(1000, {"kettl": 3, "boil": 40, "water": 400, "point": 50})
+    kettle = QueryTerms.of("do kettles boil water")
+    full = coverage(kettle, counts, ["The kettle boils water quickly."])
+    assert full.absent == [] and full.uncovered == [] and full.covered == 1.0
+    # water is common: evidence without it still holds most of the question's weight
+    most = coverage(kettle, counts, ["A kettle may boil over."])
+    assert most.uncovered == ["water"] and 0.75 < most.covered < 1.0
+    # the rare word missing: most of the weight is missing
+    rare = coverage(kettle, counts, ["Water boils at 100 degrees."])
+    assert rare.uncovered == ["kettles"] and rare.covered < 0.6
+    tungsten = coverage(QueryTerms.of("boiling point of tungsten"), counts, ["Boil water."])
+    assert tungsten.absent == ["tungsten"] and tungsten.absent_weight > 0.4
+    assert tungsten.uncovered == ["point"]  # "boiling" is held by the evidence
+
+
+def test_unknown_counts_weigh_every_term_alike_and_name_none_absent() -> None:
+    """Elasticsearch could not count (a new index's shard still starting): the evidence's
+    share of the question still decides; no word is called absent."""
+    unknown = coverage(QueryTerms.of("boiling point of tungsten"), CorpusCounts.unknown(), [
+        "Kettles boil water."
+    ])  # fmt: skip
+    assert unknown.absent == [] and unknown.absent_weight == 0.0
+    assert unknown.uncovered == ["point", "tungsten"] and unknown.covered == round(1 / 3, 4)
+
+
+def _policy_result(covered: float, absent_weight: float = 0.0) -> Any:
+    from shared.search.schemas import TermCoverage
+
+    candidates = []
+    for c in _candidates(4, documents=4):
+        text = "Kettles boil water."
+        c = replace(c, external_id=c.document_id, text=text, char_end=len(text), token_count=3)
+        c.scores["dense_cosine"] = 0.9
+        candidates.append(c)
+    config = PolicyConfig(
+        "dense_cosine",
+        0.3,
+        100,
+        3,
+        0.99,
+        coverage=TermCoverage(terms=["x"], covered=covered, absent_weight=absent_weight),
+    )
+    return apply_policy(candidates, config, Words())
+
+
+def test_the_policy_answers_verifies_or_abstains_by_coverage() -> None:
+    answered = _policy_result(covered=0.9)
+    assert answered.status == "answerable" and answered.evidence
+    assert answered.decision().coverage is not None
+    partial = _policy_result(covered=0.5)
+    assert (partial.status, partial.reason) == ("verify", "partial_coverage") and partial.evidence
+    thin = _policy_result(covered=0.2)
+    assert (thin.status, thin.reason) == ("abstain", "evidence_does_not_cover_query")
+    assert thin.evidence == [] and thin.tokens_used == 0
+    assert set(thin.per_result.values()) == {"evidence_does_not_cover_query"}
+    absent = _policy_result(covered=0.9, absent_weight=0.5)
+    assert (absent.status, absent.reason) == ("abstain", "query_terms_absent")
+    assert absent.evidence == []
