@@ -268,12 +268,15 @@ def dlq_discard(letter_id: int = typer.Argument(..., help="The id `dlq list` sho
     console.print(f"discarded dead letter {letter_id}")
 
 
-def stats(as_json: bool = typer.Option(False, "--json")) -> None:
+def stats(
+    tenant: str | None = typer.Option(None, help="Count this tenant's only (queues are shared)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
     """Documents, versions, chunks per store, outbox backlog, dead letters, last reconcile."""
     from shared.admin.service import system_stats
     from shared.db import unit_of_work
 
-    stats_ = system_stats(unit_of_work)
+    stats_ = system_stats(unit_of_work, tenant)
     if as_json:
         typer.echo(stats_.model_dump_json(indent=2))
         return

@@ -12,7 +12,17 @@ from typing import Any
 from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
-from shared.models import WebhookDelivery, WebhookEndpoint
+from shared.models import Document, WebhookDelivery, WebhookEndpoint
+
+
+def external_ids(session: Session, document_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """document id -> its external id, for the documents of a batch of job events."""
+    if not document_ids:
+        return {}
+    rows = session.execute(
+        select(Document.id, Document.external_id).where(Document.id.in_(set(document_ids)))
+    )
+    return {document_id: external_id for document_id, external_id in rows}
 
 
 def add_endpoint(session: Session, endpoint: WebhookEndpoint) -> None:

@@ -97,9 +97,12 @@ def delivery_log(
 
 
 def job_finished(uow: UnitOfWork, jobs: Sequence[IngestJob]) -> None:
-    """The events of jobs that reached a final state in this transaction."""
-    emit(uow, [(j.tenant_id, JOB_EVENTS[str(j.state)], job_payload(j)) for j in jobs
-               if str(j.state) in JOB_EVENTS])  # fmt: skip
+    """The events of jobs that reached a final state in this transaction, each naming its
+    document by external id too (what the tenant's own systems know it by)."""
+    finished = [j for j in jobs if str(j.state) in JOB_EVENTS]
+    names = repo.external_ids(uow.session, [j.document_id for j in finished])
+    emit(uow, [(j.tenant_id, JOB_EVENTS[str(j.state)], job_payload(j, names.get(j.document_id)))
+               for j in finished])  # fmt: skip
 
 
 def training_finished(uow: UnitOfWork, job: TrainingJob) -> None:
@@ -129,7 +132,7 @@ def emit(uow: UnitOfWork, events: Sequence[tuple[str, str, dict[str, Any]]]) -> 
         uow.after_commit(publish_webhooks)
 
 
-def job_payload(job: IngestJob) -> dict[str, Any]:
+def job_payload(job: IngestJob, external_id: str | None = None) -> dict[str, Any]:
     error = (
         {"stage": job.error_stage, "class": job.error_class, "message": job.error_message}
         if job.error_message
@@ -140,6 +143,7 @@ def job_payload(job: IngestJob) -> dict[str, Any]:
         "tenant_id": job.tenant_id,
         "job_id": str(job.id),
         "document_id": str(job.document_id),
+        "external_id": external_id,
         "version": job.version,
         "state": str(job.state),
         "attempts": job.attempts,

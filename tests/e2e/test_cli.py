@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
@@ -105,6 +107,8 @@ def test_piped_cli_tables_are_whole_and_dlq_commands_say_what_they_do(tenant: st
         assert run.returncode == 0, run.stdout + run.stderr
         return run.stdout
 
+    stats = json.loads(concord("stats", "--tenant", tenant, "--json"))
+    assert stats["dead_letters"] == 1 and stats["documents"] == 0  # this tenant's alone
     listed = concord("dlq", "list", "--tenant", tenant)
     assert ref in listed and "re-encode it as UTF-8" in listed
     helps = concord("dlq", "--help")

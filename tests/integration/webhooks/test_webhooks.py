@@ -122,7 +122,9 @@ def test_a_receiver_down_for_a_while_gets_every_event_signed_once_it_is_back(
         assert headers["Concord-Event"] == payload["event"]
     assert len(receiver.received) == 2  # each event once: delivered ones are not sent again
     assert events["job.indexed"]["job_id"] == good["job_id"]
+    assert events["job.indexed"]["external_id"] == "tide"
     assert events["job.failed"]["job_id"] == bad["job_id"]
+    assert events["job.failed"]["external_id"] == "empty.html"
     assert events["job.failed"]["error"]["stage"] == "parse"
     assert {d["last_status"] for d in log()} == {204}
 
