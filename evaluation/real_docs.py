@@ -107,14 +107,11 @@ def holds_evidence(text: str, evidence: str) -> bool:
     return False
 
 
-def same_text(files: Path) -> dict[str, str]:
+def same_text(uploads: list[Upload]) -> dict[str, str]:
     """Each file's name -> the name of the first file with the same bytes (a page shipped
     under two names answers a question about either)."""
     first: dict[bytes, str] = {}
-    canonical = {}
-    for path in sorted(p for p in files.iterdir() if p.is_file()):
-        canonical[path.name] = first.setdefault(path.read_bytes(), path.name)
-    return canonical
+    return {u.external_id: first.setdefault(u.raw, u.external_id) for u in uploads}
 
 
 def score_question(
@@ -180,7 +177,7 @@ def run_devset(
     questions = load_questions(questions_file)
     uploads = uploads_of(tenant_id, files)
     synced = sync_uploads(tenant_id, uploads, progress, timeout_s=1800)
-    canonical = same_text(files)
+    canonical = same_text(uploads)
     settings = get_settings()
     rows, latencies = [], []
     for i, question in enumerate(questions, start=1):

@@ -224,24 +224,19 @@ def _parse_markdown(text: str) -> ParsedDocument:
             n = max(end, n + 1)
         elif n in comments:
             n = max(comments[n], n + 1)
-        elif n in tables:
-            end, header = tables[n]
+        elif n in tables or n in code:
             within = path.current()
-            table_path = f"{within} > {header}" if within else header
-            sections.append(Section(offset, table_path[-MAX_SECTION_CHARS:], (TABLE,)))
-            for row in lines[n + 2 : end]:  # past the header and delimiter rows
-                kept.append(row)
-                offset += len(row)
-            sections.append(Section(offset, within))
-            n = end
-        elif n in code:
-            within = path.current()
-            sections.append(Section(offset, within, (CODE,)))
-            for line in lines[n : code[n]]:
+            if n in tables:  # its rows, under a path that ends with its header row
+                end, header = tables[n]
+                block_path, flag, first = f"{within} > {header}" if within else header, TABLE, n + 2
+            else:
+                end, block_path, flag, first = max(code[n], n + 1), within, CODE, n
+            sections.append(Section(offset, block_path[-MAX_SECTION_CHARS:], (flag,)))
+            for line in lines[first:end]:
                 kept.append(line)
                 offset += len(line)
-            sections.append(Section(offset, within))
-            n = max(code[n], n + 1)
+            sections.append(Section(offset, within))  # the heading's section again after it
+            n = end
         else:
             kept.append(lines[n])
             offset += len(lines[n])

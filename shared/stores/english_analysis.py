@@ -56,10 +56,12 @@ def identifier_terms(text: str) -> list[str]:
     without such names (most prose) adds nothing and costs two regex scans."""
     extra: list[str] = []
     if "_" in text or not text.islower():
+        parts = []
         for match in _CAMEL_OR_SNAKE.finditer(text):
-            parts = [p.lower() for p in _PARTS.findall(match.group())]
-            if len(parts) > 1:
-                extra += _stemmer().stemWords([p for p in parts if p not in STOP_WORDS])
+            found = [p.lower() for p in _PARTS.findall(match.group())]
+            if len(found) > 1:
+                parts += [p for p in found if p not in STOP_WORDS]
+        extra += _stemmer().stemWords(parts) if parts else []  # one call for the whole text
     if "." in text or "-" in text:
         extra += [m.group().lower() for m in _JOINED.finditer(text)]
     return extra
