@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import httpx
 import typer
@@ -120,7 +119,8 @@ def ingest(
         else:
             named[prefix + path.name] = path
     published = failed = 0
-    sent_at = datetime.now(UTC)
+    if wait:
+        since, awaiting = _before_sending(tenant, named)
     batcher = EventBatcher(publish_upload_events)  # a few dozen events per message
     with Progress(console=console) as progress:
         task = progress.add_task("publishing", total=len(named))
@@ -141,7 +141,7 @@ def ingest(
         published += batcher.flush()
     console.print(f"published {published} upload event(s), {failed} failed, tenant {tenant}")
     if wait and published:
-        failed += _wait_settled(tenant, list(named), timeout, sent_at)
+        failed += _wait_settled(tenant, list(named), timeout, since, awaiting)
     if failed:
         raise typer.Exit(1)
 
@@ -158,6 +158,12 @@ def sync(
         help="With --prune: delete even when the directory is empty or more than half of the "
         "prefix's documents would go.",
     ),
+    retry_failed: bool = typer.Option(
+        False,
+        "--retry-failed",
+        help="Send again the files whose same content already failed (a failed job, or an "
+        "upload refused at intake); without it they wait until they change.",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the plan; send nothing."),
     by_reference: bool = typer.Option(
         False,
@@ -172,8 +178,10 @@ def sync(
 ) -> None:
     """Make the tenant's documents under PREFIX match DIRECTORY: send new and changed files
     (by content hash), and with --prune delete those whose file is gone. Idempotent: a second
-    run sends nothing; an interrupted one resumes when run again."""
+    run sends nothing; an interrupted one resumes when run again. A file whose content already
+    failed is not sent again until it changes (or with --retry-failed)."""
     from shared.db import unit_of_work
+    from shared.db.repository import now
     from shared.documents import sync as syncing
     from shared.documents.events import EventBatcher, build_delete_event, build_upload_event
     from shared.queue import publish_upload_events
@@ -201,16 +209,23 @@ def sync(
             raise typer.Exit(2)
     files = syncing.local_files(tenant, directory, prefix)
     with unit_of_work() as uow:
-        todo = syncing.plan(uow.session, tenant, files, prefix, prune)
+        todo = syncing.plan(uow.session, tenant, files, prefix, prune, retry_failed)
+        since = now(uow.session)  # before anything is sent: what --wait counts from
     counts = todo.counts()
+    held_back = counts["failed before"]
     console.print(
         f"plan for tenant {tenant}: {counts['new']} new, {counts['changed']} changed, "
-        f"{counts['unchanged']} unchanged, {counts['delete']} to delete"
+        f"{counts['retry']} to retry, {counts['unchanged']} unchanged, "
+        f"{held_back} failed before"
+        + (" (not sent again until changed; --retry-failed sends them)" if held_back else "")
+        + f", {counts['delete']} to delete"
         + ("" if prune else " (without --prune nothing is deleted)")
     )
     for label, names in (
         ("new", [f.external_id for f in todo.new]),
         ("changed", [f.external_id for f in todo.changed]),
+        ("retry", [f.external_id for f in todo.retried]),
+        ("failed", [f.external_id for f in todo.failed_before]),
         ("delete", todo.deletes),
     ):
         for name in names[:20]:
@@ -225,12 +240,11 @@ def sync(
     if dry_run or not todo.to_send():
         console.print("dry run: nothing sent" if dry_run else "in sync: nothing to send")
         return
-    sent_at = datetime.now(UTC)
     batcher = EventBatcher(publish_upload_events)
     sent = 0
     with Progress(console=console) as progress:
         task = progress.add_task("sending", total=todo.to_send())
-        for f in [*todo.new, *todo.changed]:
+        for f in todo.uploads():
             upload = syncing.file_upload(tenant, f.path, f.external_id)
             reference = None
             if root is not None:
@@ -256,30 +270,45 @@ def sync(
         sent += batcher.flush()
     console.print(f"sent {sent} event(s) to tenant {tenant}")
     if wait:
-        sent_ids = [f.external_id for f in [*todo.new, *todo.changed]]
-        if sent_ids and _wait_settled(tenant, sent_ids, timeout, sent_at):
+        sent_ids = [f.external_id for f in todo.uploads()]
+        if sent_ids and _wait_settled(tenant, sent_ids, timeout, since, sent_ids):
             raise typer.Exit(1)
 
 
-def _wait_settled(tenant: str, external_ids: list[str], timeout: float, sent_at: Any) -> int:
+def _before_sending(tenant: str, named: dict[str, Path]) -> tuple[datetime, list[str]]:
+    """What ``ingest --wait`` needs before it publishes: the database's time, and the uploads
+    that will make a job (the others are unchanged: their document's job is their answer)."""
+    from shared.db import unit_of_work
+    from shared.db.repository import now
+    from shared.documents import sync as syncing
+
+    files = [syncing.local_file(tenant, path, external_id) for external_id, path in named.items()]
+    with unit_of_work() as uow:
+        plan = syncing.plan(uow.session, tenant, files, "", prune=False, retry_failed=True)
+        return now(uow.session), [f.external_id for f in plan.uploads()]
+
+
+def _wait_settled(
+    tenant: str, external_ids: list[str], timeout: float, since: datetime, awaiting: list[str]
+) -> int:
     """Show indexing progress until every document is indexed or has failed (a job failed or
     dead-lettered, or the upload refused at intake), then name each failure with its reason;
-    returns how many documents are not indexed (failed, or not finished within ``timeout``)."""
+    returns how many documents are not indexed (failed, or not finished within ``timeout``).
+    ``since``: the database's time before sending; ``awaiting``: the uploads that make a job
+    (shared/jobs/repository.upload_outcomes)."""
     import time
-    from datetime import timedelta
 
     from shared.db import unit_of_work
     from shared.jobs.repository import upload_outcomes
 
     final = {"indexed", "failed", "dead_lettered"}
     deadline = time.monotonic() + timeout
-    since = sent_at - timedelta(seconds=5)  # the database's clock, a little behind ours
     outcomes: dict[str, tuple[str, str | None]] = {}
     with Progress(console=console) as progress:
         task = progress.add_task("indexing", total=len(external_ids))
         while True:
             with unit_of_work() as uow:
-                outcomes = upload_outcomes(uow.session, tenant, external_ids, since)
+                outcomes = upload_outcomes(uow.session, tenant, external_ids, since, awaiting)
             settled = sum(1 for state, _ in outcomes.values() if state in final)
             progress.update(task, completed=settled)
             if settled == len(external_ids) or time.monotonic() >= deadline:

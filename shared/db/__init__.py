@@ -129,6 +129,12 @@ def dispose_engine_after_fork() -> None:
         engine.dispose(close=False)
 
 
+def starts_with(column: QueryableAttribute[str], prefix: str) -> ColumnElement[bool]:
+    """``column LIKE prefix%`` with the prefix's own ``%``, ``_`` and ``\\`` taken literally."""
+    escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return column.like(escaped + "%", escape="\\")
+
+
 def any_of(column: QueryableAttribute[Any], values: Iterable[Any]) -> ColumnElement[bool]:
     """``column = ANY(:values)``: one array parameter however many values. (An ``IN`` list
     binds a parameter per value, and Postgres refuses a statement with more than 65,535.)"""

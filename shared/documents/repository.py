@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
 
-from shared.db import any_of
+from shared.db import any_of, starts_with
 from shared.models import Document, DocumentVersion
 from shared.stores.schemas import document_id_of
 
@@ -112,12 +112,11 @@ def add_version(session: Session, version: DocumentVersion) -> None:
 def live_content_hashes(session: Session, tenant_id: str, prefix: str) -> dict[str, str]:
     """External id -> content hash of the tenant's live documents whose external id starts
     with ``prefix``."""
-    escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     rows = session.execute(
         select(Document.external_id, Document.content_hash).where(
             Document.tenant_id == tenant_id,
             Document.deleted.is_(False),
-            Document.external_id.like(escaped + "%", escape="\\"),
+            starts_with(Document.external_id, prefix),
         )
     )
     return {external_id: digest for external_id, digest in rows}

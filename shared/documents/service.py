@@ -3,6 +3,8 @@ caller's unit of work commits, and only then are tasks published."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import math
@@ -177,8 +179,24 @@ def add_event_dead_letter(session: Session, event: dict[str, Any], error: Except
         # a database error's primary message only: not its statement and parameters
         message=describe_error(error),
         attempts=1,
-        payload=_letter_value({k: v for k, v in event.items() if k != "content_base64"}),
+        payload={
+            **_letter_value({k: v for k, v in event.items() if k != "content_base64"}),
+            **_refused_content_digest(event),
+        },
     )
+
+
+def _refused_content_digest(event: dict[str, Any]) -> dict[str, str]:
+    """The SHA-256 of an inline content that was refused, so that ``concord sync`` does not
+    send the same bytes again (shared/documents/sync.py); nothing where there is none."""
+    content = event.get("content_base64")
+    if not isinstance(content, str):
+        return {}
+    try:
+        raw = base64.b64decode(content, validate=True)
+    except binascii.Error:
+        return {}
+    return {"content_sha256": hashlib.sha256(raw).hexdigest()}
 
 
 def _letter_value(value: Any, depth: int = 0) -> Any:

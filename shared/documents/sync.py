@@ -4,10 +4,14 @@ A file's external id is its path relative to the directory (after an optional pr
 compared with the tenant's live documents by the content hash Concord itself keeps (bytes,
 type, title, metadata: :func:`shared.documents.service.content_hash`), so only new and changed
 files are sent, a second run sends nothing, and an interrupted run resumes by running again.
-With ``prune``, documents under the prefix whose file is gone are deleted."""
+A file whose content already failed (its job failed, or its upload was refused at intake) is
+not sent again until it changes, or unless ``retry_failed``: a scheduled sync must not make a
+fresh dead letter of the same file on every run. With ``prune``, documents under the prefix
+whose file is gone are deleted."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,13 +22,15 @@ from shared.documents import repository as repo
 from shared.documents.schemas import Upload
 from shared.documents.service import content_hash
 from shared.ingest.parsing import resolve_content_type
+from shared.jobs import repository as jobs_repo
 
 
 @dataclass(frozen=True)
 class LocalFile:
     path: Path
     external_id: str
-    digest: str
+    digest: str  # content_hash: bytes, type, title, metadata
+    raw_digest: str  # the bytes' SHA-256, as an intake refusal records it
 
 
 @dataclass
@@ -32,18 +38,27 @@ class SyncPlan:
     new: list[LocalFile] = field(default_factory=list)
     changed: list[LocalFile] = field(default_factory=list)
     unchanged: int = 0
+    # The same content as an attempt that failed: held back, or sent again with retry_failed.
+    failed_before: list[LocalFile] = field(default_factory=list)
+    retried: list[LocalFile] = field(default_factory=list)
     deletes: list[str] = field(default_factory=list)  # external ids whose file is gone
+    held: int = 0  # the tenant's live documents under the prefix
 
     def counts(self) -> dict[str, int]:
         return {
             "new": len(self.new),
             "changed": len(self.changed),
+            "retry": len(self.retried),
             "unchanged": self.unchanged,
+            "failed before": len(self.failed_before),
             "delete": len(self.deletes),
         }
 
+    def uploads(self) -> list[LocalFile]:
+        return [*self.new, *self.changed, *self.retried]
+
     def to_send(self) -> int:
-        return len(self.new) + len(self.changed) + len(self.deletes)
+        return len(self.uploads()) + len(self.deletes)
 
 
 # --prune deletes at most this share of the prefix's documents without --force: a sync of the
@@ -58,10 +73,9 @@ def prune_refusal(plan: SyncPlan, source_has_files: bool) -> str | None:
         return None
     if not source_has_files:
         return f"the directory is empty: --prune would delete all {len(plan.deletes)} documents"
-    held = len(plan.deletes) + len(plan.changed) + plan.unchanged
-    if len(plan.deletes) > PRUNE_AT_MOST * held:
+    if len(plan.deletes) > PRUNE_AT_MOST * plan.held:
         return (
-            f"--prune would delete {len(plan.deletes)} of the prefix's {held} documents "
+            f"--prune would delete {len(plan.deletes)} of the prefix's {plan.held} documents "
             f"(more than {PRUNE_AT_MOST:.0%})"
         )
     return None
@@ -91,24 +105,38 @@ def file_upload(tenant_id: str, path: Path, external_id: str) -> Upload:
     )
 
 
+def local_file(tenant_id: str, path: Path, external_id: str) -> LocalFile:
+    upload = file_upload(tenant_id, path, external_id)
+    return LocalFile(
+        path, external_id, content_hash(upload), hashlib.sha256(upload.raw).hexdigest()
+    )
+
+
 def local_files(tenant_id: str, directory: Path, prefix: str) -> list[LocalFile]:
-    files = []
-    for path in walk(directory):
-        external_id = prefix + path.relative_to(directory).as_posix()
-        files.append(
-            LocalFile(path, external_id, content_hash(file_upload(tenant_id, path, external_id)))
-        )
-    return files
+    return [
+        local_file(tenant_id, path, prefix + path.relative_to(directory).as_posix())
+        for path in walk(directory)
+    ]
 
 
 def plan(
-    session: Session, tenant_id: str, files: list[LocalFile], prefix: str, prune: bool
+    session: Session,
+    tenant_id: str,
+    files: list[LocalFile],
+    prefix: str,
+    prune: bool,
+    retry_failed: bool = False,
 ) -> SyncPlan:
     remote = repo.live_content_hashes(session, tenant_id, prefix)
-    result = SyncPlan()
+    failed = jobs_repo.failed_attempts(session, tenant_id, prefix)
+    result = SyncPlan(held=len(remote))
     for f in files:
         known = remote.get(f.external_id)
-        if known is None:
+        if failed.versions.get(f.external_id) == f.digest or f.raw_digest in failed.refusals.get(
+            f.external_id, ()
+        ):
+            (result.retried if retry_failed else result.failed_before).append(f)
+        elif known is None:
             result.new.append(f)
         elif known != f.digest:
             result.changed.append(f)

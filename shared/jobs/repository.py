@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -12,7 +13,7 @@ from sqlalchemy import Integer, cast, delete, func, select, text, tuple_, update
 from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.orm import Session
 
-from shared.db import any_of
+from shared.db import any_of, starts_with
 from shared.db.repository import count_rows
 from shared.models import DeadLetter, Document, DocumentVersion, IngestJob, JobState, TrainingJob
 
@@ -240,24 +241,35 @@ def live_job_states(
 
 
 def upload_outcomes(
-    session: Session, tenant_id: str, external_ids: Sequence[str], since: datetime
+    session: Session,
+    tenant_id: str,
+    external_ids: Sequence[str],
+    since: datetime,
+    awaiting_new_jobs: Collection[str] = (),
 ) -> dict[str, tuple[str, str | None]]:
-    """external id -> (state, why it failed) of what became of an upload sent at ``since``:
-    its live version's job (``failed`` and ``dead_lettered`` with the job's error), or
-    ``dead_lettered`` with the reason when the upload event itself was refused at intake
-    (an event that never became a document has no job to wait for)."""
+    """external id -> (state, why it failed) of what became of an upload sent at ``since``
+    (the database's clock): its live version's newest job (``failed`` and ``dead_lettered``
+    with the job's error), or ``dead_lettered`` with the reason when the upload event itself
+    was refused at intake (an event that never became a document has no job to wait for).
+    For ``awaiting_new_jobs`` (uploads that make a job: new or changed content, or a retry)
+    only a job made since counts: until the upload is accepted, the document's job is the
+    previous attempt's, and its ``failed`` would be the wrong answer."""
     if not external_ids:
         return {}
     outcomes: dict[str, tuple[str, str | None]] = {}
     jobs = session.execute(
-        select(Document.external_id, IngestJob.state, IngestJob.error_message)
+        select(Document.external_id, IngestJob.state, IngestJob.error_message, IngestJob.created_at)
         .join(
             IngestJob,
             (IngestJob.document_id == Document.id) & (IngestJob.version == Document.version),
         )
         .where(Document.tenant_id == tenant_id, any_of(Document.external_id, external_ids))
+        .order_by(IngestJob.created_at)  # a version's retry after its failed job
     ).all()
-    for external_id, state, error in jobs:
+    awaiting = set(awaiting_new_jobs)
+    for external_id, state, error, created_at in jobs:
+        if external_id in awaiting and created_at < since:
+            continue
         outcomes[external_id] = (state, error if state in ("failed", "dead_lettered") else None)
     refused = session.execute(
         select(DeadLetter.ref, DeadLetter.message)
@@ -273,6 +285,53 @@ def upload_outcomes(
         if outcomes.get(external_id, ("",))[0] != "indexed":
             outcomes[external_id] = ("dead_lettered", message)
     return outcomes
+
+
+@dataclass
+class FailedAttempts:
+    """What a tenant's uploads under a prefix already failed with, for ``concord sync`` not to
+    send the same content again: live versions whose newest job failed or was dead-lettered
+    (external id -> the version's content hash), and upload events refused at intake (external
+    id -> the SHA-256 of each refused content, as their dead letters keep it)."""
+
+    versions: dict[str, str] = field(default_factory=dict)
+    refusals: dict[str, set[str]] = field(default_factory=dict)
+
+
+def failed_attempts(session: Session, tenant_id: str, prefix: str) -> FailedAttempts:
+    newest = (
+        select(Document.external_id, Document.content_hash, IngestJob.state)
+        .join(
+            IngestJob,
+            (IngestJob.document_id == Document.id) & (IngestJob.version == Document.version),
+        )
+        .ext(distinct_on(Document.id))
+        .where(
+            Document.tenant_id == tenant_id,
+            Document.deleted.is_(False),
+            starts_with(Document.external_id, prefix),
+        )
+        .order_by(Document.id, IngestJob.created_at.desc())
+        .subquery()
+    )
+    attempts = FailedAttempts()
+    for external_id, digest in session.execute(
+        select(newest.c.external_id, newest.c.content_hash).where(
+            newest.c.state.in_([JobState.FAILED, JobState.DEAD_LETTERED])
+        )
+    ):
+        attempts.versions[external_id] = digest
+    refused = session.execute(
+        select(DeadLetter.ref, DeadLetter.payload["content_sha256"].astext).where(
+            DeadLetter.tenant_id == tenant_id,
+            DeadLetter.source == "event",
+            starts_with(DeadLetter.ref, prefix),
+            DeadLetter.payload.has_key("content_sha256"),
+        )
+    )
+    for external_id, digest in refused:
+        attempts.refusals.setdefault(external_id, set()).add(digest)
+    return attempts
 
 
 # ------------------------------------------------------------------ the operator's views

@@ -36,7 +36,8 @@ def test_sync_sends_only_what_changed_and_prunes_what_is_gone(
     (tmp_path / ".hidden").write_text("never sent")
 
     planned = _sync(tmp_path, tenant, "--dry-run")
-    assert "3 new, 0 changed, 0 unchanged, 0 to delete" in planned and "nothing sent" in planned
+    assert "3 new, 0 changed, 0 to retry, 0 unchanged, 0 failed before, 0 to delete" in planned
+    assert "nothing sent" in planned
     assert _live(tenant) == {}
 
     first = _sync(tmp_path, tenant, "--wait")
@@ -49,14 +50,48 @@ def test_sync_sends_only_what_changed_and_prunes_what_is_gone(
     (tmp_path / "d.txt").write_text("Dunes move with the wind.")
     before = _live(tenant)
     kept = _sync(tmp_path, tenant, "--wait")  # without --prune nothing is deleted
-    assert "1 new, 1 changed, 1 unchanged, 0 to delete" in kept
+    assert "1 new, 1 changed, 0 to retry, 1 unchanged, 0 failed before, 0 to delete" in kept
     assert "a.md" in _live(tenant) and _live(tenant)["b.txt"] != before["b.txt"]
 
     pruned = _sync(tmp_path, tenant, "--prune")
-    assert "0 new, 0 changed, 3 unchanged, 1 to delete" in pruned and "delete a.md" in pruned
+    assert "0 new, 0 changed, 0 to retry, 3 unchanged, 0 failed before, 1 to delete" in pruned
+    assert "delete a.md" in pruned
     wait_for(lambda: "a.md" not in _live(tenant) or None, 30, what="a.md deleted")
     assert set(_live(tenant)) == {"b.txt", "sub/c.html", "d.txt"}
     assert "in sync: nothing to send" in _sync(tmp_path, tenant, "--prune")
+
+
+def test_content_that_already_failed_is_not_sent_again_unless_retried(
+    tmp_path: Path, tenant: str, worker: Any
+) -> None:
+    """Issue 42: a scheduled sync sent the same refused files on every run, making fresh dead
+    letters each time. A failed job's content and a content refused at intake are now held
+    back until they change, or sent again with --retry-failed."""
+    (tmp_path / "ok.txt").write_text("Glaciers carve valleys.")
+    (tmp_path / "no-text.json").write_text('{"title": "Bark", "colour": "grey"}')  # job fails
+    (tmp_path / "picture.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))  # refused
+
+    def run(*flags: str, exit_code: int) -> str:
+        result = CliRunner().invoke(app, ["sync", str(tmp_path), "--tenant", tenant, *flags])
+        assert result.exit_code == exit_code, result.output
+        return " ".join(result.output.split())
+
+    first = run("--wait", exit_code=1)
+    assert "indexed 1 of 3, 2 failed" in first
+    again = run(exit_code=0)
+    assert "0 new, 0 changed, 0 to retry, 1 unchanged, 2 failed before (not sent again" in again
+    assert "failed no-text.json" in again and "failed picture.png" in again
+    assert "in sync: nothing to send" in again
+
+    retried = run("--retry-failed", "--wait", exit_code=1)
+    assert "2 to retry" in retried and "sent 2 event(s)" in retried
+    assert "indexed 0 of 2, 2 failed" in retried
+    assert "no record has any of the text fields" in retried
+
+    (tmp_path / "no-text.json").write_text('{"title": "Bark", "text": "Bark is grey."}')
+    fixed = run("--wait", exit_code=0)
+    assert "0 new, 1 changed, 0 to retry, 1 unchanged, 1 failed before" in fixed
+    assert "indexed 1 of 1" in fixed
 
 
 def test_prune_refuses_an_empty_directory_or_deleting_most_of_the_prefix_without_force(
