@@ -140,6 +140,11 @@ class SystemCollector(Collector):
                 drift.add_metric([name], count)
             yield drift
             yield GaugeMetricFamily(
+                "concord_reconcile_in_flight",
+                "Chunks the last reconcile found with their write still in the outbox (not drift)",
+                value=last.report.get("in_flight", 0),
+            )
+            yield GaugeMetricFamily(
                 "concord_last_reconcile_timestamp_seconds",
                 "When the last reconcile started",
                 value=last.started_at.timestamp(),

@@ -58,6 +58,10 @@ def _print_report(body: dict[str, Any]) -> None:
         table.add_row(name, str(count), ", ".join(body["samples"][name][:3]))
     console.print(table)
     console.print(
+        f"total drift {body['total_drift']}; in flight {body['in_flight']} (writes still "
+        "waiting in the outbox: not drift, not repaired)"
+    )
+    console.print(
         f"{body['tenants']} tenant(s), {body['buckets_differing']} of "
         f"{body['buckets_scanned']} buckets differed, {body['ids_read']} chunk ids read, "
         f"{body['duration_s']}s"

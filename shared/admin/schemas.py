@@ -41,9 +41,13 @@ class ReconcileReportView(BaseModel):
     ids_read: int
     counts: dict[str, int]
     samples: dict[str, list[str]]
-    total_drift: int
+    total_drift: int = Field(description="chunks whose stores disagree with no write under way")
+    in_flight: int = Field(
+        description="chunks whose stores differ while their outbox write is still waiting "
+        "(an upload not yet relayed, or a repair queued earlier): not drift, not repaired again"
+    )
+    in_flight_samples: list[str]
     repairs_queued: int
-    repairs_already_queued: int
     repairs_held_by_dead_letters: list[str]
     unrepairable: list[str]
     duration_s: float

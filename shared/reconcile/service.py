@@ -67,8 +67,10 @@ class ReconcileReport:
     ids_read: int = 0
     drift: dict[str, set[str]] = field(default_factory=lambda: {c: set() for c in CLASSES})
     repaired_ids: set[str] = field(default_factory=set)  # chunks with a repair queued
-    # drifted chunks left alone because an outbox row for them was already waiting
-    repairs_pending: set[str] = field(default_factory=set)
+    # Chunks whose stores differ while an outbox write for them is still waiting (an upload
+    # the relay has not sent yet, or a repair queued earlier): writes in flight, not drift.
+    # They are neither counted as drift nor repaired again.
+    in_flight: set[str] = field(default_factory=set)
     # drifted chunks left alone because their last write is a dead letter an operator must
     # replay or discard first (concord dlq)
     repairs_held: set[str] = field(default_factory=set)
@@ -91,8 +93,9 @@ class ReconcileReport:
             "counts": {c: len(ids) for c, ids in self.drift.items()},
             "samples": {c: sorted(ids)[:SAMPLE] for c, ids in self.drift.items()},
             "total_drift": self.total(),
+            "in_flight": len(self.in_flight),
+            "in_flight_samples": sorted(self.in_flight)[:SAMPLE],
             "repairs_queued": self.repairs_queued,
-            "repairs_already_queued": len(self.repairs_pending),
             "repairs_held_by_dead_letters": sorted(self.repairs_held)[:SAMPLE],
             "unrepairable": self.unrepairable[:SAMPLE],
             "duration_s": round(self.duration_s, 3),
@@ -164,8 +167,8 @@ def reconcile_and_verify(
 ) -> tuple[ReconcileReport, ReconcileReport]:
     """Repair, drain the outbox now, and compare again: the second report shows what remains."""
     first = reconcile(transactions, tenant, repair=True, deep=deep, progress=progress)
-    if first.repaired_ids or first.repairs_pending:
-        drain_repairs(transactions, first.repaired_ids | first.repairs_pending)
+    if first.repaired_ids or first.in_flight:
+        drain_repairs(transactions, first.repaired_ids | first.in_flight)
         ElasticsearchChunkIndex().refresh(tenant)
     return first, reconcile(transactions, tenant, repair=False)
 
@@ -270,19 +273,19 @@ def _purge_foreign(
     report.ids_read += len(foreign)
     owners = PgVectorStore(session).owners(sorted(foreign))
     strays = {cid: copy for cid, copy in foreign.items() if owners.get(cid) != tenant}
+    waiting = outbox_repo.chunks_with_queued_writes(session, sorted(strays), tenant)
+    report.in_flight |= waiting
+    strays = {cid: copy for cid, copy in strays.items() if cid not in waiting}
     for cid in strays:  # another tenant's chunk, or nobody's
         report.drift["wrong_tenant" if owners.get(cid) else "orphaned"].add(cid)
     if not repair:
         return
-    queued = outbox_repo.chunks_with_queued_writes(session, sorted(strays), tenant)
     entries = [
         outbox_repo.OutboxEntry(tenant, document_id_of(cid), OutboxOp.PURGE, copy.es_version, [cid])
         for cid, copy in sorted(strays.items())
-        if cid not in queued
     ]
     outbox_repo.add_outbox_entries(session, entries)
     report.repaired_ids |= {cid for e in entries for cid in e.chunk_ids}
-    report.repairs_pending |= queued
 
 
 def _compare_range(
@@ -294,8 +297,9 @@ def _compare_range(
     report: ReconcileReport,
     repair: bool,
 ) -> None:
-    """Classify the drift between one range's rows in both stores; with ``repair``, queue the
-    repairs in the caller's transaction."""
+    """Classify the drift between one range's rows in both stores, setting apart the chunks
+    with a write still waiting in the outbox (in flight); with ``repair``, queue the repairs
+    in the caller's transaction."""
     found = _RangeDrift()
     report.ids_read += len(pg_rows) + len(es_rows)
     missing = [cid for cid in pg_rows if cid not in es_rows]
@@ -330,6 +334,15 @@ def _compare_range(
             found.drift["stale"].add(cid)
             if copy.es_version > version:
                 found.unrepairable.add(cid)
+    # A chunk whose outbox row is still waiting is being written: the relay will make the
+    # stores agree (and a repair would only repeat the write).
+    waiting = outbox_repo.chunks_with_queued_writes(
+        session, sorted(set().union(*found.drift.values()))
+    )
+    report.in_flight |= waiting
+    for ids in found.drift.values():
+        ids -= waiting
+    found.unrepairable -= waiting
     for cid in set().union(*found.drift.values()):
         found.versions[cid] = pg_rows[cid][0] if cid in pg_rows else es_rows[cid].version
     for name, ids in found.drift.items():
@@ -340,19 +353,15 @@ def _compare_range(
 
 
 def _queue_repairs(session: Session, found: _RangeDrift, report: ReconcileReport) -> None:
-    drifted = set().union(*found.drift.values())
-    # A chunk whose outbox row is still waiting needs no second one (an earlier repair, or an
-    # ingest write the relay has not sent yet).
-    queued = outbox_repo.chunks_with_queued_writes(session, sorted(drifted))
+    drifted = set().union(*found.drift.values())  # chunks in flight are not among them
     # A write that is a dead letter at this version (or a newer one) would fail again: held
     # for the operator. One of an older version does not block the repair of a newer one.
-    dead = jobs_repo.dead_lettered_versions(session, sorted(drifted - queued))
+    dead = jobs_repo.dead_lettered_versions(session, sorted(drifted))
     held = {cid for cid, version in dead.items() if version >= found.versions[cid]}
-    queued |= held
     rewrite = (
         (found.drift["missing"] | found.drift["stale"] | found.drift["wrong_tenant"])
         - found.unrepairable
-        - queued
+        - held
     )
     entries = [
         outbox_repo.OutboxEntry(
@@ -360,7 +369,7 @@ def _queue_repairs(session: Session, found: _RangeDrift, report: ReconcileReport
         )
         for chunk in PgVectorStore(session).chunks_by_ids(sorted(rewrite)).values()
     ]
-    orphans = sorted(found.drift["orphaned"] - queued)
+    orphans = sorted(found.drift["orphaned"] - held)
     versions = documents_repo.document_versions_for_chunks(session, orphans)
     for cid in orphans:
         copy = found.orphan_copies[cid]
@@ -391,5 +400,4 @@ def _queue_repairs(session: Session, found: _RangeDrift, report: ReconcileReport
             )
     outbox_repo.add_outbox_entries(session, entries)
     report.repaired_ids |= {cid for e in entries for cid in e.chunk_ids}
-    report.repairs_pending |= queued - held
     report.repairs_held |= held

@@ -218,7 +218,8 @@ function driftChart(runs) {
 
 function reportSummary(report) {
   const counts = DRIFT_CLASSES.map((c) => `${c} ${(report.counts || {})[c] || 0}`).join(", ");
-  return `total drift <strong id="total-drift">${report.total_drift}</strong> (${counts}); buckets differing ${report.buckets_differing} of ${report.buckets_scanned}; ids read ${report.ids_read}; ${report.duration_s} s`;
+  const inFlight = report.in_flight ?? 0;  // runs recorded before the count existed have none
+  return `total drift <strong id="total-drift">${report.total_drift}</strong> (${counts}); in flight <span id="in-flight" title="writes still waiting in the outbox: not drift, not repaired">${inFlight}</span>; buckets differing ${report.buckets_differing} of ${report.buckets_scanned}; ids read ${report.ids_read}; ${report.duration_s} s`;
 }
 
 async function loadReconcileRuns() {

@@ -152,16 +152,14 @@ def test_repair_waits_for_repairs_that_another_relay_claimed_first(
 
 
 def test_reconcile_cli_reports_and_exits_nonzero_while_drift_remains(client, auth, tenant, worker):
+    """Drift makes the command exit 1 until repaired; writes still waiting in the outbox (an
+    indexed job the relay has not sent yet) are reported in flight, not as drift (issue 42)."""
+    from shared.documents.schemas import Upload
+    from shared.documents.service import accept_upload
+
     up = upload_text(client, auth, "cli.txt", "Reconcile me from the command line.")
     wait_job(client, auth, up["job_id"])
     [chunk] = wait_converged(tenant)
-    get_es().delete(
-        index=tenant_index(tenant),
-        id=chunk,
-        version=1,
-        version_type="external_gte",
-        refresh=True,
-    )
 
     def concord(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -172,6 +170,35 @@ def test_reconcile_cli_reports_and_exits_nonzero_while_drift_remains(client, aut
             check=False,
         )
 
+    with paused(worker):  # indexed in Postgres, its writes not relayed yet
+        with unit_of_work() as uow:
+            pending = accept_upload(
+                uow,
+                get_settings(),
+                Upload(
+                    tenant_id=tenant,
+                    external_id="pending.txt",
+                    raw=b"Two sentences wait in the outbox. The relay has not sent them.",
+                    content_type="text/plain",
+                ),
+                publish=False,
+            )
+        assert pending.job_id is not None
+        pipeline.process_job(unit_of_work, pending.job_id)
+        in_flight = concord("reconcile", "--tenant", tenant, "--json")
+    assert in_flight.returncode == 0, in_flight.stdout + in_flight.stderr
+    report = json.loads(in_flight.stdout)
+    assert report["total_drift"] == 0 and report["in_flight"] >= 1, report
+    assert all(cid.startswith(str(pending.document_id)) for cid in report["in_flight_samples"])
+    wait_converged(tenant)
+
+    get_es().delete(
+        index=tenant_index(tenant),
+        id=chunk,
+        version=1,
+        version_type="external_gte",
+        refresh=True,
+    )
     dry = concord("reconcile", "--tenant", tenant, "--json")
     assert dry.returncode == 1, dry.stderr
     assert json.loads(dry.stdout)["counts"]["missing"] == 1

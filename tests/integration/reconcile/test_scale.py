@@ -150,7 +150,8 @@ def test_a_repair_already_waiting_in_the_outbox_is_not_queued_twice(
         first = reconcile(unit_of_work, tenant, repair=True)
         second = reconcile(unit_of_work, tenant, repair=True)
     assert first.repairs_queued == 1
-    assert second.repairs_queued == 0 and second.repairs_pending == {chunk}
+    # The first repair is still waiting in the outbox: a write in flight, not drift.
+    assert second.repairs_queued == 0 and second.in_flight == {chunk} and second.total() == 0
     _, after = reconcile_and_verify(unit_of_work, tenant)
     assert after.total() == 0
 
