@@ -43,12 +43,13 @@ def documents_by_ids(session: Session, ids: Sequence[uuid.UUID]) -> dict[uuid.UU
 
 
 def list_documents(
-    session: Session, tenant_id: str, limit: int, after: str | None = None
+    session: Session, tenant_id: str, limit: int, after: str | None = None, deleted: bool = False
 ) -> Sequence[Document]:
-    """The tenant's live documents in external-id order, ``limit`` after ``after``."""
+    """The tenant's live documents (or with ``deleted`` its tombstones) in external-id order,
+    ``limit`` after ``after``."""
     query = (
         select(Document)
-        .where(Document.tenant_id == tenant_id, Document.deleted.is_(False))
+        .where(Document.tenant_id == tenant_id, Document.deleted.is_(deleted))
         .order_by(Document.external_id)
         .limit(limit)
     )

@@ -100,7 +100,9 @@ class DocumentSummary(BaseModel):
     id: uuid.UUID
     external_id: str
     title: str
-    version: int
+    version: int = Field(description="the live version, or a deleted document's tombstone")
+    deleted: bool = Field(description="true for a tombstone (listed with ?deleted=true)")
+    updated_at: Timestamp = Field(description="when the document last changed or was deleted")
 
 
 class DocumentList(BaseModel):

@@ -207,12 +207,27 @@ def list_documents(
     principal: Reader,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     after: Annotated[str | None, Query(max_length=512, pattern=NO_NUL)] = None,
+    deleted: Annotated[
+        bool,
+        Query(
+            description="List the deleted documents (their tombstones: the id, the version "
+            "the delete recorded, when) instead of the live ones"
+        ),
+    ] = False,
 ) -> DocumentList:
-    """The caller's live documents by external id; pass the last one as ``after`` for more."""
+    """The caller's live documents by external id (or, with ``deleted=true``, its deleted
+    ones); pass the last one as ``after`` for more."""
     with unit_of_work() as uow:
-        docs = repo.list_documents(uow.session, principal.tenant_id, limit, after)
+        docs = repo.list_documents(uow.session, principal.tenant_id, limit, after, deleted)
         items = [
-            DocumentSummary(id=d.id, external_id=d.external_id, title=d.title, version=d.version)
+            DocumentSummary(
+                id=d.id,
+                external_id=d.external_id,
+                title=d.title,
+                version=d.version,
+                deleted=d.deleted,
+                updated_at=d.updated_at,
+            )
             for d in docs
         ]
     return DocumentList(

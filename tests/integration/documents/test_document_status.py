@@ -40,3 +40,30 @@ def test_a_failed_document_shows_its_jobs_state_and_error(
     good = view(ok["document_id"])
     assert good["job"]["state"] == "indexed" and good["job"]["error"] is None
     assert good["job"]["version"] == good["version"] and good["chunk_count"] == 1
+
+
+def test_deleted_documents_are_listed_as_tombstones_and_readable_by_request(
+    client: TestClient, auth: dict[str, str], tenant: str, worker: object
+) -> None:
+    """Issue 42: a deleted document was a 404 unless one knew of ``?include_deleted=true``, and
+    no list showed what was deleted."""
+    kept = upload_text(client, auth, "kept", "Lichens pioneer bare rock.")
+    gone = upload_text(client, auth, "gone", "Mosses hold water.")
+    assert client.delete(f"/v1/documents/{gone['document_id']}", headers=auth).status_code == 200
+
+    def listed(**params: str) -> list[dict]:
+        response = client.get("/v1/documents", headers=auth, params=params)
+        assert response.status_code == 200, response.text
+        return list(response.json()["documents"])
+
+    assert [(d["external_id"], d["deleted"]) for d in listed()] == [("kept", False)]
+    [tombstone] = listed(deleted="true")
+    assert tombstone["external_id"] == "gone" and tombstone["deleted"] is True
+    assert tombstone["id"] == gone["document_id"] and tombstone["version"] == 2
+    assert listed()[0]["id"] == kept["document_id"]
+    assert client.get(f"/v1/documents/{gone['document_id']}", headers=auth).status_code == 404
+    shown = client.get(
+        f"/v1/documents/{gone['document_id']}", headers=auth, params={"include_deleted": "true"}
+    )
+    assert shown.status_code == 200 and shown.json()["deleted"] is True
+    assert [v["tombstone"] for v in shown.json()["versions"]] == [False, True]
