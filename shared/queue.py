@@ -60,6 +60,15 @@ def get_producer() -> Celery:
     return producer
 
 
+def connect_producer() -> None:
+    """Open the producer's broker connection and build what publishing builds on first use
+    (the API's warm-up: otherwise the first upload after start-up pays for it)."""
+    producer = get_producer()
+    producer.amqp.router  # noqa: B018  (built on first access)
+    with producer.producer_or_acquire() as publisher:
+        publisher.connection.ensure_connection(max_retries=1)
+
+
 def _send(name: str, args: list[Any], queue: str) -> bool:
     try:
         get_producer().send_task(

@@ -209,8 +209,11 @@ def webhook_worker(celery_processes: dict[str, CeleryProcess]) -> CeleryProcess:
 @pytest.fixture(scope="session")
 def client() -> Iterator[TestClient]:
     from services.api.app import create_app
+    from services.api.warm_up import WarmUp
 
-    with TestClient(create_app()) as c:
+    warming = WarmUp()
+    with TestClient(create_app(warming)) as c:
+        assert warming.wait(300), "the API's warm-up did not finish in 300 s"
         yield c
 
 
@@ -276,16 +279,18 @@ def live_api() -> Iterator[str]:
     import uvicorn
 
     from services.api.app import create_app
+    from services.api.warm_up import WarmUp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    warming = WarmUp()
     server = uvicorn.Server(
-        uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning")
+        uvicorn.Config(create_app(warming), host="127.0.0.1", port=port, log_level="warning")
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    wait_for(lambda: server.started, 120, what="uvicorn to start")
+    wait_for(lambda: server.started and warming.wait(0), 300, what="uvicorn to start and warm up")
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(timeout=15)

@@ -14,7 +14,6 @@ import kombu.exceptions
 import redis
 import sqlalchemy.exc
 from fastapi import FastAPI, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -28,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from services.api.body_limit import BodyLimitMiddleware
 from services.api.readiness import readiness_checks
 from services.api.routes import admin, documents, jobs, search
+from services.api.warm_up import WarmUp
 from shared.db import unit_of_work
 from shared.errors import ConcordError, describe_validation_errors
 from shared.logs import configure_json_logging, new_request_id, request_id_var
@@ -87,25 +87,6 @@ def _register_system_metrics() -> None:
     REGISTRY.register(SystemCollector(unit_of_work))
 
 
-@asynccontextmanager
-async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
-    # Load the models before the first request, so no request's budget pays for loading.
-    await run_in_threadpool(_warm_up)
-    yield
-
-
-def _warm_up() -> None:
-    from shared.ingest.embedding import get_embedder
-    from shared.rerankers.scoring import warm_up
-    from shared.search.coverage import common_word
-    from shared.search.retrieve import ALL_CORES
-
-    get_embedder().embed_query("warm up")  # the query encoder of a search with a lexical arm
-    get_embedder().embed_query("warm up", threads=ALL_CORES)  # and of a dense-only one
-    warm_up()
-    common_word("warm")  # the word list the default decision reads (a second to load)
-
-
 class RequestContextMiddleware:
     """A request id for the logs (and the jobs it creates), echoed in X-Request-ID, and the
     route's latency under its template (``/v1/documents/{document_id}``). Plain ASGI rather
@@ -143,14 +124,24 @@ class RequestContextMiddleware:
             request_id_var.reset(token)
 
 
-def create_app() -> FastAPI:
+def create_app(warm_up: WarmUp | None = None) -> FastAPI:
+    """``warm_up``: what the app loads once it starts (services/api/warm_up.py); its steps
+    can be replaced (a test holds one to see /readyz wait)."""
     configure_json_logging()
     _register_system_metrics()
+    warming = warm_up or WarmUp()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # In a thread: the app answers /readyz (503 until done) while the models load.
+        warming.start()
+        yield
+
     # /docs and /redoc from the Swagger UI and ReDoc files fastapi-offline ships, served at
     # /docs-assets: the pages load on a machine without internet (FastAPI's own load them
     # from a CDN).
     app = FastAPIOffline(
-        lifespan=_lifespan,
+        lifespan=lifespan,
         title="Concord",
         version="0.1.0",
         description="Hybrid retrieval over Postgres/pgvector and Elasticsearch.",
@@ -198,8 +189,9 @@ def create_app() -> FastAPI:
 
     @app.get("/readyz", include_in_schema=False)
     def readyz() -> JSONResponse:
-        """Ready to serve: Postgres, Elasticsearch and Redis answer and migrations are current."""
-        checks = readiness_checks(get_settings())
+        """Ready to serve: the start-up warm-up is done, Postgres, Elasticsearch and Redis
+        answer and migrations are current."""
+        checks = {"warm_up": warming.check(), **readiness_checks(get_settings())}
         ready = all(c["ok"] for c in checks.values())
         return JSONResponse(
             {"status": "ready" if ready else "unready", "checks": checks},

@@ -60,6 +60,14 @@ class ProjectProcess:
                 return False
         return _pid_alive(self.pid())
 
+    def _warmed_up(self) -> bool:
+        """The API's start-up warm-up has run (/readyz says so whatever the stores say)."""
+        try:
+            body = httpx.get(f"{self.s.api_url()}/readyz", timeout=5).json()
+        except (httpx.HTTPError, ValueError):
+            return False
+        return bool(body.get("checks", {}).get("warm_up", {}).get("ok"))
+
     def up(self) -> None:
         """Start the process unless it runs, and wait until it is healthy."""
         if _pid_alive(self.pid()):
@@ -89,6 +97,8 @@ class ProjectProcess:
 
     def wait_healthy(self, timeout_s: float = 90) -> None:
         _wait_until(self.healthy, timeout_s, self.name, [self.log])
+        if self.name == "api":  # up: its warm-up done too, so no first request pays for it
+            _wait_until(self._warmed_up, 180, "the api's warm-up", [self.log])
 
     def down(self) -> None:
         _stop_pid(self.pid(), timeout_s=self.stop_timeout_s, group=True)
