@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import elasticsearch
 import kombu.exceptions
@@ -25,6 +26,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api.body_limit import BodyLimitMiddleware
+from services.api.openapi import describe_operations
 from services.api.readiness import readiness_checks
 from services.api.routes import admin, documents, jobs, search
 from services.api.warm_up import WarmUp
@@ -151,6 +153,14 @@ def create_app(warm_up: WarmUp | None = None) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(search.router)
     app.include_router(admin.router)
+    _fastapi_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = describe_operations(_fastapi_openapi())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     app.mount("/console", StaticFiles(directory=CONSOLE_DIR, html=True), name="console")
 
     app.add_middleware(BodyLimitMiddleware, limit=get_settings().max_request_bytes)

@@ -95,18 +95,25 @@ def _error(description: str, headers: dict[str, Any] | None = None) -> dict[str,
     }
 
 
-# The errors any authenticated route can answer, declared once per router.
+# The errors any authenticated route can answer, declared once per router. What else a
+# route can answer follows from its shape (services/api/openapi.py): a body's 400, 413 and
+# 422, a parameter's 422, an object named in the path's 404; a route declares the rest.
 PROTECTED_ROUTE_ERRORS: dict[int | str, dict[str, Any]] = {
-    400: _error("The request body could not be parsed, or a value is not acceptable"),
     401: _error("No API key, or an unknown or revoked one"),
     403: _error("The key lacks the scope this route needs"),
-    413: _error("The request body is larger than CONCORD_MAX_REQUEST_BYTES"),
-    422: _error("The request is invalid; the message says which field and why"),
     429: _error(
-        "The key's rate limit is exhausted",
+        "Too many requests: the key's rate limit, or the tenant's share of concurrent searches",
         {"Retry-After": {"description": "Seconds to wait", "schema": {"type": "integer"}}},
     ),
     503: _error("A store Concord needs is unavailable; retry later"),
+}
+BODY_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: _error("The request body could not be parsed, or a value is not acceptable"),
+    413: _error("The request body is larger than CONCORD_MAX_REQUEST_BYTES"),
+    422: _error("The request is invalid; the message says which field and why"),
+}
+INVALID_PARAMETER: dict[int | str, dict[str, Any]] = {
+    422: _error("A path or query parameter is invalid; the message says which and why")
 }
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: _error("No such object for the caller's tenant")}
 # A search's answerability model was trained on an earlier training of the reranker it reads.

@@ -62,13 +62,25 @@ class TextDocument(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    external_id: str = Field(min_length=1, max_length=MAX_EXTERNAL_ID_CHARS, pattern=NO_CONTROL)
-    text: str = Field(min_length=1)
-    title: str = Field(default="", max_length=MAX_TITLE_CHARS, pattern=NO_CONTROL)
-    content_type: str = "text/plain"
+    external_id: str = Field(
+        min_length=1,
+        max_length=MAX_EXTERNAL_ID_CHARS,
+        pattern=NO_CONTROL,
+        description="the caller's name for the document: the same id again is a new version",
+    )
+    text: str = Field(min_length=1, description="the content")
+    title: str = Field(
+        default="", max_length=MAX_TITLE_CHARS, pattern=NO_CONTROL, description="shown in results"
+    )
+    content_type: str = Field(
+        default="text/plain",
+        description="how to read text: text/plain, text/markdown, text/html, application/json, "
+        "... (files: see multipart)",
+    )
     # Checked by check_metadata (for every way in); the schema states the same bounds.
     metadata: dict[str, Any] = Field(
         default_factory=dict,
+        description="filterable values per key (scalars or lists of scalars)",
         json_schema_extra={
             "maxProperties": MAX_METADATA_KEYS,
             "propertyNames": {"pattern": METADATA_KEY.pattern},

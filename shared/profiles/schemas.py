@@ -13,8 +13,10 @@ from shared.search.schemas import NO_NUL, ProfileSettings
 class ProfileBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    settings: ProfileSettings
-    description: str = Field(default="", max_length=2000, pattern=NO_NUL)
+    settings: ProfileSettings = Field(description="the search request fields the profile sets")
+    description: str = Field(
+        default="", max_length=2000, pattern=NO_NUL, description="what the profile is for"
+    )
 
 
 class ProfileView(BaseModel):

@@ -23,12 +23,21 @@ import numpy as np
 
 from shared.answerability.schemas import AnswerabilityTrace
 from shared.ingest.chunking import first_sentence_end, sentence_spans
-from shared.search.schemas import Decision, EvidenceItem, Omission, Provenance, TermCoverage
+from shared.search.schemas import (
+    Decision,
+    DecisionReason,
+    EvidenceItem,
+    Omission,
+    OmissionReason,
+    Provenance,
+    TermCoverage,
+    VerifyReason,
+)
 
 ScoreType = Literal["dense_cosine", "rerank", "answerability"]
 Status = Literal["answerable", "verify", "abstain"]
 # Flags on the top evidence item that make an answer one to check before use.
-VERIFY_FLAGS = ("possible_prompt_injection", "doubtful_extraction")
+VERIFY_FLAGS: tuple[VerifyReason, ...] = ("possible_prompt_injection", "doubtful_extraction")
 
 
 class TokenCounter(Protocol):
@@ -106,7 +115,7 @@ class Candidate:
 @dataclass
 class PolicyResult:
     status: Status
-    reason: str | None
+    reason: DecisionReason | None
     score_type: ScoreType
     threshold: float
     top_score: float | None
@@ -114,7 +123,10 @@ class PolicyResult:
     omitted: list[Omission] = field(default_factory=list)
     tokens_used: int = 0
     token_budget: int = 0
-    per_result: dict[str, str] = field(default_factory=dict)
+    # each result's fate: included, or why not
+    per_result: dict[str, OmissionReason | Literal["included", "included_truncated"]] = field(
+        default_factory=dict
+    )
     answerability: AnswerabilityTrace | None = None
     coverage: TermCoverage | None = None
 
@@ -270,7 +282,7 @@ def _decide_on_evidence(result: PolicyResult) -> None:
         result.status, result.reason = "verify", flagged[0]
 
 
-def _omit(result: PolicyResult, c: Candidate, reason: str) -> None:
+def _omit(result: PolicyResult, c: Candidate, reason: OmissionReason) -> None:
     result.omitted.append(Omission(chunk_id=c.chunk_id, reason=reason))
     result.per_result[c.chunk_id] = reason
 

@@ -129,12 +129,15 @@ class Filters(Strict):
     metadata: dict[MetadataKey, MetadataCondition] = Field(
         default_factory=dict,
         max_length=MAX_FILTERS,
+        description="conditions on document metadata, all of which must hold: per key a value "
+        "(equal), a list of values (any of them), or a range {gt, gte, lt, lte} of numbers or "
+        "of ISO-8601 dates",
         # patternProperties alone would let other names through in the document's eyes
         json_schema_extra={"additionalProperties": False},
     )
     # JSON has no UUID type: ids come as strings, so this one field is parsed leniently.
     document_ids: list[Annotated[uuid.UUID, Field(strict=False)]] | None = Field(
-        default=None, min_length=1, max_length=1000
+        default=None, min_length=1, max_length=1000, description="only these documents' chunks"
     )
 
     def is_empty(self) -> bool:
@@ -146,22 +149,44 @@ def _equal_weights() -> dict[Arm, float]:
 
 
 class Fusion(Strict):
-    method: Literal["rrf", "convex"] = "rrf"
-    k: Int = Field(default=60, ge=1, le=1000)
-    weights: dict[Arm, NonNegativeFloat] = Field(default_factory=_equal_weights)
-    normalization: Literal["minmax", "zscore"] = "minmax"
+    method: Literal["rrf", "convex"] = Field(
+        default="rrf",
+        description='"rrf": reciprocal rank fusion of the two rankings; "convex": a weighted sum '
+        "of the arms' normalized scores (alpha)",
+    )
+    k: Int = Field(
+        default=60, ge=1, le=1000, description="rrf: a result at rank r adds weight / (k + r)"
+    )
+    weights: dict[Arm, NonNegativeFloat] = Field(
+        default_factory=_equal_weights, description="rrf: each arm's weight (dense, lexical)"
+    )
+    normalization: Literal["minmax", "zscore"] = Field(
+        default="minmax", description="convex: how each arm's scores are scaled before the sum"
+    )
     alpha: float = Field(default=0.5, ge=0.0, le=1.0, description="weight of the dense arm")
 
 
 class CandidateDepth(Strict):
-    dense: Int = Field(default=50, ge=1, le=1000)
-    lexical: Int = Field(default=50, ge=1, le=1000)
+    dense: Int = Field(
+        default=50, ge=1, le=1000, description="candidates the dense arm (pgvector) returns"
+    )
+    lexical: Int = Field(
+        default=50, ge=1, le=1000, description="candidates the lexical arm (BM25) returns"
+    )
 
 
 class Rerank(Strict):
-    enabled: bool = False
-    window: Int = Field(default=20, ge=1, le=200)
-    budget_ms: Int = Field(default=2000, ge=1, le=30000)
+    enabled: bool = Field(default=False, description="rerank the first fused candidates")
+    window: Int = Field(
+        default=20, ge=1, le=200, description="how many of the first candidates are reranked"
+    )
+    budget_ms: Int = Field(
+        default=2000,
+        ge=1,
+        le=30000,
+        description="the reranker's time budget: past it the fused order stands and the "
+        "response says it is degraded",
+    )
     model: str | None = Field(
         default=None,
         pattern=PROFILE_NAME,
@@ -193,7 +218,13 @@ class LexicalOptions(Strict):
 
 
 class Mmr(Strict):
-    lambda_: float = Field(default=0.7, ge=0.0, le=1.0, alias="lambda")
+    lambda_: float = Field(
+        default=0.7,
+        ge=0.0,
+        le=1.0,
+        alias="lambda",
+        description="relevance against diversity: 1 ranks by relevance alone, 0 by novelty",
+    )
 
     model_config = ConfigDict(**STRICT, populate_by_name=True)
 
@@ -206,14 +237,26 @@ class Boost(Strict):
     ``numeric``: f is the value min-max scaled over the candidates. A candidate without the
     value (or with one of another type) gets f = 0."""
 
-    field: MetadataKey
-    kind: Literal["recency", "numeric"] = "recency"
-    weight: float = Field(default=0.5, gt=0, le=10)
-    half_life_days: float = Field(default=365.0, gt=0, le=36500)
+    field: MetadataKey = Field(description="the metadata key whose value lifts a result")
+    kind: Literal["recency", "numeric"] = Field(
+        default="recency",
+        description='"recency": a date, newer lifts more; "numeric": a number, larger lifts more',
+    )
+    weight: float = Field(
+        default=0.5, gt=0, le=10, description="the lift of f = 1, in spreads of the fused scores"
+    )
+    half_life_days: float = Field(
+        default=365.0, gt=0, le=36500, description="recency: the age at which the lift halves"
+    )
 
 
 class PolicyOverrides(Strict):
-    score_type: Literal["dense_cosine", "rerank", "answerability"] | None = None
+    score_type: Literal["dense_cosine", "rerank", "answerability"] | None = Field(
+        default=None,
+        description='the score the decision reads besides the term coverage: "dense_cosine", '
+        '"rerank" (with rerank enabled) or "answerability" (a model learned from judgements); '
+        "default CONCORD_POLICY_SCORE_TYPE",
+    )
     min_score: float | None = Field(
         default=None,
         ge=-100,
@@ -233,39 +276,74 @@ class PolicyOverrides(Strict):
         description='with score_type "answerability": verify below this probability '
         "(default the model's answer threshold)",
     )
-    token_budget: Annotated[int, Field(ge=16, le=8192), BeforeValidator(_integral)] | None = None
+    token_budget: Annotated[int, Field(ge=16, le=8192), BeforeValidator(_integral)] | None = Field(
+        default=None,
+        description="the evidence's size in the embedder's tokens; what does not fit is "
+        "omitted (over_budget); default CONCORD_POLICY_TOKEN_BUDGET",
+    )
     max_chunks_per_document: (
         Annotated[int, Field(ge=1, le=50), BeforeValidator(_integral)] | None
-    ) = None
-    near_duplicate_threshold: float | None = Field(default=None, ge=0.5, le=1.0)
+    ) = Field(
+        default=None,
+        description="evidence chunks from one document at most; default "
+        "CONCORD_POLICY_MAX_CHUNKS_PER_DOCUMENT",
+    )
+    near_duplicate_threshold: float | None = Field(
+        default=None,
+        ge=0.5,
+        le=1.0,
+        description="an evidence chunk this similar (cosine) to one already in is omitted "
+        "(near_duplicate); default CONCORD_POLICY_NEAR_DUPLICATE_THRESHOLD",
+    )
 
 
 class SearchRequest(Strict):
-    query: str = Field(min_length=1, max_length=2000)
-    top_k: Int = Field(default=10, ge=1, le=100)
-    mode: Mode = "hybrid"
-    filters: Filters = Field(default_factory=Filters)
-    fusion: Fusion = Field(default_factory=Fusion)
-    candidate_depth: CandidateDepth = Field(default_factory=CandidateDepth)
-    rerank: Rerank = Field(default_factory=Rerank)
-    mmr: Mmr | None = None
-    per_document_cap: Annotated[int, Field(ge=1, le=100), BeforeValidator(_integral)] | None = None
-    policy: PolicyOverrides = Field(default_factory=PolicyOverrides)
-    lexical: LexicalOptions = Field(default_factory=LexicalOptions)
+    query: str = Field(min_length=1, max_length=2000, description="the question or keywords")
+    top_k: Int = Field(default=10, ge=1, le=100, description="how many results")
+    mode: Mode = Field(
+        default="hybrid",
+        description='"hybrid": both arms fused; "dense": pgvector cosine only; "lexical": '
+        "Elasticsearch BM25 only (score is then the arm's own score)",
+    )
+    filters: Filters = Field(
+        default_factory=Filters, description="which chunks may be found, applied in both arms"
+    )
+    fusion: Fusion = Field(default_factory=Fusion, description="how hybrid fuses the two arms")
+    candidate_depth: CandidateDepth = Field(
+        default_factory=CandidateDepth, description="how many candidates each arm returns"
+    )
+    rerank: Rerank = Field(default_factory=Rerank, description="cross-encoder reranking")
+    mmr: Mmr | None = Field(
+        default=None, description="diversify the results by maximal marginal relevance"
+    )
+    per_document_cap: Annotated[int, Field(ge=1, le=100), BeforeValidator(_integral)] | None = (
+        Field(default=None, description="results from one document at most")
+    )
+    policy: PolicyOverrides = Field(
+        default_factory=PolicyOverrides,
+        description="the evidence decision's settings for this request",
+    )
+    lexical: LexicalOptions = Field(
+        default_factory=LexicalOptions, description="how the BM25 arm weighs fields"
+    )
     profile: str | None = Field(
         default=None,
         pattern=PROFILE_NAME,
         description="A saved search profile of the caller's tenant; fields set in the request "
         "replace the profile's fields of the same name",
     )
-    explain: bool = False
+    explain: bool = Field(
+        default=False,
+        description="add each result's rank trace (each arm's rank and score, fusion, rerank) "
+        "and the signals the decision read",
+    )
     group_by: Literal["document"] | None = Field(
         default=None,
         description='"document": also return the results grouped by document (documents in '
         "the order of their best result, each with its results best first); per_document_cap "
         "bounds the chunks per document",
     )
-    boost: Boost | None = None
+    boost: Boost | None = Field(default=None, description="lift results by a metadata value")
     paginate: bool = Field(
         default=False,
         description="return next_cursor for the results after these top_k (POST "
@@ -326,9 +404,43 @@ class EvidenceItem(BaseModel):
     provenance: Provenance
 
 
+# Why a decision abstained, or asks to verify (shared/search/policy.py).
+AbstainReason = Literal[
+    "no_hits",
+    "all_filtered",
+    "below_threshold",
+    "unlikely_answerable",
+    "score_unavailable",
+    "missing_provenance",
+    "over_budget",
+    "query_terms_absent",
+    "evidence_does_not_cover_query",
+]
+VerifyReason = Literal[
+    "uncertain_answerability",
+    "answerability_unavailable",
+    "possible_prompt_injection",
+    "doubtful_extraction",
+    "partial_coverage",
+]
+DecisionReason = Literal[AbstainReason, VerifyReason]
+# Why a result is not among the evidence.
+OmissionReason = Literal[
+    "below_threshold",
+    "score_unavailable",
+    "missing_provenance",
+    "query_terms_absent",
+    "query_unlikely_answerable",
+    "evidence_does_not_cover_query",
+    "per_document_cap",
+    "near_duplicate",
+    "over_budget",
+]
+
+
 class Omission(BaseModel):
     chunk_id: str
-    reason: str
+    reason: OmissionReason = Field(description="why this result is not among the evidence")
 
 
 class Evidence(BaseModel):
@@ -362,7 +474,9 @@ class Decision(BaseModel):
     ``partial_coverage`` says the first results hold only part of what the question asks."""
 
     status: Literal["answerable", "verify", "abstain"]
-    reason: str | None
+    reason: DecisionReason | None = Field(
+        description="why it abstains or asks to verify; null when answerable"
+    )
     score_type: Literal["dense_cosine", "rerank", "answerability"]
     threshold: float
     top_score: float | None = Field(
@@ -483,4 +597,9 @@ class SearchResponse(BaseModel):
 
 
 class SearchPage(Strict):
-    cursor: str = Field(min_length=4, max_length=200, pattern=r"^[A-Za-z0-9_-]+$")
+    cursor: str = Field(
+        min_length=4,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="next_cursor of the previous page",
+    )

@@ -17,8 +17,16 @@ Scope = Annotated[str, Field(pattern="^(" + "|".join(SCOPES) + ")$")]
 class KeyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    scopes: list[Scope] = Field(default=["read"], min_length=1, max_length=len(SCOPES))
-    name: str = Field(default="api", min_length=1, max_length=200, pattern=NO_NUL)
+    scopes: list[Scope] = Field(
+        default=["read"],
+        min_length=1,
+        max_length=len(SCOPES),
+        description="read: search and read; write: upload and delete; admin: this tenant's "
+        "operations, keys and webhooks (implies read and write)",
+    )
+    name: str = Field(
+        default="api", min_length=1, max_length=200, pattern=NO_NUL, description="a label"
+    )
 
 
 class CreatedKey(BaseModel):

@@ -17,8 +17,16 @@ WebhookEvent = Literal[
 class EndpointRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    url: str = Field(min_length=8, max_length=2000, pattern=r"^https?://[^\s/?#]+[^\s]*$")
-    events: list[WebhookEvent] = Field(min_length=1, max_length=5)
+    url: str = Field(
+        min_length=8,
+        max_length=2000,
+        pattern=r"^https?://[^\s/?#]+[^\s]*$",
+        description="where deliveries are POSTed: a public address (private, loopback and "
+        "link-local ones are refused unless CONCORD_WEBHOOK_ALLOWED_NETWORKS allows them)",
+    )
+    events: list[WebhookEvent] = Field(
+        min_length=1, max_length=5, description="the job and training events to deliver"
+    )
 
 
 class EndpointView(BaseModel):

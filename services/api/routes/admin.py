@@ -9,11 +9,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, ConfigDict, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from services.api.deps import (
     API_KEY_LIMIT,
-    NOT_FOUND,
     PROTECTED_ROUTE_ERRORS,
     WEBHOOK_ENDPOINT_LIMIT,
     Admin,
@@ -39,14 +38,17 @@ from shared.tenants.service import create_key, forget_key, list_keys, revoke_key
 from shared.webhooks import service as webhooks
 from shared.webhooks.schemas import CreatedEndpoint, DeliveryView, EndpointRequest, EndpointView
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"], responses=PROTECTED_ROUTE_ERRORS | NOT_FOUND)
+router = APIRouter(prefix="/v1/admin", tags=["admin"], responses=PROTECTED_ROUTE_ERRORS)
 LetterId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 
 
 class ReconcileRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    repair: StrictBool = False
+    repair: StrictBool = Field(
+        default=False,
+        description="queue repairs for the drift found, then compare again; false: a dry run",
+    )
 
 
 @router.post("/reconcile", response_model_exclude_unset=True)
@@ -70,6 +72,8 @@ def jobs_route(
     stuck: bool = False,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> list[JobRow]:
+    """This tenant's recent ingest jobs, newest first; ``state`` for one state, ``stuck`` for
+    queued or running jobs whose lease has expired."""
     with unit_of_work() as uow:
         rows = ops.list_jobs(
             uow.session,
@@ -94,6 +98,8 @@ def reconcile_runs_route(
 def dead_letters_route(
     principal: Admin, limit: Annotated[int, Query(ge=1, le=1000)] = 50
 ) -> list[DeadLetterView]:
+    """This tenant's dead letters, newest first: jobs, Elasticsearch writes and upload events
+    that failed for good, each with its stage, error and attempts."""
     with unit_of_work() as uow:
         letters = ops.list_dead_letters(uow.session, tenant_id=principal.tenant_id, limit=limit)
         return [jobs.dead_letter_view(d) for d in letters]
@@ -101,6 +107,7 @@ def dead_letters_route(
 
 @router.get("/dead-letters/{letter_id}")
 def dead_letter_route(letter_id: LetterId, principal: Admin) -> DeadLetterView:
+    """One dead letter with what it kept of the failed work (never the raw content)."""
     with unit_of_work() as uow:
         return jobs.dead_letter_view(
             ops.get_dead_letter(uow.session, letter_id, principal.tenant_id)
@@ -109,12 +116,15 @@ def dead_letter_route(letter_id: LetterId, principal: Admin) -> DeadLetterView:
 
 @router.post("/dead-letters/{letter_id}/replay")
 def replay_route(letter_id: LetterId, principal: Admin) -> Replayed:
+    """Run a dead letter again once its cause is fixed: a job gets a fresh set of attempts, an
+    Elasticsearch write is queued again; the letter is removed."""
     with unit_of_work() as uow:
         return Replayed(replayed=ops.replay_dead_letter(uow, letter_id, principal.tenant_id))
 
 
 @router.delete("/dead-letters/{letter_id}")
 def discard_route(letter_id: LetterId, principal: Admin) -> Discarded:
+    """Remove a dead letter without running it again."""
     with unit_of_work() as uow:
         ops.discard_dead_letter(uow.session, letter_id, principal.tenant_id)
     return Discarded(discarded=True)
@@ -138,12 +148,14 @@ def create_key_route(body: KeyRequest, principal: Admin) -> CreatedKey:
 
 @router.get("/keys")
 def list_keys_route(principal: Admin) -> list[KeyView]:
+    """This tenant's API keys (never their secrets), revoked ones included."""
     with unit_of_work() as uow:
         return list_keys(uow.session, principal.tenant_id)
 
 
 @router.delete("/keys/{key_id}", status_code=204)
 def revoke_key_route(key_id: uuid.UUID, principal: Admin) -> None:
+    """Revoke a key: refused from then on by every API process."""
     with unit_of_work() as uow:
         if not revoke_key(uow.session, key_id, principal.tenant_id):
             raise NotFound(f"no key {key_id}")
@@ -167,6 +179,7 @@ def create_webhook_route(
 
 @router.get("/webhooks")
 def list_webhooks_route(principal: Admin) -> list[EndpointView]:
+    """This tenant's webhook endpoints (never their signing secrets)."""
     with unit_of_work() as uow:
         return webhooks.list_endpoints(uow.session, principal.tenant_id)
 

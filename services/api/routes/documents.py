@@ -12,7 +12,6 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from services.api.deps import (
-    NOT_FOUND,
     PROTECTED_ROUTE_ERRORS,
     UPLOAD_ERRORS,
     Reader,
@@ -53,11 +52,7 @@ from shared.settings import Settings
 from shared.stores.chunk_index import ElasticsearchChunkIndex
 from shared.stores.vector_store import PgVectorStore
 
-router = APIRouter(
-    prefix="/v1/documents",
-    tags=["documents"],
-    responses=PROTECTED_ROUTE_ERRORS | NOT_FOUND | UPLOAD_ERRORS,
-)
+router = APIRouter(prefix="/v1/documents", tags=["documents"], responses=PROTECTED_ROUTE_ERRORS)
 
 MULTIPART_OVERHEAD = 64 * 1024
 
@@ -151,13 +146,22 @@ UPLOAD_REQUEST_BODY = {
                     "type": "object",
                     "required": ["file"],
                     "properties": {
-                        "file": {"type": "string", "format": "binary", "minLength": 1},
+                        "file": {
+                            "type": "string",
+                            "format": "binary",
+                            "minLength": 1,
+                            "description": "the file; its type is read from its bytes and name",
+                        },
                         "external_id": {
                             "type": "string",
                             "maxLength": MAX_EXTERNAL_ID_CHARS,
                             "description": "default: the file's name",
                         },
-                        "title": {"type": "string", "maxLength": MAX_TITLE_CHARS},
+                        "title": {
+                            "type": "string",
+                            "maxLength": MAX_TITLE_CHARS,
+                            "description": "shown in results",
+                        },
                         "metadata": {"type": "string", "description": "a JSON object"},
                     },
                 }
@@ -176,12 +180,16 @@ UPLOAD_REQUEST_BODY = {
         200: {
             "description": "Unchanged content: nothing to index (a no-op)",
             "model": UploadAccepted,
-        }
+        },
+        **UPLOAD_ERRORS,
     },
 )
 async def upload_document(
     request: Request, principal: Writer, settings: SettingsDep
 ) -> JSONResponse:
+    """Upload a document (JSON or a multipart file) as a new version: 202 with its job, or 200
+    when the content is unchanged. The content's type is read from its bytes; it is screened
+    (PDFs open, no XML entities, bounded JSON) and stored before the answer, indexed after."""
     upload = await _upload_from_request(request, principal.tenant_id, settings)
     # The transaction (lock waits included) and the publish after it block: in a worker
     # thread, so that one slow upload does not stall every other request of this process.
@@ -246,6 +254,9 @@ def read_document(
         False, description="Show a deleted document's tombstone and store state instead of 404"
     ),
 ) -> DocumentView:
+    """One document: its versions, chunk count, whether Elasticsearch holds exactly the live
+    version's chunks, and the live version's newest job (its state, and its error when it
+    failed). A deleted document is 404 unless ``include_deleted``."""
     with unit_of_work() as uow:
         doc = get_document(uow.session, principal.tenant_id, document_id, include_deleted)
         versions = repo.list_versions(uow.session, doc.id)
@@ -316,6 +327,8 @@ def browse_chunks(
 
 @router.delete("/{document_id}")
 def remove_document(document_id: uuid.UUID, principal: Writer) -> DocumentDeleted:
+    """Delete a document: a tombstone version is recorded at once, its chunks leave both
+    stores after (listed with ``GET /v1/documents?deleted=true``)."""
     with unit_of_work() as uow:
         version = delete_document(uow, principal.tenant_id, document_id)
     return DocumentDeleted(document_id=document_id, version=version, deleted=True)

@@ -4,7 +4,7 @@ import uuid
 
 from fastapi import APIRouter
 
-from services.api.deps import NOT_FOUND, PROTECTED_ROUTE_ERRORS, Reader
+from services.api.deps import PROTECTED_ROUTE_ERRORS, Reader
 from shared.db import unit_of_work
 from shared.db.repository import now
 from shared.errors import NotFound
@@ -12,7 +12,7 @@ from shared.jobs import repository as repo
 from shared.jobs import service as jobs
 from shared.jobs.schemas import IngestJobView, TrainingJobView
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=PROTECTED_ROUTE_ERRORS | NOT_FOUND)
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=PROTECTED_ROUTE_ERRORS)
 
 
 @router.get("/{job_id}")

@@ -27,9 +27,10 @@ from shared.search.service import queue_purges_after_response, search, search_ne
 from shared.settings import Settings
 from shared.tenants.admission import search_admission
 
-router = APIRouter(
-    prefix="/v1", tags=["search"], responses=PROTECTED_ROUTE_ERRORS | NOT_FOUND | MODEL_OUT_OF_DATE
-)
+router = APIRouter(prefix="/v1", tags=["search"], responses=PROTECTED_ROUTE_ERRORS)
+# A search names a profile, reranker or answerability model (or a page cursor) that may be
+# missing, or a model trained before its reranker.
+SEARCH_ERRORS = NOT_FOUND | MODEL_OUT_OF_DATE
 ProfileName = Annotated[str, Path(pattern=PROFILE_NAME)]
 
 
@@ -38,7 +39,7 @@ def _replica() -> Transactions | None:
     return read_unit_of_work if replica_configured() else None
 
 
-@router.post("/search", response_model=SearchResponse)
+@router.post("/search", response_model=SearchResponse, responses=SEARCH_ERRORS)
 async def search_route(
     body: SearchRequest,
     principal: Reader,
@@ -68,12 +69,12 @@ async def search_route(
     return _encoded(response, principal.tenant_id, settings)
 
 
-@router.post("/search/next", response_model=SearchResponse)
+@router.post("/search/next", response_model=SearchResponse, responses=SEARCH_ERRORS)
 async def search_next_page_route(
     body: SearchPage, principal: Reader, settings: SettingsDep
 ) -> Response:
-    """The next page of a search made with "paginate": true, from the ranking that search
-    made (404 once the cursor has expired, or for another tenant's cursor)."""
+    """The next page of a paginated search. Pages follow the ranking the first search made
+    (``"paginate": true``); 404 once the cursor has expired, or for another tenant's cursor."""
     async with search_admission.slot(principal.tenant_id, settings):
         response = await run_in_threadpool(
             search_next_page,
@@ -113,8 +114,8 @@ def list_rerankers_route(principal: Reader) -> list[RerankerView]:
 
 @router.get("/answerability-models")
 def list_answerability_models_route(principal: Reader) -> list[AnswerabilityModelView]:
-    """Answerability models learned from this tenant's judgements (concord answerability
-    train), with thresholds and model cards; select one with "policy": {"score_type":
+    """This tenant's answerability models (concord answerability train), with thresholds and
+    model cards. Learned from its judgements; select one with "policy": {"score_type":
     "answerability", "answerability_model": NAME} (default "default")."""
     with unit_of_work() as uow:
         return [
@@ -125,12 +126,14 @@ def list_answerability_models_route(principal: Reader) -> list[AnswerabilityMode
 
 @router.get("/answerability-models/{name}")
 def get_answerability_model_route(name: ProfileName, principal: Reader) -> AnswerabilityModelView:
+    """One answerability model of this tenant: its features, weights and when it was trained."""
     with unit_of_work() as uow:
         return answerability.model_view(answerability.get(uow.session, principal.tenant_id, name))
 
 
 @router.get("/profiles")
 def list_profiles_route(principal: Reader) -> list[ProfileView]:
+    """This tenant's search profiles: named sets of search options a request selects."""
     with unit_of_work() as uow:
         return [
             profiles.profile_view(p)
@@ -140,12 +143,14 @@ def list_profiles_route(principal: Reader) -> list[ProfileView]:
 
 @router.get("/profiles/{name}")
 def get_profile_route(name: ProfileName, principal: Reader) -> ProfileView:
+    """One search profile of this tenant."""
     with unit_of_work() as uow:
         return profiles.profile_view(profiles.get_profile(uow.session, principal.tenant_id, name))
 
 
 @router.put("/profiles/{name}")
 def put_profile_route(name: ProfileName, body: ProfileBody, principal: Admin) -> ProfileView:
+    """Create or replace a search profile of this tenant (admin keys)."""
     with unit_of_work() as uow:
         profile = profiles.save_profile(
             uow.session,
@@ -159,5 +164,6 @@ def put_profile_route(name: ProfileName, body: ProfileBody, principal: Admin) ->
 
 @router.delete("/profiles/{name}", status_code=204)
 def delete_profile_route(name: ProfileName, principal: Admin) -> None:
+    """Delete a search profile of this tenant (admin keys)."""
     with unit_of_work() as uow:
         profiles.delete_profile(uow.session, principal.tenant_id, name)
