@@ -202,11 +202,11 @@ def jobs(
         table.add_row(
             str(job.id),
             job.tenant_id,
-            str(job.document_id)[:8],
+            job.external_id or str(job.document_id),
             str(job.version),
             job.state,
             str(job.attempts),
-            (job.error_message or "")[:60],
+            (job.error or "")[:60],
             job.created_at.isoformat(timespec="seconds"),
         )
     console.print(table)

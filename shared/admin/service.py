@@ -13,10 +13,12 @@ from sqlalchemy.orm import Session
 from shared.admin.schemas import LastReconcile, ReconcileRunView, Stats
 from shared.db import Transactions, UnitOfWork
 from shared.db.repository import count_rows
+from shared.documents import repository as documents_repo
 from shared.errors import BadRequest, NotFound
 from shared.jobs import repository as jobs_repo
 from shared.jobs import service as jobs
-from shared.models import DeadLetter, Document, DocumentVersion, IngestJob, JobState, OutboxOp
+from shared.jobs.schemas import JobRow
+from shared.models import DeadLetter, Document, DocumentVersion, JobState, OutboxOp
 from shared.outbox import repository as outbox_repo
 from shared.queue import publish_relay, queue_depths
 from shared.reconcile import repository as reconcile_repo
@@ -27,13 +29,16 @@ from shared.stores.vector_store import PgVectorStore
 
 def list_jobs(
     session: Session, *, state: str | None, stuck: bool, tenant_id: str | None, limit: int
-) -> Sequence[IngestJob]:
-    """``tenant_id`` None lists every tenant's jobs: only the operator's CLI passes None."""
+) -> list[JobRow]:
+    """Newest first, each named by its document's external id and title. ``tenant_id`` None
+    lists every tenant's jobs: only the operator's CLI passes None."""
     if state and state not in {s.value for s in JobState}:
         raise BadRequest(f"unknown state {state!r}")
-    return jobs_repo.recent_jobs(
+    found = jobs_repo.recent_jobs(
         session, state=state, stuck=stuck, tenant_id=tenant_id, limit=limit
     )
+    documents = documents_repo.documents_by_ids(session, [j.document_id for j in found])
+    return [jobs.job_row(j, documents.get(j.document_id)) for j in found]
 
 
 def list_reconcile_runs(

@@ -59,6 +59,8 @@ class JobRow(BaseModel):
     id: uuid.UUID
     tenant_id: str
     document_id: uuid.UUID
+    external_id: str | None = Field(description="the document's external id (None: purged)")
+    title: str | None = Field(description="the document's title (None: purged)")
     version: int
     state: str
     attempts: int

@@ -15,7 +15,7 @@ from shared.db import Transactions, UnitOfWork
 from shared.db.repository import now
 from shared.jobs import repository as repo
 from shared.jobs.schemas import DeadLetterView, IngestJobView, JobError, JobRow, TrainingJobView
-from shared.models import DeadLetter, IngestJob, JobState, TrainingJob
+from shared.models import DeadLetter, Document, IngestJob, JobState, TrainingJob
 from shared.queue import publish_ingest_job, publish_ingest_jobs
 from shared.retry import describe_error
 from shared.settings import Settings
@@ -255,11 +255,13 @@ def ingest_job_view(job: IngestJob) -> IngestJobView:
     )
 
 
-def job_row(job: IngestJob) -> JobRow:
+def job_row(job: IngestJob, document: Document | None) -> JobRow:
     return JobRow(
         id=job.id,
         tenant_id=job.tenant_id,
         document_id=job.document_id,
+        external_id=document.external_id if document else None,
+        title=document.title if document else None,
         version=job.version,
         state=job.state,
         attempts=job.attempts,

@@ -84,9 +84,9 @@ def test_console_upload_search_trace_reconcile_and_replay(
     assert hook.status_code == 201, hook.text
 
     # Upload a document from the page and watch its job reach `indexed`.
-    doc = tmp_path / "quokka.txt"
+    doc = tmp_path / "quokka.md"
     doc.write_text(
-        "The quokka is a small marsupial that lives on Rottnest Island. "
+        "# Rottnest Island\n\nThe quokka is a small marsupial that lives on Rottnest Island. "
         "Quokkas are nocturnal and eat grasses and shrubs."
     )
     page.set_input_files("#upload-file", str(doc))
@@ -96,6 +96,9 @@ def test_console_upload_search_trace_reconcile_and_replay(
     wait_converged(tenant)
     page.click("#refresh-jobs")
     page.wait_for_selector("#jobs td:has-text('indexed')")
+    # Issue 42: jobs are named by their document's external id and title, not id fragments.
+    jobs_text = page.inner_text("#jobs")
+    assert "quokka.md" in jobs_text and "Island marsupials" in jobs_text, jobs_text
     shot(page, "ingestion")
 
     # Search for it; the matched words are highlighted; open its trace.
@@ -104,14 +107,24 @@ def test_console_upload_search_trace_reconcile_and_replay(
     page.click("#search-form button")
     page.wait_for_selector("#results li")
     first = page.locator("#results li").first
-    assert "Island marsupials" in first.inner_text()
+    # Named by title and section (a PDF's results by their page, "§ page 3", the same way).
+    assert first.locator(".result-name").inner_text() == "Island marsupials § Rottnest Island"
     assert first.locator("mark").count() >= 2
     assert "answerable" in page.inner_text("#decision")
     first.locator(".show-trace").click()
     trace = first.locator(".trace")
     assert trace.is_visible()
     assert "fused" in trace.inner_text() and "policy: included" in trace.inner_text()
+    page.click("#decision details summary")  # the timings, a table of stages
+    assert page.locator("#timings tr").count() >= 3 and "retrieve" in page.inner_text("#timings")
     shot(page, "search")
+    # At a phone's width nothing runs off the screen: the query box and results fit.
+    page.set_viewport_size({"width": 420, "height": 900})
+    box = page.locator("#q").bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 420, box
+    assert page.evaluate("document.documentElement.scrollWidth") <= 420
+    shot(page, "search-phone")
+    page.set_viewport_size({"width": 1400, "height": 1000})
 
     # Inject drift (the Elasticsearch copy is lost) and find it with a dry run from the page.
     alias = tenant_index(tenant)
@@ -148,7 +161,15 @@ def test_console_upload_search_trace_reconcile_and_replay(
     shot(page, "stats")
 
     assert page.console_errors == []
-    for name in ("ingestion", "search", "consistency", "dead-letters", "webhooks", "stats"):
+    for name in (
+        "ingestion",
+        "search",
+        "search-phone",
+        "consistency",
+        "dead-letters",
+        "webhooks",
+        "stats",
+    ):
         assert (ARTIFACTS / f"{name}.png").stat().st_size > 10_000, name
 
 

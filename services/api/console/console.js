@@ -77,6 +77,19 @@ function traceTable(trace) {
     <tr><td>final</td><td>${trace.final_rank}</td><td>policy: ${escapeHtml(trace.policy)}</td></tr></table>`;
 }
 
+// A result as a reader names it: its title (or external id), and the section or PDF page.
+function resultName(r) {
+  return `${r.title || r.external_id || r.document_id}${r.section ? ` § ${r.section}` : ""}`;
+}
+
+function timingsTable(timings) {
+  const rows = Object.entries(timings || {});
+  if (!rows.length) return "";
+  return `<table id="timings" class="timings"><tr><th>stage</th><th>ms</th></tr>${rows
+    .map(([stage, ms]) => `<tr><td>${escapeHtml(stage)}</td><td>${escapeHtml(ms)}</td></tr>`)
+    .join("")}</table>`;
+}
+
 async function runSearch(event) {
   event.preventDefault();
   const query = $("q").value;
@@ -103,13 +116,16 @@ async function runSearch(event) {
     $("decision").innerHTML = `<p>Decision: <span class="decision-${d.status}">${escapeHtml(d.status)}</span>
       ${d.reason ? `(${escapeHtml(d.reason)})` : ""} · score type ${escapeHtml(d.score_type)}
       · threshold ${d.threshold} · top score ${d.top_score ?? "–"}
-      ${result.degraded.length ? `· <strong>degraded: ${escapeHtml(result.degraded.join(", "))}</strong>` : ""}
-      · timings ${escapeHtml(JSON.stringify(result.timings_ms || {}))}</p>`;
+      ${result.degraded.length ? `· <strong>degraded: ${escapeHtml(result.degraded.join(", "))}</strong>` : ""}</p>
+      <details><summary>timings</summary>${timingsTable(result.timings_ms)}</details>`;
     const ev = result.evidence;
+    // Omitted chunks are named as results are: by title and section, where they are among them.
+    const byChunk = new Map(result.results.map((r) => [r.chunk_id, r]));
+    const omitted = ev.omitted.map((o) => `${byChunk.has(o.chunk_id) ? resultName(byChunk.get(o.chunk_id)) : o.chunk_id} (${o.reason})`);
     $("evidence").innerHTML = `<p>Evidence packed: ${ev.items.length} chunk(s), ${ev.tokens_used} of ${ev.token_budget} tokens;
-      omitted: ${ev.omitted.length ? escapeHtml(ev.omitted.map((o) => `${o.chunk_id.slice(-12)} (${o.reason})`).join(", ")) : "none"}</p>`;
+      omitted: ${omitted.length ? escapeHtml(omitted.join("; ")) : "none"}</p>`;
     $("results").innerHTML = result.results.map((r, i) => `<li>
-        <strong>${escapeHtml(r.title || r.external_id)}</strong>
+        <strong class="result-name">${escapeHtml(resultName(r))}</strong>
         <span class="muted">${escapeHtml(r.external_id)} · v${r.version} · found by ${escapeHtml(r.found_by.join("+"))} · score ${r.score}</span>
         <div class="result-text">${highlight(r.text, r.highlights)}</div>
         <button type="button" class="show-trace" data-index="${i}">Show trace</button>
@@ -148,15 +164,16 @@ async function watchJob(jobId) {
   }
 }
 
+// Jobs are named by their document (external id and title); the ids are in the tooltips.
 const JOB_COLUMNS = [
-  { label: "job", value: (j) => j.id.slice(0, 8) },
-  { label: "tenant", value: (j) => j.tenant_id },
-  { label: "document", value: (j) => `${j.document_id.slice(0, 8)} v${j.version}` },
-  { label: "state", html: (j) => `<span class="state-${escapeHtml(j.state)}">${escapeHtml(j.state)}</span>` },
+  { label: "document", html: (j) => `<span title="document ${escapeHtml(j.document_id)}">${escapeHtml(j.external_id ?? j.document_id)}</span> v${j.version}` },
+  { label: "title", value: (j) => j.title ?? "" },
+  { label: "state", html: (j) => `<span class="state-${escapeHtml(j.state)}" title="job ${escapeHtml(j.id)}">${escapeHtml(j.state)}</span>` },
   { label: "attempts", value: (j) => j.attempts },
   { label: "stage timings (s)", value: (j) => Object.entries(j.stage_timings || {}).map(([k, v]) => `${k} ${v}`).join(", ") },
   { label: "error", value: (j) => (j.error ? `${j.error_stage || ""}: ${j.error}` : "") },
   { label: "created", value: (j) => j.created_at.replace("T", " ").slice(0, 19) },
+  { label: "tenant", value: (j) => j.tenant_id },
 ];
 
 async function loadJobs() {

@@ -82,7 +82,7 @@ def jobs_route(
             tenant_id=principal.tenant_id,
             limit=limit,
         )
-        return [jobs.job_row(j) for j in rows]
+        return rows
 
 
 @router.get("/reconcile-runs")
