@@ -3,7 +3,9 @@ questions.jsonl, as in evaluation/devsets/real-docs) through the real ingest pip
 default search request, measuring what a user of the answers sees:
 
 - answerable questions: how often the chunk that holds the answer (its evidence span) is in
-  the first 5 results, how often its file is, and how often the decision is ``answerable``;
+  the first 5 results (and first), how often its file is among the first 5, the file's mean
+  reciprocal rank in the first 10 (MRR@10), how often the decision is ``answerable``, and
+  these per format (the gold file's extension);
 - near-topic and off-topic questions (answers the corpus does not hold): how often the
   decision abstains (and how often it asks to verify);
 - the first 5 results of every question: the share that are stubs (fewer than
@@ -32,6 +34,7 @@ from shared.search.service import search
 from shared.settings import get_settings
 
 TOP = 5
+MRR_DEPTH = 10
 STUB_WORDS = 12
 KINDS = ("answerable", "near_topic", "off_topic")
 
@@ -117,8 +120,10 @@ def same_text(uploads: list[Upload]) -> dict[str, str]:
 def score_question(
     question: Question, results: list[SearchResult], status: str, canonical: dict[str, str]
 ) -> dict[str, Any]:
+    """One question's figures from its first ``MRR_DEPTH`` results."""
     top = results[:TOP]
-    files = [canonical.get(r.external_id or "", r.external_id) for r in top]
+    ranked = [canonical.get(r.external_id or "", r.external_id) for r in results[:MRR_DEPTH]]
+    files = ranked[:TOP]
     texts = [normalized(r.text) for r in top]
     row: dict[str, Any] = {
         "id": question.id,
@@ -131,7 +136,9 @@ def score_question(
     if question.kind == "answerable":
         assert question.file is not None and question.evidence is not None
         wanted = canonical.get(question.file, question.file)
+        row["format"] = Path(question.file).suffix.lstrip(".") or "text"
         row["file_hit"] = wanted in files
+        row["file_rank"] = ranked.index(wanted) + 1 if wanted in ranked else None
         row["answer_rank"] = next(
             (
                 rank
@@ -147,15 +154,31 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     def share(items: list[dict[str, Any]], test: Any) -> float:
         return round(sum(1 for r in items if test(r)) / len(items), 3) if items else 0.0
 
+    def mrr(items: list[dict[str, Any]]) -> float:
+        reciprocal = [1 / r["file_rank"] if r["file_rank"] else 0.0 for r in items]
+        return round(sum(reciprocal) / len(items), 3) if items else 0.0
+
     by_kind = {kind: [r for r in rows if r["kind"] == kind] for kind in KINDS}
     answerable = by_kind["answerable"]
     shown = sum(r["results"] for r in rows) or 1
+    formats = sorted({r["format"] for r in answerable})
     summary: dict[str, Any] = {
         "questions": {kind: len(items) for kind, items in by_kind.items()},
         "answer_chunk_at_5": share(answerable, lambda r: r["answer_rank"] is not None),
         "answer_chunk_at_1": share(answerable, lambda r: r["answer_rank"] == 1),
         "file_at_5": share(answerable, lambda r: r["file_hit"]),
+        "file_mrr_at_10": mrr(answerable),
+        "per_format": {
+            f: {
+                "questions": len(items),
+                "answer_chunk_at_5": share(items, lambda r: r["answer_rank"] is not None),
+                "file_mrr_at_10": mrr(items),
+            }
+            for f in formats
+            for items in [[r for r in answerable if r["format"] == f]]
+        },
         "answerable_answered": share(answerable, lambda r: r["status"] == "answerable"),
+        "answerable_verify": share(answerable, lambda r: r["status"] == "verify"),
         "answerable_abstained": share(answerable, lambda r: r["status"] == "abstain"),
         "stub_share_of_top_5": round(sum(r["stubs"] for r in rows) / shown, 3),
         "repeat_share_of_top_5": round(sum(r["repeats"] for r in rows) / shown, 3),
@@ -183,7 +206,10 @@ def run_devset(
     for i, question in enumerate(questions, start=1):
         started = time.perf_counter()
         response = search(
-            unit_of_work, tenant_id, SearchRequest(query=question.question, top_k=TOP), settings
+            unit_of_work,
+            tenant_id,
+            SearchRequest(query=question.question, top_k=MRR_DEPTH),
+            settings,
         )
         latencies.append((time.perf_counter() - started) * 1e3)
         row = score_question(question, response.results, response.decision.status, canonical)

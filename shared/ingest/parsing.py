@@ -482,7 +482,7 @@ def _parse_html(html: str) -> ParsedDocument:
 
 @dataclass
 class _Block:
-    kind: str  # "block", "heading", "row" or "cell"
+    kind: str  # "block", "heading", "table", "row" or "cell"
     # Its line's place among the document's lines (a cell's is its row's); None for a block
     # whose text so far went into a line before a block it holds: its next words start a
     # line after that block, so that words after a heading stay in the heading's section.
@@ -491,6 +491,9 @@ class _Block:
     row: _Block | None = None  # a cell's
     pieces: list[str] = field(default_factory=list)
     closed: bool = False  # a cell whose next cell was nested in it (no </td>) closed it
+    header: bool = False  # a <th> cell; a row of nothing else
+    rows: int = 0  # a table's rows so far
+    columns: str = ""  # a table's header row
 
 
 class _HtmlLines:
@@ -499,6 +502,9 @@ class _HtmlLines:
     " | ". A block inside a row or a heading is text of that row or heading, a row inside a
     cell is a line of its own, and a block that holds others keeps only its own words, in
     lines before and after the ones it holds (words after a heading are in its section).
+    A table whose first row is header cells (<th>) is read as Markdown's are: that row goes
+    into the section path of the rows after it, flagged ``TABLE``, so the chunker cuts the
+    table between rows and every chunk of it names its columns.
     Linear in the document whatever its nesting: asking each element for its ancestors or
     its descendants, as this once did, made 17 KB of nested tables a gigabyte of text and
     100 KB of nested divs a minute of parsing, in a batch shared with other tenants'
@@ -506,7 +512,9 @@ class _HtmlLines:
 
     def __init__(self) -> None:
         self.slots: list[str] = []  # each block's line, reserved where the block starts
-        self.headings: list[tuple[int, str]] = []  # (slot, section path)
+        # (slot, section path, flags) where a section starts: a heading's, a table's rows',
+        # and the heading's again after the table
+        self.marks: list[tuple[int, str, tuple[str, ...]]] = []
         self.path = _HeadingPath()
         self.open: list[_Block] = []
 
@@ -535,16 +543,20 @@ class _HtmlLines:
         if inner is not None and inner.kind == "heading":
             return None  # all of a heading is its text
         if name == "tr":
-            return self._reserve("row", inner)
+            return self._reserve_row(inner)
         if inner is not None and inner.kind in ("row", "cell"):
             if name not in ("td", "th"):
                 return None  # a block in a cell is the cell's text
             if inner.kind == "row":
-                return _Block("cell", inner.slot, row=inner)
+                return _Block("cell", inner.slot, row=inner, header=name == "th")
             # A cell whose </td> was left out (valid HTML): html.parser nests the next cell
             # in it. The first ends where the second starts, and both are cells of the row.
             self._close(inner)
-            return _Block("cell", inner.slot, row=inner.row)
+            return _Block("cell", inner.slot, row=inner.row, header=name == "th")
+        if name == "table":
+            if inner is not None and inner.kind == "block":
+                self._end_line(inner)  # its words after the table go after it
+            return _Block("table", None)
         if name in _HEADING_TAGS:
             return self._reserve("heading", inner, int(name[1]))
         if name in _BLOCK_TAGS:
@@ -580,15 +592,47 @@ class _HtmlLines:
         if block.kind == "cell":
             if not block.closed and block.row is not None:
                 block.row.pieces.append(text)  # its row's, cells in order
+                block.row.header = block.row.header and block.header
             block.closed = True
+        elif block.kind == "table":
+            if block.slot is not None:  # its own words (a caption)
+                self.slots[block.slot] = text
+            self._close_table(block)
         elif block.slot is None:
             return
         elif block.kind == "row":
             self.slots[block.slot] = " | ".join(block.pieces).strip(" |")
+            self._close_row(block)
         else:
             self.slots[block.slot] = text
             if block.kind == "heading" and text:
-                self.headings.append((block.slot, self.path.enter(block.level, text)))
+                self.marks.append((block.slot, self.path.enter(block.level, text), ()))
+
+    def _reserve_row(self, inner: _Block | None) -> _Block:
+        row = self._reserve("row", inner)
+        row.header = True  # until a cell of it is not a <th>
+        return row
+
+    def _close_row(self, row: _Block) -> None:
+        table = self.open[-1] if self.open else None  # the row's own, when it is directly in one
+        if table is None or table.kind != "table" or row.slot is None:
+            return
+        table.rows += 1
+        line = self.slots[row.slot]
+        # The first row, all <th>, and no line after it yet (html.parser nests the rows of a
+        # table whose </tr> and </th> are left out inside its first cell: those rows close
+        # before it, and it is then no header above them).
+        last = row.slot == len(self.slots) - 1
+        if table.rows == 1 and row.header and row.pieces and line and last:
+            table.columns = line  # the header row: the rows' section path, not a line
+            self.slots[row.slot] = ""
+            within = self.path.current()
+            path = f"{within} > {line}" if within else line
+            self.marks.append((len(self.slots), path[-MAX_SECTION_CHARS:], (TABLE,)))
+
+    def _close_table(self, table: _Block) -> None:
+        if table.columns:  # after a table with a header row, the heading's section again
+            self.marks.append((len(self.slots), self.path.current(), ()))
 
     def parts(self) -> list[str]:
         return [line for line in self.slots if line]
@@ -599,7 +643,8 @@ class _HtmlLines:
             starts.append(offset)
             if line:
                 offset += len(line) + 2
-        return [Section(starts[slot], path) for slot, path in self.headings]
+        starts.append(offset)  # a mark after the last line (a table that ends the document)
+        return [Section(starts[slot], path, flags) for slot, path, flags in self.marks]
 
 
 def _parse_pdf(raw: bytes) -> ParsedDocument:

@@ -65,3 +65,57 @@ def test_eval_command_reports_a_bad_dataset_clearly(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["eval", "--dataset", str(tmp_path / "absent")])
     assert result.exit_code == 2
     assert "is not a directory" in " ".join(result.output.split())
+
+
+@pytest.mark.usefixtures("worker")
+def test_eval_docs_measures_answers_decisions_and_noise_on_real_files(
+    tmp_path: Path, tenant: str
+) -> None:
+    """`concord eval-docs` (issue 40) on a tiny set of files in two formats, one of them
+    shipped twice under two names: the answer's chunk and file, the decision per kind of
+    question, per format, and what the first results hold."""
+    from services.cli.main import app
+
+    files = tmp_path / "set" / "files"
+    files.mkdir(parents=True)
+    manual = (
+        "# Tide tables\n\nSpring tides happen near the new and the full moon, when the sun "
+        "and the moon pull along one line.\n\n## Neap tides\n\nNeap tides happen at the "
+        "quarter moons, when the pulls are at right angles and the range is smallest.\n"
+    )
+    (files / "tides.md").write_text(manual)
+    (files / "tides-copy.md").write_text(manual)  # the same page under a second name
+    (files / "harbour.html").write_text(
+        "<nav><a href='/'>Home</a> <a href='/a'>Charts</a> <a href='/b'>Lights</a></nav>"
+        "<main><h1>Harbour lights</h1><p>A green light marks the starboard side of the "
+        "channel entrance, a red light the port side.</p></main>"
+    )
+    questions = [
+        {"id": "a1", "kind": "answerable", "question": "when do spring tides happen",
+         "file": "tides.md", "evidence": "Spring tides happen near the new and the full moon"},
+        {"id": "a2", "kind": "answerable", "question": "which light marks the starboard side",
+         "file": "harbour.html", "evidence": "A green light marks the starboard side"},
+        {"id": "n1", "kind": "near_topic", "question": "how high was the tide in 1953",
+         "file": None, "evidence": None},
+        {"id": "o1", "kind": "off_topic", "question": "what is the boiling point of tungsten",
+         "file": None, "evidence": None},
+    ]  # fmt: skip
+    (tmp_path / "set" / "questions.jsonl").write_text(
+        "".join(json.dumps(q) + "\n" for q in questions)
+    )
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        app, ["eval-docs", str(tmp_path / "set"), "--out", str(out), "--tenant", tenant]
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["questions"] == {"answerable": 2, "near_topic": 1, "off_topic": 1}
+    assert summary["documents"] == {"files": 3, "failed": {}}
+    assert summary["answer_chunk_at_5"] == 1.0 and summary["file_mrr_at_10"] == 1.0
+    assert set(summary["per_format"]) == {"md", "html"}
+    assert summary["off_topic_abstained"] == 1.0
+    assert summary["repeat_share_of_top_5"] == 0.0  # the copy is shown once
+    rows = {r["id"]: r for r in map(json.loads, (out / "questions.jsonl").read_text().splitlines())}
+    assert rows["a2"]["answer_rank"] == 1 and rows["o1"]["reason"] == "query_terms_absent"
+    # The navigation bar is not a result.
+    assert all("Charts" not in r["text"] for row in rows.values() for r in row["top"])

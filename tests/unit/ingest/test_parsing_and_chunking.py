@@ -197,12 +197,17 @@ def test_html_table_rows_and_list_items_keep_their_boundaries() -> None:
     <ul><li>Fruits<ul><li>apple</li><li>pear</li></ul></li><li>Vegetables</li></ul></body>"""
     doc = parse(html, "text/html")
     blocks = doc.text.split("\n\n")
-    # A row is one block, its cells in order; no cell is repeated as a block of its own.
-    assert blocks[1:4] == ["Name | Role", "Ann | Pump engineer", "Bo | Diver"]
+    # A row is one block, its cells in order; no cell is repeated as a block of its own. The
+    # header row (<th> cells) is the rows' section path, as a Markdown table's is.
+    assert blocks[1:3] == ["Ann | Pump engineer", "Bo | Diver"]
+    assert doc.section_at(doc.text.index("Bo")) == "Staff > Name | Role"
+    assert "table" in doc.flags_at(doc.text.index("Ann"))
     # A list item that holds a nested list keeps its own words; each item is its own block.
-    assert blocks[4:] == ["Fruits", "apple", "pear", "Vegetables"]
+    assert blocks[3:] == ["Fruits", "apple", "pear", "Vegetables"]
+    assert doc.section_at(doc.text.index("Fruits")) == "Staff"
+    assert "table" not in doc.flags_at(doc.text.index("Fruits"))
     # A chunk holds whole rows: the chunker never cuts between a row's cells.
-    rows = {"Name | Role", "Ann | Pump engineer", "Bo | Diver"}
+    rows = {"Ann | Pump engineer", "Bo | Diver"}
     for chunk in Chunker(word_offsets, max_tokens=12, overlap_tokens=0).chunk(doc):
         pieces = chunk.text.split("\n\n")
         assert all(p in rows for p in pieces if "|" in p), chunk.text
@@ -315,6 +320,24 @@ def test_a_table_is_chunked_by_whole_rows_each_chunk_under_its_header() -> None:
         assert all(line.startswith("| `--flag-") and line.endswith("|") for line in
                    chunk.text.splitlines())  # fmt: skip
     assert sum(len(c.text.splitlines()) for c in chunks) == 40
+
+
+def test_an_html_tables_header_row_names_every_chunk_of_it() -> None:
+    """Issue 40: a long HTML table (Sphinx, DocBook) was chunked as prose: the header row in
+    the first chunk only, the rows after it with no column names."""
+    rows = "".join(
+        f"<tr><td><code>--flag-{i}</code></td><td>value {i} of it</td></tr>" for i in range(40)
+    )
+    html = f"""<h2>Options</h2><table><thead><tr><th>Flag</th><th>Meaning</th></tr></thead>
+    <tbody>{rows}</tbody></table><p>After the table.</p>""".encode()
+    doc = parse(html, "text/html")
+    chunks = Chunker(word_offsets, max_tokens=40, overlap_tokens=0).chunk(doc)
+    in_table = [c for c in chunks if "--flag-" in c.text]
+    assert len(in_table) > 3
+    for chunk in in_table:
+        assert chunk.section == "Options > Flag | Meaning" and "table" in chunk.flags
+        assert all(p.startswith("--flag-") for p in chunk.text.split("\n\n")), chunk.text
+    assert doc.section_at(doc.text.index("After")) == "Options"
 
 
 def test_a_stub_chunk_joins_a_neighbour_and_no_chunk_is_a_heading_alone() -> None:
