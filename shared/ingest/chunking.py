@@ -254,6 +254,7 @@ class Chunker:
         self, sentences: list[tuple[int, int]], tokens_in: Callable[[int, int], int]
     ) -> list[tuple[int, int]]:
         packed: list[tuple[int, int]] = []
+        firsts: list[int] = []  # each packed chunk's first sentence
         i = 0
         while i < len(sentences):
             start = sentences[i][0]
@@ -265,7 +266,9 @@ class Chunker:
             ):
                 j += 1
             packed.append((start, sentences[j][1]))
+            firsts.append(i)
             if j + 1 >= len(sentences):
+                self._balance_tail(packed, firsts, sentences, tokens_in)
                 break
             # Step back over whole sentences that fit in the overlap, but always move forward.
             k = j + 1
@@ -275,3 +278,34 @@ class Chunker:
                 k -= 1
             i = k
         return packed
+
+    def _balance_tail(
+        self,
+        packed: list[tuple[int, int]],
+        firsts: list[int],
+        sentences: list[tuple[int, int]],
+        tokens_in: Callable[[int, int], int],
+    ) -> None:
+        """A region's last chunk below ``min_tokens`` (a long code block's closing lines, a
+        section's last sentence) is no answer on its own, and the greedy chunk before it is
+        too full to take it: the two share their sentences out evenly instead, each within
+        the budget (the earlier chunks are left as they were)."""
+        if len(packed) < 2 or tokens_in(*packed[-1]) >= self.min_tokens:
+            return
+        first, last = firsts[-2], len(sentences) - 1
+        best: tuple[int, int] | None = None  # (larger half's tokens, split)
+        for split in range(first + 1, last + 1):
+            head = (sentences[first][0], sentences[split - 1][1])
+            tail = (sentences[split][0], sentences[last][1])
+            if any(
+                tokens_in(*part) > self.max_tokens or part[1] - part[0] > self.max_chars
+                for part in (head, tail)
+            ):
+                continue
+            larger = max(tokens_in(*head), tokens_in(*tail))
+            if best is None or larger < best[0]:
+                best = (larger, split)
+        if best is not None:
+            split = best[1]
+            packed[-2] = (sentences[first][0], sentences[split - 1][1])
+            packed[-1] = (sentences[split][0], sentences[last][1])

@@ -420,3 +420,17 @@ def test_a_code_block_is_one_chunk_where_it_fits_and_cut_between_lines_where_not
             assert all(
                 line.strip().startswith(("step_", "```")) for line in chunk.text.splitlines()
             )
+
+
+def test_a_long_blocks_last_lines_are_no_stub_of_their_own() -> None:
+    """Issue 40: a code block a little longer than a chunk left its closing lines (a comment
+    and a brace) as a chunk of their own, ranked among the first results. The last two
+    chunks of a region now share its lines evenly."""
+    body = "".join(f"  step_{i}(closure, value_{i});\n" for i in range(14))
+    md = f"# Closure example\n\n```c\nint main() {{\n{body}  return 0;\n}}\n```\n".encode()
+    doc = parse(md, "text/markdown")
+    chunker = Chunker(word_offsets, max_tokens=40, overlap_tokens=0, min_tokens=24)
+    counts = [c.token_count for c in chunker.chunk(doc)]
+    # Greedy packing made 37, 35, 39 and 3 ("return 0; }"): the last two now share 42.
+    assert counts == [37, 35, 21, 21], counts
+    assert "".join(c.text for c in chunker.chunk(doc)).count("step_") == 14  # each line once
