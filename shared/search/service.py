@@ -151,15 +151,16 @@ def _reads(
     holding its threads and connections for as long as the store takes."""
     reads, source = reads_for_search(transactions, replica, query.settings)
     SEARCH_READS.labels(source).inc()
-    with reads() as uow:
-        db_repo.limit_statements(uow.session, query.settings.search_store_timeout_s)
-        try:
+    try:
+        with reads() as uow:
+            db_repo.limit_statements(uow.session, query.settings.search_store_timeout_s)
             yield uow.session
-        except PendingRollbackError as e:
-            # A connection lost under a stage that degraded on it (the dense arm, in its
-            # savepoint) leaves the transaction unusable: every hit is hydrated from Postgres,
-            # so the search cannot go on without it.
-            raise StoreUnavailable("Postgres is unavailable; retry shortly") from e
+    except PendingRollbackError as e:
+        # A connection lost under a stage that degraded on it (the dense arm, in its
+        # savepoint) leaves the transaction unusable: every hit is hydrated from Postgres, so
+        # the search cannot go on without it; and a search with no hit to hydrate meets the
+        # same at its commit (a 500 under link faults before this was caught there too).
+        raise StoreUnavailable("Postgres is unavailable; retry shortly") from e
 
 
 def _finish(

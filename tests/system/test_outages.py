@@ -20,13 +20,14 @@ from tests.helpers import job_state, long_text, search, upload_text, wait_conver
 def test_readyz_follows_elasticsearch(client: TestClient, es_service: ElasticsearchService) -> None:
     ready = client.get("/readyz")
     assert ready.status_code == 200, ready.text
-    assert set(ready.json()["checks"]) == {"postgres", "elasticsearch", "redis"}
+    assert set(ready.json()["checks"]) == {"warm_up", "postgres", "elasticsearch", "redis"}
     es_service.down()
     try:
         unready = client.get("/readyz")
         assert unready.status_code == 503
         checks = unready.json()["checks"]
         assert not checks["elasticsearch"]["ok"] and checks["postgres"]["ok"]
+        assert checks["warm_up"]["ok"]  # done: only the store holds readiness back
         assert client.get("/healthz").status_code == 200  # the process itself is fine
     finally:
         es_service.up()

@@ -116,6 +116,6 @@ def test_eval_docs_measures_answers_decisions_and_noise_on_real_files(
     assert summary["off_topic_abstained"] == 1.0
     assert summary["repeat_share_of_top_5"] == 0.0  # the copy is shown once
     rows = {r["id"]: r for r in map(json.loads, (out / "questions.jsonl").read_text().splitlines())}
-    assert rows["a2"]["answer_rank"] == 1 and rows["o1"]["reason"] == "query_terms_absent"
+    assert rows["a2"]["answer_rank"] == 1 and rows["o1"]["status"] == "abstain"
     # The navigation bar is not a result.
     assert all("Charts" not in r["text"] for row in rows.values() for r in row["top"])
