@@ -123,6 +123,9 @@ MODEL_OUT_OF_DATE: dict[int | str, dict[str, Any]] = {
 WEBHOOK_ENDPOINT_LIMIT: dict[int | str, dict[str, Any]] = {
     409: _error("The tenant has as many webhook endpoints as it may: delete one first")
 }
+NOT_REPLAYABLE: dict[int | str, dict[str, Any]] = {
+    400: _error("An upload event's dead letter cannot be replayed: its producer sends it again")
+}
 API_KEY_LIMIT: dict[int | str, dict[str, Any]] = {
     409: _error("The tenant has as many unrevoked API keys as it may: revoke one first")
 }

@@ -138,8 +138,9 @@ class WarmUp:
 
     def check(self) -> dict[str, Any]:
         """For /readyz: ok once every step has run; the steps' times, and what failed."""
-        done = ", ".join(f"{name} {s:.2f} s" for name, s in self.seconds.items())
-        failed = "; ".join(f"{name} failed: {why}" for name, why in self.errors.items())
+        # Snapshots: the warm-up thread adds to both while /readyz reads them.
+        done = ", ".join(f"{name} {s:.2f} s" for name, s in list(self.seconds.items()))
+        failed = "; ".join(f"{name} failed: {why}" for name, why in list(self.errors.items()))
         if not self._done.is_set():
             so_far = time.monotonic() - self._started
             detail = f"warming up: {self.current} ({so_far:.1f} s so far)" + (

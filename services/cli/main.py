@@ -282,9 +282,16 @@ def _before_sending(tenant: str, named: dict[str, Path]) -> tuple[datetime, list
     from shared.db.repository import now
     from shared.documents import sync as syncing
 
-    files = [syncing.local_file(tenant, path, external_id) for external_id, path in named.items()]
+    files = []
+    for external_id, path in named.items():
+        try:
+            files.append(syncing.local_file(tenant, path, external_id))
+        except OSError:
+            continue  # not sent: the publishing loop reports it
     with unit_of_work() as uow:
-        plan = syncing.plan(uow.session, tenant, files, "", prune=False, retry_failed=True)
+        plan = syncing.plan(
+            uow.session, tenant, files, "", prune=False, retry_failed=True, only_files=True
+        )
         return now(uow.session), [f.external_id for f in plan.uploads()]
 
 

@@ -110,14 +110,17 @@ def add_version(session: Session, version: DocumentVersion) -> None:
     session.add(version)
 
 
-def live_content_hashes(session: Session, tenant_id: str, prefix: str) -> dict[str, str]:
+def live_content_hashes(
+    session: Session, tenant_id: str, prefix: str, among: Sequence[str] | None = None
+) -> dict[str, str]:
     """External id -> content hash of the tenant's live documents whose external id starts
-    with ``prefix``."""
-    rows = session.execute(
-        select(Document.external_id, Document.content_hash).where(
-            Document.tenant_id == tenant_id,
-            Document.deleted.is_(False),
-            starts_with(Document.external_id, prefix),
-        )
+    with ``prefix`` (and, given ``among``, is one of those)."""
+    query = select(Document.external_id, Document.content_hash).where(
+        Document.tenant_id == tenant_id,
+        Document.deleted.is_(False),
+        starts_with(Document.external_id, prefix),
     )
+    if among is not None:
+        query = query.where(any_of(Document.external_id, among))
+    rows = session.execute(query)
     return {external_id: digest for external_id, digest in rows}

@@ -19,7 +19,7 @@ from shared.db import UnitOfWork
 from shared.db.repository import insert_rows, lock_key, lock_keys, now
 from shared.documents import repository as repo
 from shared.documents.schemas import Upload, UploadResult
-from shared.errors import NotFound
+from shared.errors import ConcordError, NotFound
 from shared.jobs import repository as jobs_repo
 from shared.logs import current_request_id
 from shared.models import Document, DocumentVersion, IngestJob, JobState, OutboxOp
@@ -181,7 +181,13 @@ def add_event_dead_letter(session: Session, event: dict[str, Any], error: Except
         attempts=1,
         payload={
             **_letter_value({k: v for k, v in event.items() if k != "content_base64"}),
-            **_refused_content_digest(event),
+            # A refusal of the content itself (4xx), not an outage that used up the retries:
+            # only then is the same content not worth sending again.
+            **(
+                _refused_content_digest(event)
+                if isinstance(error, ConcordError) and error.status_code < 500
+                else {}
+            ),
         },
     )
 

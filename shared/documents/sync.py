@@ -4,9 +4,10 @@ A file's external id is its path relative to the directory (after an optional pr
 compared with the tenant's live documents by the content hash Concord itself keeps (bytes,
 type, title, metadata: :func:`shared.documents.service.content_hash`), so only new and changed
 files are sent, a second run sends nothing, and an interrupted run resumes by running again.
-A file whose content already failed (its job failed, or its upload was refused at intake) is
-not sent again until it changes, or unless ``retry_failed``: a scheduled sync must not make a
-fresh dead letter of the same file on every run. With ``prune``, documents under the prefix
+A file whose content already failed (its job failed, or its upload was refused at intake:
+the refusal of content sent inline keeps the bytes' digest; one sent by reference keeps
+none, so it is sent again) is not sent again until it changes, or unless ``retry_failed``:
+a scheduled sync must not make a fresh dead letter of the same file on every run. With ``prune``, documents under the prefix
 whose file is gone are deleted."""
 
 from __future__ import annotations
@@ -126,22 +127,29 @@ def plan(
     prefix: str,
     prune: bool,
     retry_failed: bool = False,
+    only_files: bool = False,
 ) -> SyncPlan:
-    remote = repo.live_content_hashes(session, tenant_id, prefix)
-    failed = jobs_repo.failed_attempts(session, tenant_id, prefix)
+    """``only_files``: read the tenant's documents of these files only (``ingest`` of a few
+    files into a large tenant), not all of the prefix's (which ``prune`` needs)."""
+    among = [f.external_id for f in files] if only_files else None
+    remote = repo.live_content_hashes(session, tenant_id, prefix, among)
+    failed = jobs_repo.failed_attempts(session, tenant_id, prefix, among)
     result = SyncPlan(held=len(remote))
     for f in files:
         known = remote.get(f.external_id)
-        if failed.versions.get(f.external_id) == f.digest or f.raw_digest in failed.refusals.get(
-            f.external_id, ()
-        ):
+        if known == f.digest:
+            # The live version's content: unchanged, unless its job failed. (A refusal of
+            # the same bytes that came before it no longer counts: they were indexed since.)
+            if failed.versions.get(f.external_id) == f.digest:
+                (result.retried if retry_failed else result.failed_before).append(f)
+            else:
+                result.unchanged += 1
+        elif f.raw_digest in failed.refusals.get(f.external_id, ()):
             (result.retried if retry_failed else result.failed_before).append(f)
         elif known is None:
             result.new.append(f)
-        elif known != f.digest:
-            result.changed.append(f)
         else:
-            result.unchanged += 1
+            result.changed.append(f)
     if prune:
         here = {f.external_id for f in files}
         result.deletes = sorted(e for e in remote if e not in here)

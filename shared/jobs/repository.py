@@ -298,7 +298,10 @@ class FailedAttempts:
     refusals: dict[str, set[str]] = field(default_factory=dict)
 
 
-def failed_attempts(session: Session, tenant_id: str, prefix: str) -> FailedAttempts:
+def failed_attempts(
+    session: Session, tenant_id: str, prefix: str, among: Sequence[str] | None = None
+) -> FailedAttempts:
+    """(``among``: only these external ids.)"""
     newest = (
         select(Document.external_id, Document.content_hash, IngestJob.state)
         .join(
@@ -310,6 +313,7 @@ def failed_attempts(session: Session, tenant_id: str, prefix: str) -> FailedAtte
             Document.tenant_id == tenant_id,
             Document.deleted.is_(False),
             starts_with(Document.external_id, prefix),
+            *([any_of(Document.external_id, among)] if among is not None else []),
         )
         .order_by(Document.id, IngestJob.created_at.desc())
         .subquery()
@@ -327,6 +331,7 @@ def failed_attempts(session: Session, tenant_id: str, prefix: str) -> FailedAtte
             DeadLetter.source == "event",
             starts_with(DeadLetter.ref, prefix),
             DeadLetter.payload.has_key("content_sha256"),
+            *([any_of(DeadLetter.ref, among)] if among is not None else []),
         )
     )
     for external_id, digest in refused:

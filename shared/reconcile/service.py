@@ -71,6 +71,9 @@ class ReconcileReport:
     # the relay has not sent yet, or a repair queued earlier): writes in flight, not drift.
     # They are neither counted as drift nor repaired again.
     in_flight: set[str] = field(default_factory=set)
+    in_flight_drift: dict[str, set[str]] = field(  # their class, were they not in flight
+        default_factory=lambda: {c: set() for c in CLASSES}
+    )
     # drifted chunks left alone because their last write is a dead letter an operator must
     # replay or discard first (concord dlq)
     repairs_held: set[str] = field(default_factory=set)
@@ -83,6 +86,15 @@ class ReconcileReport:
 
     def total(self) -> int:
         return sum(len(ids) for ids in self.drift.values())
+
+    def count_as_drift(self, chunk_ids: set[str]) -> None:
+        """Count these chunks as drift although their writes are still in the outbox: after
+        a repair was drained, a repair still waiting has not fixed anything (Elasticsearch
+        down, a relay behind)."""
+        for name, ids in self.in_flight_drift.items():
+            self.drift[name] |= ids & chunk_ids
+            ids -= chunk_ids
+        self.in_flight -= chunk_ids
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -167,10 +179,13 @@ def reconcile_and_verify(
 ) -> tuple[ReconcileReport, ReconcileReport]:
     """Repair, drain the outbox now, and compare again: the second report shows what remains."""
     first = reconcile(transactions, tenant, repair=True, deep=deep, progress=progress)
-    if first.repaired_ids or first.in_flight:
-        drain_repairs(transactions, first.repaired_ids | first.in_flight)
+    drained = first.repaired_ids | first.in_flight
+    if drained:
+        drain_repairs(transactions, drained)
         ElasticsearchChunkIndex().refresh(tenant)
-    return first, reconcile(transactions, tenant, repair=False)
+    after = reconcile(transactions, tenant, repair=False)
+    after.count_as_drift(drained)  # what the drain did not get applied still differs
+    return first, after
 
 
 def drain_repairs(transactions: Transactions, chunk_ids: set[str], wait_s: float = 30.0) -> None:
@@ -275,6 +290,8 @@ def _purge_foreign(
     strays = {cid: copy for cid, copy in foreign.items() if owners.get(cid) != tenant}
     waiting = outbox_repo.chunks_with_queued_writes(session, sorted(strays), tenant)
     report.in_flight |= waiting
+    for cid in waiting:
+        report.in_flight_drift["wrong_tenant" if owners.get(cid) else "orphaned"].add(cid)
     strays = {cid: copy for cid, copy in strays.items() if cid not in waiting}
     for cid in strays:  # another tenant's chunk, or nobody's
         report.drift["wrong_tenant" if owners.get(cid) else "orphaned"].add(cid)
@@ -340,7 +357,8 @@ def _compare_range(
         session, sorted(set().union(*found.drift.values()))
     )
     report.in_flight |= waiting
-    for ids in found.drift.values():
+    for name, ids in found.drift.items():
+        report.in_flight_drift[name] |= ids & waiting
         ids -= waiting
     found.unrepairable -= waiting
     for cid in set().union(*found.drift.values()):

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from services.api.deps import (
     API_KEY_LIMIT,
+    NOT_REPLAYABLE,
     PROTECTED_ROUTE_ERRORS,
     WEBHOOK_ENDPOINT_LIMIT,
     Admin,
@@ -114,7 +115,10 @@ def dead_letter_route(letter_id: LetterId, principal: Admin) -> DeadLetterView:
         )
 
 
-@router.post("/dead-letters/{letter_id}/replay")
+@router.post(
+    "/dead-letters/{letter_id}/replay",
+    responses=NOT_REPLAYABLE,
+)
 def replay_route(letter_id: LetterId, principal: Admin) -> Replayed:
     """Run a dead letter again once its cause is fixed: a job gets a fresh set of attempts, an
     Elasticsearch write is queued again; the letter is removed."""

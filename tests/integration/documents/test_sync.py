@@ -78,6 +78,19 @@ def test_content_that_already_failed_is_not_sent_again_unless_retried(
 
     first = run("--wait", exit_code=1)
     assert "indexed 1 of 3, 2 failed" in first
+    # A refusal of ok.txt's very bytes (a producer's event with a bad field) does not make the
+    # indexed document "failed before": its live version holds those bytes.
+    from shared.documents.events import accept_upload_events, build_upload_event
+    from shared.settings import get_settings
+
+    bad = build_upload_event(
+        tenant_id=tenant, external_id="ok.txt", raw=(tmp_path / "ok.txt").read_bytes()
+    )
+    with unit_of_work() as uow:
+        refused = accept_upload_events(
+            uow, [{**bad, "metadata": ["not", "an object"]}], get_settings()
+        )
+    assert refused.rejected == 1
     again = run(exit_code=0)
     assert "0 new, 0 changed, 0 to retry, 1 unchanged, 2 failed before (not sent again" in again
     assert "failed no-text.json" in again and "failed picture.png" in again

@@ -93,7 +93,7 @@ def test_each_operation_lists_the_errors_it_can_answer(schema: dict[str, Any]) -
         parameters = {p["in"] for p in operation.get("parameters", [])}
         has_body = "requestBody" in operation
         assert codes >= PROTECTED, where
-        assert ("413" in codes) == has_body and ("400" in codes) == has_body, where
+        assert ("413" in codes) == has_body and (not has_body or "400" in codes), where
         assert ("422" in codes) == (has_body or bool(parameters & {"path", "query"})), where
         if "path" in parameters and method != "put":
             assert "404" in codes, where
