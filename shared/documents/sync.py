@@ -7,8 +7,8 @@ files are sent, a second run sends nothing, and an interrupted run resumes by ru
 A file whose content already failed (its job failed, or its upload was refused at intake:
 the refusal of content sent inline keeps the bytes' digest; one sent by reference keeps
 none, so it is sent again) is not sent again until it changes, or unless ``retry_failed``:
-a scheduled sync must not make a fresh dead letter of the same file on every run. With ``prune``, documents under the prefix
-whose file is gone are deleted."""
+a scheduled sync must not make a fresh dead letter of the same file on every run. With
+``prune``, documents under the prefix whose file is gone are deleted."""
 
 from __future__ import annotations
 

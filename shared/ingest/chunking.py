@@ -167,13 +167,15 @@ class Chunker:
         answer on its own and crowds the results: it joins a neighbour where the two fit
         the budget, its own section's first (the chunk before, else the one after), else
         the next section's first chunk (a section that is one line, as a man page's NAME),
-        never one whose parsing flags differ (a page with a doubtful text layer, a table)."""
+        never one whose parsing flags differ (a page with a doubtful text layer, a table; a
+        code block is no such difference: a command's one-line description and its synopsis
+        block belong together)."""
 
         def fits(start: int, end: int) -> bool:
             return tokens_in(start, end) <= self.max_tokens and end - start <= self.max_chars
 
         def alike(a: int, b: int) -> bool:  # a doubtful page, a table: never mixed with others
-            return doc.flags_at(a) == doc.flags_at(b)
+            return set(doc.flags_at(a)) - {CODE} == set(doc.flags_at(b)) - {CODE}
 
         merged: list[tuple[int, int]] = []
         i = 0

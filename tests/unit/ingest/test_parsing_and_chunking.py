@@ -434,3 +434,19 @@ def test_a_long_blocks_last_lines_are_no_stub_of_their_own() -> None:
     # Greedy packing made 37, 35, 39 and 3 ("return 0; }"): the last two now share 42.
     assert counts == [37, 35, 21, 21], counts
     assert "".join(c.text for c in chunker.chunk(doc)).count("step_") == 14  # each line once
+
+
+def test_a_one_line_description_joins_its_synopsis_block() -> None:
+    """Issue 40: npm's command pages give each subcommand a one-line description and a code
+    block: each was a stub of its own (5 and 16 tokens), ranked among the first results."""
+    md = (
+        b"# npm stage list\n\nList all staged package versions\n\n## Synopsis\n\n"
+        b"```bash\nnpm stage list [<package-spec>]\n```\n\n## Flags\n\n"
+        b"| Flag | Default |\n|---|---|\n| `--json` | false |\n"
+    )
+    chunks = Chunker(word_offsets, max_tokens=60, overlap_tokens=0, min_tokens=24).chunk(
+        parse(md, "text/markdown")
+    )
+    [described] = [c for c in chunks if "List all staged" in c.text]
+    assert "npm stage list [<package-spec>]" in described.text
+    assert all("List all staged" not in c.text for c in chunks if "table" in c.flags)
