@@ -8,8 +8,10 @@ default search request, measuring what a user of the answers sees:
   these per format (the gold file's extension);
 - near-topic and off-topic questions (answers the corpus does not hold): how often the
   decision abstains (and how often it asks to verify);
-- the first 5 results of every question: the share that are stubs (fewer than
-  ``STUB_WORDS`` words) and the share that repeat a result above them.
+- the first 5 results of every question: the share that are noise (a heading alone, a
+  navigation bar, a table of contents: ``is_noise``), the share that are short (fewer than
+  ``STUB_WORDS`` words: a table row or a one-line description may be an answer, but many
+  are crumbs) and the share that repeat a result above them.
 
 A set's documents are its files, each uploaded under its file name with the content type its
 name and bytes give (as ``concord ingest`` does)."""
@@ -110,6 +112,28 @@ def holds_evidence(text: str, evidence: str) -> bool:
     return False
 
 
+# A navigation line: a texinfo/Sphinx page bar, a "skip to content" link, a table of
+# contents' title, a breadcrumb ("Home » Docs » Path"; not "|", which a table row has too).
+_NAVIGATION_LINE = re.compile(
+    r"^\s*((next|previous|prev|up|home)\s*:|skip to (main )?content|table of contents|contents\s*$"
+    r"|[^\w\n]*(\w[^\n]{0,40}?\s*[\u00bb\u203a]\s*){2,})",
+    re.IGNORECASE,
+)
+
+
+def is_noise(text: str, section: str) -> bool:
+    """A result no reader wants: no words at all, only its own heading (the last part of
+    its section path), or mostly navigation lines."""
+    words = normalized(text)
+    if not re.search(r"\w", words):
+        return True
+    heading = normalized(section.rsplit(" > ", 1)[-1]) if section else ""
+    if heading and words == heading:
+        return True
+    lines = [line for line in text.splitlines() if line.strip()]
+    return sum(bool(_NAVIGATION_LINE.match(line)) for line in lines) * 2 > len(lines)
+
+
 def same_text(uploads: list[Upload]) -> dict[str, str]:
     """Each file's name -> the name of the first file with the same bytes (a page shipped
     under two names answers a question about either)."""
@@ -129,6 +153,7 @@ def score_question(
         "id": question.id,
         "kind": question.kind,
         "status": status,
+        "noise": sum(is_noise(r.text, r.section) for r in top),
         "stubs": sum(len(r.text.split()) < STUB_WORDS for r in top),
         "repeats": sum(t in texts[:i] for i, t in enumerate(texts)),
         "results": len(top),
@@ -180,6 +205,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "answerable_answered": share(answerable, lambda r: r["status"] == "answerable"),
         "answerable_verify": share(answerable, lambda r: r["status"] == "verify"),
         "answerable_abstained": share(answerable, lambda r: r["status"] == "abstain"),
+        "noise_share_of_top_5": round(sum(r["noise"] for r in rows) / shown, 3),
         "stub_share_of_top_5": round(sum(r["stubs"] for r in rows) / shown, 3),
         "repeat_share_of_top_5": round(sum(r["repeats"] for r in rows) / shown, 3),
     }

@@ -133,3 +133,15 @@ def test_threshold_simulation_keeps_documents_in_rank_order() -> None:
     doc_of = {"c1": "d1", "c2": "d2", "c3": "d1", "c4": "d3"}
     first = first_chunk_per_document(ranking, doc_of)
     assert list(first.items()) == [("d1", "c1"), ("d2", "c2"), ("d3", "c4")]
+
+
+def test_eval_docs_tells_noise_from_short_answers() -> None:
+    from evaluation.real_docs import holds_evidence, is_noise
+
+    assert is_noise("Next: Closure API, Previous: Types, Up: Using libffi", "")
+    assert is_noise("Closure Example", "Using libffi > Closure Example")  # its heading alone
+    assert is_noise("Home » Docs » Path\nSkip to content", "")
+    assert is_noise("¶ …", "Intro")
+    assert not is_noise("| `--json` | false | Boolean |", "Flags > | Flag | Default | Type |")
+    assert not is_noise("List all staged package versions", "npm stage list")
+    assert holds_evidence("Spring tides  happen near the ﬁrst moon .", "spring tides happen near")
