@@ -229,10 +229,13 @@ def delete_document(uow: UnitOfWork, tenant_id: str, document_id: uuid.UUID) -> 
     """Record a tombstone as a new version, remove the chunks from Postgres and queue their
     deletion from Elasticsearch in the same transaction. Returns the tombstone version."""
     session = uow.session
+    # The document's key before its row, in the order the ingest worker takes them (its write
+    # holds the key, then needs the row for its chunks' foreign keys): the other order
+    # deadlocked against a worker writing the same document's previous version.
+    lock_key(session, f"document:{document_id}")
     doc = repo.document_for_tenant(session, tenant_id, document_id, for_update=True)
     if doc is None or doc.deleted:
         raise NotFound(f"document {document_id} not found")
-    lock_key(session, f"document:{doc.id}")
     doc.version += 1
     doc.deleted = True
     doc.updated_at = now(session)

@@ -48,6 +48,21 @@ def test_rerank_reorders_the_window_by_score_with_a_trace(
 def test_rerank_over_budget_or_broken_keeps_the_fused_order(
     client, auth, corpus, monkeypatch, cross_encoder_configured
 ):
+    import time
+
+    from shared.rerankers.scoring import get_reranker
+
+    # The test's tiny cross-encoder can score four short passages within 1 ms: slowed here,
+    # so that the budget is what runs out, every time.
+    reranker = get_reranker(cross_encoder_configured)
+    assert reranker is not None
+    score = reranker.score
+
+    def slow_score(query: str, passages: list[str]) -> list[float]:
+        time.sleep(0.2)
+        return score(query, passages)
+
+    monkeypatch.setattr(reranker, "score", slow_score)
     plain = search(client, auth, "animals and machines")
     slow = search(
         client, auth, "animals and machines", rerank={"enabled": True, "budget_ms": 1, "window": 4}
