@@ -31,6 +31,13 @@ phase() {  # name of the phase that just ended; prints its wall time
   phase_started=$now
 }
 
+# One ONNX export of the embedding model for the three runs (each has a state directory of
+# its own), written once below while mypy runs rather than by the first workers of each run
+# at once, on the tests' clock.
+state_dir=${CONCORD_STATE_DIR:-.concord}
+mkdir -p "$state_dir"
+export CONCORD_ONNX_EXPORT_DIR="${CONCORD_ONNX_EXPORT_DIR:-$(cd "$state_dir" && pwd)/models/onnx}"
+
 started_here=0
 if ! .venv/bin/concord stack status >/dev/null 2>&1; then
   started_here=1
@@ -63,10 +70,12 @@ system_a=(
   CONCORD_PG_PORT=25432 CONCORD_REDIS_PORT=26379
   CONCORD_ES_PORT=29200 CONCORD_ES_TRANSPORT_PORT=29300
 )
+# (Below Linux's ephemeral range, 32768-60999, as the defaults are: there a cluster test's
+# node found its transport port taken by the local end of some outgoing connection.)
 system_b=(
   CONCORD_TEST_RUN=system_b CONCORD_STATE_DIR="${CONCORD_STATE_DIR:-.concord}/system-tier-b"
-  CONCORD_PG_PORT=35432 CONCORD_REDIS_PORT=36379
-  CONCORD_ES_PORT=39200 CONCORD_ES_TRANSPORT_PORT=39300
+  CONCORD_PG_PORT=21432 CONCORD_REDIS_PORT=21379
+  CONCORD_ES_PORT=21200 CONCORD_ES_TRANSPORT_PORT=21300
 )
 .venv/bin/concord stack up --infra-only >test-artifacts/stack-up.log 2>&1 &
 main_infra=$!
@@ -76,6 +85,9 @@ system_a_infra=$!
 env "${system_b[@]}" .venv/bin/concord stack up --infra-only \
   >test-artifacts/stack-up-system-b.log 2>&1 &
 system_b_infra=$!
+$py -c 'from shared.ingest.embedding import get_embedder as e; e().passage_encoder(); e().query_encoder()' \
+  >test-artifacts/onnx-export.log 2>&1 &
+onnx_export=$!
 stop_stacks() {
   if [ "$started_here" = 1 ] && [ -z "${CONCORD_KEEP_STACK:-}" ]; then
     .venv/bin/concord stack down >/dev/null
@@ -93,7 +105,8 @@ phase "mypy --strict"
 wait $main_infra || { cat test-artifacts/stack-up.log; exit 1; }
 wait $system_a_infra || { cat test-artifacts/stack-up-system-a.log; exit 1; }
 wait $system_b_infra || { cat test-artifacts/stack-up-system-b.log; exit 1; }
-phase "infrastructure up (three)"
+wait $onnx_export || { cat test-artifacts/onnx-export.log; exit 1; }
+phase "infrastructure up, export"
 
 workers=${CONCORD_TEST_WORKERS:-3}
 tiers_started=$(date +%s)

@@ -145,6 +145,9 @@ class Settings(BaseSettings):
     # computes them. On SciFact, onnx-int8 was the fastest (1,000 documents in the worker's
     # layout: 2.8x fp32 torch) at no loss of nDCG@10; bench/ingest.py and README.
     passage_encoder: Literal["auto", "torch", "torch-bf16", "onnx", "onnx-int8"] = "onnx-int8"
+    # Where the ONNX exports are written once and read by every process (empty: under the
+    # state directory). Stacks on one machine may share one (the test suite's three do).
+    onnx_export_dir: str = ""
     query_prompt: str = ""
     passage_prompt: str = ""
     # What each chunk is embedded as (shared/ingest/chunking.contextual_text): "none" (the
@@ -378,6 +381,11 @@ class Settings(BaseSettings):
 
     def state_path(self) -> Path:
         return self.state_dir.resolve()
+
+    def onnx_export_root(self) -> Path:
+        if self.onnx_export_dir:
+            return Path(self.onnx_export_dir).resolve()
+        return self.state_path() / "models" / "onnx"
 
 
 @lru_cache

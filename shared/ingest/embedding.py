@@ -147,7 +147,7 @@ class Embedder:
         try:
             return OnnxEncoder(
                 model,
-                export_dir_for(self.model_path, self.settings.state_path()),
+                export_dir_for(self.model_path, self.settings.onnx_export_root()),
                 threads,
                 precision,
             )

@@ -14,17 +14,20 @@ run time, so per text), which is faster on CPU and close to the fp32 vectors but
 them: its vectors are cached under a model id of their own, and the stores keep fp32 vectors
 either way.
 
-The exports are written once per model under the state directory and reused by every
-process; a model this module cannot reproduce exactly (pooling other than mean or CLS, extra
-modules) keeps torch.
+The exports are written once per model under the state directory (CONCORD_ONNX_EXPORT_DIR)
+and reused by every process: the first process to need one writes it while holding a lock on
+the directory, and the others wait for it rather than write it too. A model this module
+cannot reproduce exactly (pooling other than mean or CLS, extra modules) keeps torch.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -67,12 +70,10 @@ class OnnxEncoder:
         self.max_length = int(model.max_seq_length or 512)
         self.tokenizer = direct_tokenizer(model, self.max_length)
         path = export_dir / "model.onnx"
-        if not path.exists():
-            _export(model, path)
+        made_once(path, lambda: _export(model, path))
         if precision == "int8":
             quantized = export_dir / "model-int8.onnx"
-            if not quantized.exists():
-                _quantize(path, quantized)
+            made_once(quantized, lambda: _quantize(path, quantized))
             path = quantized
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads
@@ -117,12 +118,28 @@ def direct_tokenizer(model: SentenceTransformer, max_length: int | None) -> Toke
     return tokenizer
 
 
-def export_dir_for(model_path: str, state_path: Path) -> Path:
+def export_dir_for(model_path: str, export_root: Path) -> Path:
     """One export per model (and torch version, which writes the graph)."""
     import torch
 
     key = hashlib.sha256(f"{os.path.abspath(model_path)}|{torch.__version__}".encode()).hexdigest()
-    return state_path / "models" / "onnx" / key[:16]
+    return export_root / key[:16]
+
+
+def made_once(path: Path, make: Callable[[], None]) -> None:
+    """``make()`` writes ``path`` unless it exists, under an exclusive lock on its directory,
+    so that processes starting together (a worker's pool, three test runs) wait for one
+    writer. Not only to save the work: ONNX Runtime's quantizer writes a fixed
+    ``model-inferred.onnx`` beside its input and deletes it, so two at once made one of them
+    fail, and that process silently kept fp32 torch for its life (other vectors than its
+    peers', cached under another key)."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with (path.parent / ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        if not path.exists():
+            make()
 
 
 def _export(model: SentenceTransformer, path: Path) -> None:
@@ -140,7 +157,6 @@ def _export(model: SentenceTransformer, path: Path) -> None:
                 input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
             ).last_hidden_state
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     sample = model.tokenizer(["an example query"], return_tensors="pt")
     inputs = tuple(
         sample[name] if name in sample else torch.zeros_like(sample["input_ids"])

@@ -52,7 +52,7 @@ def test_two_worker_hosts_share_an_ingest_and_the_survivor_finishes_it(
     assert (defaults.job_lease_seconds, defaults.sweep_interval_seconds) == (20, 5)
     hosts: dict[str, CeleryProcess] = {}
     for name in ("host-a", "host-b"):
-        state = tmp_path / name / "state"  # per host: e.g. an exported encoder goes here
+        state = tmp_path / name / "state"  # per host (the ONNX export is the suite's one)
         state.mkdir(parents=True)
         hosts[name] = CeleryProcess(
             "worker", tmp_path / name, {"CONCORD_STATE_DIR": str(state)}, f"concord@{name}"

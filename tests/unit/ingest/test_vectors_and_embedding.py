@@ -87,7 +87,7 @@ def test_passage_encoders_match_fp32_torch_and_the_inexact_ones_are_cached_apart
     texts = ["short one", "a much longer passage about harbours " * 30, "mid length text " * 5]
     texts = texts * 4 + ["x"]
     reference = get_embedder().model().encode(texts, normalize_embeddings=True, batch_size=1)
-    settings = get_embedder().settings.model_copy(update={"state_dir": tmp_path})
+    settings = get_embedder().settings.model_copy(update={"onnx_export_dir": str(tmp_path)})
 
     def embedder(encoder: str) -> Embedder:
         return Embedder(settings.model_copy(update={"passage_encoder": encoder}))
@@ -116,7 +116,10 @@ def test_passage_encoders_match_fp32_torch_and_the_inexact_ones_are_cached_apart
     (tmp_path / "not-a-directory").write_text("")
     unexportable = Embedder(
         settings.model_copy(
-            update={"passage_encoder": "onnx-int8", "state_dir": tmp_path / "not-a-directory"}
+            update={
+                "passage_encoder": "onnx-int8",
+                "onnx_export_dir": str(tmp_path / "not-a-directory"),
+            }
         )
     )
     assert unexportable.passage_encoder() is None
@@ -125,3 +128,34 @@ def test_passage_encoders_match_fp32_torch_and_the_inexact_ones_are_cached_apart
     auto = embedder("auto")
     assert auto.passage_encoding == ("torch-bf16" if cpu_has_native_bf16() else "torch")
     assert Settings.model_fields["passage_encoder"].default == "onnx-int8"
+
+
+def test_an_export_is_written_by_one_process_while_the_others_wait(tmp_path) -> None:
+    """Four writers of one export at once (processes starting together, each its own open
+    file, as threads here): one writes it, the others wait and find it written; none sees it
+    half made. (ONNX Runtime's quantizer, run twice at once, deleted its own scratch file
+    under the other and sent that process to torch for its life.)"""
+    import threading
+    import time
+
+    from shared.ingest.onnx_encoder import made_once
+
+    path = tmp_path / "exports" / "model-int8.onnx"
+    writes: list[int] = []
+    seen: list[bytes] = []
+
+    def write() -> None:
+        writes.append(threading.get_ident())
+        time.sleep(0.2)  # long enough for every other thread to arrive meanwhile
+        path.write_bytes(b"whole")
+
+    def start() -> None:
+        made_once(path, write)
+        seen.append(path.read_bytes())
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(writes) == 1 and seen == [b"whole"] * 4
