@@ -27,7 +27,7 @@ from shared.documents.schemas import Upload  # noqa: E402
 from shared.documents.service import accept_upload, delete_document  # noqa: E402
 from shared.ingest import pipeline  # noqa: E402
 from shared.models import Chunk, IngestJob  # noqa: E402
-from shared.outbox import service as relay  # noqa: E402
+from shared.relay import service as relay  # noqa: E402
 from shared.settings import get_settings  # noqa: E402
 from shared.stores.elastic import get_es  # noqa: E402
 

@@ -43,13 +43,13 @@ from shared.db import unit_of_work  # noqa: E402
 from shared.ingest.embedding import get_embedder  # noqa: E402
 from shared.ingest.pipeline import text_hash  # noqa: E402
 from shared.models import Chunk, Document, DocumentVersion  # noqa: E402
-from shared.reconcile.buckets import bucket_of, fingerprint  # noqa: E402
-from shared.search.filters import range_terms  # noqa: E402
 from shared.settings import get_settings  # noqa: E402
+from shared.stores.buckets import bucket_of, fingerprint  # noqa: E402
 from shared.stores.chunk_index import ElasticsearchChunkIndex  # noqa: E402
 from shared.stores.elastic import get_es  # noqa: E402
 from shared.stores.english_analysis import analyze  # noqa: E402
 from shared.stores.es_index import tenant_alias  # noqa: E402
+from shared.stores.filters import range_terms  # noqa: E402
 from shared.stores.partitions import partition_name, place_tenants  # noqa: E402
 from shared.stores.repository import placement_unlock, try_placement_lock  # noqa: E402
 from shared.tenants import repository as tenants_repo  # noqa: E402

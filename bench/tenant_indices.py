@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from services.cli.stack import ElasticsearchService  # noqa: E402
 from shared.models import Chunk, Document  # noqa: E402
-from shared.reconcile.buckets import bucket_of  # noqa: E402
 from shared.settings import Settings, get_settings  # noqa: E402
+from shared.stores.buckets import bucket_of  # noqa: E402
 from shared.stores.chunk_index import ElasticsearchChunkIndex  # noqa: E402
 from shared.stores.elastic import get_es  # noqa: E402
 from shared.stores.es_index import ensure_index, index_body  # noqa: E402

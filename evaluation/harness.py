@@ -32,8 +32,8 @@ from shared.answerability import service as answerability
 from shared.db import unit_of_work
 from shared.db.repository import count_rows
 from shared.models import Chunk
-from shared.profiles import service as profiles
 from shared.rerankers import service as rerankers
+from shared.search import profiles
 from shared.settings import get_settings
 from shared.tenants.service import create_key, revoke_key
 

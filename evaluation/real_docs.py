@@ -30,7 +30,7 @@ from typing import Any
 from evaluation.corpus import Progress, sync_uploads
 from shared.db import unit_of_work
 from shared.documents.schemas import Upload
-from shared.ingest.parsing import resolve_content_type
+from shared.parsing import resolve_content_type
 from shared.search.schemas import SearchRequest, SearchResult
 from shared.search.service import search
 from shared.settings import get_settings

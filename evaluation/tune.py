@@ -25,8 +25,8 @@ from evaluation.harness import eval_tenant
 from evaluation.metrics import ndcg_at_k, unique
 from evaluation.runner import Progress
 from shared.db import unit_of_work
-from shared.profiles.service import save_profile
 from shared.search.fusion import fuse
+from shared.search.profiles import save_profile
 from shared.search.retrieve import dense_arm, lexical_arm, query_vector
 from shared.search.schemas import CandidateDepth, Fusion, LexicalOptions, SearchRequest
 from shared.settings import get_settings

@@ -10,6 +10,9 @@
    (``services/``), the tasks (``workers/``) and the offline applications (``evaluation/``,
    ``training/``), never by ``shared/`` (``shared/db`` defines it).
 5. Every API route declares a response model (or answers 204 with no body).
+6. No import cycle between the packages of ``shared/`` either (``shared.search`` and
+   ``shared.stores`` as wholes): each package sits on the ones below it, so a newcomer can
+   read them bottom up (stores, tenants, documents, ingest, relay, search, reconcile, ...).
 
 Prints each violation and exits 1 if there is any.
 """
@@ -115,6 +118,30 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded into ``shared/``'s packages (modules such as shared.settings,
+    below every package, drop out)."""
+
+    def package(module: str) -> str | None:
+        parts = module.split(".")
+        if parts[0] != "shared" or len(parts) < 2:
+            return None
+        return parts[1] if (ROOT / "shared" / parts[1]).is_dir() else None
+
+    folded: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        source = package(module)
+        if source is None:
+            continue
+        folded.setdefault(source, set())
+        for target in targets:
+            into = package(target)
+            if into is not None and into != source:
+                folded[source].add(into)
+                folded.setdefault(into, set())
+    return folded
+
+
 def routes_without_models(path: Path, tree: ast.AST) -> list[str]:
     problems = []
     for node in ast.walk(tree):
@@ -165,6 +192,7 @@ def main() -> int:
         if name.startswith("services.api.routes"):
             problems += routes_without_models(path, tree)
     problems += [f"import cycle: {' -> '.join(c)}" for c in cycles(graph)]
+    problems += [f"package import cycle: {' -> '.join(c)}" for c in cycles(package_graph(graph))]
     for problem in problems:
         print(problem)
     print(f"{len(known)} modules checked, {len(problems)} problems")

@@ -162,7 +162,7 @@ class Chunk(Base):
     first_sentence_tokens: Mapped[int | None] = mapped_column(Integer)
     # Reconciliation compares the stores bucket by bucket (see shared/reconcile).
     bucket: Mapped[int] = mapped_column(SmallInteger, nullable=False, server_default="0")
-    # A hash of the id and every field Elasticsearch copies (shared/reconcile/buckets.py).
+    # A hash of the id and every field Elasticsearch copies (shared/stores/buckets.py).
     fingerprint: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     # A copy of the document's metadata, so filters apply inside the HNSW scan itself.
     metadata_: Mapped[dict[str, Any]] = mapped_column(

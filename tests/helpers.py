@@ -246,7 +246,7 @@ def orphan_copy(tenant: str, text: str = "ghost", title: str = "") -> tuple[str,
     """A chunk id Postgres never had, and its Elasticsearch copy as the relay shapes one."""
     import uuid
 
-    from shared.reconcile.buckets import bucket_of
+    from shared.stores.buckets import bucket_of
     from shared.stores.english_analysis import analyze
 
     ghost = f"{uuid.uuid4()}:0"

@@ -20,7 +20,6 @@ from shared.ingest import pipeline
 from shared.jobs import service as jobs
 from shared.jobs import sweep
 from shared.logs import job_context
-from shared.outbox import service as relay
 from shared.queue import (
     ACCEPT_EVENT_TASK,
     ACCEPT_EVENTS_TASK,
@@ -43,6 +42,7 @@ from shared.queue import (
 )
 from shared.reconcile.service import periodic_reconcile
 from shared.redis_client import redis_client
+from shared.relay import service as relay
 from shared.retry import describe_error, is_retriable
 from shared.settings import get_settings
 from shared.stores import partitions

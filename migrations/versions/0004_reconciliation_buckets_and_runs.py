@@ -29,7 +29,7 @@ def upgrade() -> None:
     )
     op.create_index('ix_reconcile_runs_started', 'reconcile_runs', ['started_at'], unique=False)
     op.add_column('chunks', sa.Column('bucket', sa.SmallInteger(), server_default='0', nullable=False))
-    # The same function as shared.reconcile.buckets.bucket_of (sha256 of the chunk id).
+    # The same function as shared.stores.buckets.bucket_of (sha256 of the chunk id).
     op.execute(
         "UPDATE chunks SET bucket = (('x' || substr(encode(sha256(convert_to(id, 'UTF8')), "
         "'hex'), 1, 8))::bit(32)::bigint % 1024)"

@@ -3,7 +3,7 @@
 Reconciliation summed a hash of the chunk text per bucket, so a missing chunk and an orphan of
 the same version and text in one bucket cancelled out, and a copy with a wrong title, section
 or metadata counted as current. ``chunks.fingerprint`` hashes the id and every field that
-Elasticsearch copies (shared/reconcile/buckets.fingerprint); the relay writes the same number
+Elasticsearch copies (shared/stores/buckets.fingerprint); the relay writes the same number
 into each copy.
 
 Existing rows are backfilled here, page by page. Their Elasticsearch copies carry no
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from shared.reconcile.buckets import fingerprint
+from shared.stores.buckets import fingerprint
 
 revision: str = "0008"
 down_revision: str | None = "0007"

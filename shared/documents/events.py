@@ -53,7 +53,7 @@ from shared.documents.intake import check_upload, check_upload_fields
 from shared.documents.schemas import Upload
 from shared.documents.service import accept_uploads, add_event_dead_letter, delete_by_external_id
 from shared.errors import BadRequest, ConcordError, NotFound, PayloadTooLarge
-from shared.ingest.parsing import resolve_content_type
+from shared.parsing import resolve_content_type
 from shared.queue import publish_ingest_jobs
 from shared.settings import Settings
 from shared.tenants.service import validate_tenant_id

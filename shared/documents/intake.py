@@ -34,9 +34,8 @@ from shared.documents.schemas import (
 )
 from shared.documents.screening import screen_upload
 from shared.errors import BadRequest, ParseError, PayloadTooLarge
-from shared.ingest.parsing import MAX_JSON_RECORDS, SUPPORTED_TYPES, jsonl_line_count
-from shared.search.filters import parse_iso_date
-from shared.search.schemas import ISO_DATE, METADATA_KEY
+from shared.fields import ISO_DATE, METADATA_KEY, parse_iso_date
+from shared.parsing import MAX_JSON_RECORDS, SUPPORTED_TYPES, jsonl_line_count
 from shared.settings import Settings
 
 MAX_JSON_DEPTH = 64

@@ -9,9 +9,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.fields import METADATA_KEY
 from shared.jobs.schemas import IngestJobView
 from shared.schemas import Timestamp
-from shared.search.schemas import METADATA_KEY
 
 # What the API's OpenAPI schema and docs/upload-event.schema.json publish, for every way in.
 MAX_EXTERNAL_ID_CHARS = 512

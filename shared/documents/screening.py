@@ -13,7 +13,7 @@ import io
 import re
 
 from shared.errors import BadRequest, ParseError, UnsupportedMediaType
-from shared.ingest.parsing import SUPPORTED_TYPES
+from shared.parsing import SUPPORTED_TYPES
 
 # (signature at offset 0, what it is)
 BINARY_SIGNATURES: tuple[tuple[bytes, str], ...] = (

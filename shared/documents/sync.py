@@ -22,8 +22,8 @@ from sqlalchemy.orm import Session
 from shared.documents import repository as repo
 from shared.documents.schemas import Upload
 from shared.documents.service import content_hash
-from shared.ingest.parsing import resolve_content_type
 from shared.jobs import repository as jobs_repo
+from shared.parsing import resolve_content_type
 
 
 @dataclass(frozen=True)

@@ -35,13 +35,13 @@ from shared.errors import ParseError
 from shared.ingest import repository as repo
 from shared.ingest.chunking import ChunkContext, Chunker, TextChunk, contextual_text
 from shared.ingest.embedding import Embedder, get_embedder
-from shared.ingest.parsing import ParsedDocument, parse
 from shared.jobs import repository as jobs_repo
 from shared.jobs import service as jobs
 from shared.jobs.heartbeat import LeaseHeartbeat
 from shared.logs import job_context
 from shared.models import Document, DocumentVersion, IngestJob, JobState, OutboxOp
 from shared.outbox import repository as outbox_repo
+from shared.parsing import ParsedDocument, parse
 from shared.queue import publish_ingest_jobs, publish_relay
 from shared.retry import describe_error, is_retriable
 from shared.settings import Settings, get_settings

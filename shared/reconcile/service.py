@@ -39,9 +39,9 @@ from shared.documents import repository as documents_repo
 from shared.jobs import repository as jobs_repo
 from shared.models import OutboxOp
 from shared.outbox import repository as outbox_repo
-from shared.outbox import service as relay
 from shared.reconcile import repository as repo
-from shared.reconcile.buckets import BUCKETS
+from shared.relay import service as relay
+from shared.stores.buckets import BUCKETS
 from shared.stores.chunk_index import ChunkIndex, ElasticsearchChunkIndex
 from shared.stores.schemas import EsCopy, Fingerprints, document_id_of
 from shared.stores.vector_store import PgVectorStore

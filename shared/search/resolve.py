@@ -9,8 +9,8 @@ from sqlalchemy.orm import Session
 from shared.answerability import service as answerability
 from shared.db import Transactions
 from shared.errors import BadRequest, Conflict, NotFound
-from shared.profiles.service import resolve_profile
 from shared.rerankers import service as rerankers
+from shared.search.profiles import resolve_profile
 from shared.search.schemas import SearchRequest
 from shared.search.values import Query
 from shared.settings import Settings

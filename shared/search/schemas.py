@@ -3,8 +3,6 @@ is wrong, never a store error. Unknown fields are rejected, not ignored."""
 
 from __future__ import annotations
 
-import re
-import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -13,13 +11,13 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
-    StringConstraints,
     create_model,
     field_validator,
-    model_validator,
 )
 
 from shared.answerability.schemas import AnswerabilityTrace
+from shared.fields import STRICT, MetadataKey, Strict
+from shared.stores.filters import Filters
 
 Mode = Literal["dense", "lexical", "hybrid"]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
@@ -33,115 +31,7 @@ def _integral(value: Any) -> Any:
 Int = Annotated[int, BeforeValidator(_integral)]
 Arm = Literal["dense", "lexical"]
 FieldBoost = Annotated[float, Field(gt=0, le=100)]
-# Postgres text and JSONB cannot hold NUL: a string with one is invalid input, not a 500.
-NO_NUL = r"^[^\x00]*$"
-# A filter value longer than a document's whole metadata may be (MAX_METADATA_BYTES of
-# shared/documents/schemas.py, which imports this module) could never match.
-MAX_FILTER_VALUE_CHARS = 16 * 1024
-Text = Annotated[str, StringConstraints(pattern=NO_NUL, max_length=MAX_FILTER_VALUE_CHARS)]
-Scalar = Text | int | float | bool
-METADATA_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
-ISO_DATE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9:.]+(Z|[+-][0-9]{2}:?[0-9]{2})?)?$")
-MAX_FILTERS = 20
-MAX_IN_VALUES = 100
 PROFILE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-
-
-# Unknown fields are errors, and so are values of the wrong JSON type (``"explain": 0`` or
-# ``"top_k": true`` are not quietly coerced). Python's JSON parser reads the non-standard
-# NaN and Infinity: refused too (a NaN weight or filter value has no meaning, and Postgres'
-# JSONB refuses one).
-STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-
-class Strict(BaseModel):
-    model_config = STRICT
-
-
-BOUNDS = ("gt", "gte", "lt", "lte")
-
-
-def _range_variant(value_schema: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {bound: value_schema for bound in BOUNDS},
-        "additionalProperties": False,
-        "minProperties": 1,
-    }
-
-
-def _range_schema(schema: dict[str, Any]) -> None:
-    schema.clear()
-    schema["anyOf"] = [
-        _range_variant({"type": "number"}),
-        _range_variant({"type": "string", "pattern": ISO_DATE.pattern}),
-    ]
-
-
-# An ISO-8601 date or timestamp is far shorter; the pattern alone would take any length.
-DateText = Annotated[str, StringConstraints(max_length=64)]
-
-
-class Range(Strict):
-    """Bounds that are all numbers or all ISO-8601 dates (the OpenAPI document says so too)."""
-
-    model_config = ConfigDict(**STRICT, json_schema_extra=lambda schema, _: _range_schema(schema))
-
-    gt: float | DateText | None = None
-    gte: float | DateText | None = None
-    lt: float | DateText | None = None
-    lte: float | DateText | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_null_bounds(cls, data: Any) -> Any:
-        if isinstance(data, dict) and any(data.get(b, 0) is None for b in BOUNDS):
-            raise ValueError("range bounds must not be null; leave the bound out instead")
-        return data
-
-    @model_validator(mode="after")
-    def _one_kind(self) -> Range:
-        bounds = [v for v in (self.gt, self.gte, self.lt, self.lte) if v is not None]
-        if not bounds:
-            raise ValueError("a range needs at least one of gt, gte, lt, lte")
-        numbers = all(isinstance(v, int | float) for v in bounds)
-        dates = all(isinstance(v, str) and ISO_DATE.match(v) for v in bounds)
-        if not (numbers or dates):
-            raise ValueError("range bounds must be all numbers or all ISO-8601 dates")
-        return self
-
-    @property
-    def is_date(self) -> bool:
-        return any(isinstance(v, str) for v in (self.gt, self.gte, self.lt, self.lte))
-
-    def bounds(self) -> dict[str, Any]:
-        return {k: v for k, v in self.model_dump().items() if v is not None}
-
-
-MetadataKey = Annotated[str, StringConstraints(pattern=METADATA_KEY.pattern)]
-MetadataCondition = (
-    Scalar | Annotated[list[Scalar], Field(min_length=1, max_length=MAX_IN_VALUES)] | Range
-)
-
-
-class Filters(Strict):
-    # Key names and counts are in the types, so the OpenAPI document states them too.
-    metadata: dict[MetadataKey, MetadataCondition] = Field(
-        default_factory=dict,
-        max_length=MAX_FILTERS,
-        description="conditions on document metadata, all of which must hold: per key a value "
-        "(equal), a list of values (any of them), or a range {gt, gte, lt, lte} of numbers or "
-        "of ISO-8601 dates",
-        # patternProperties alone would let other names through in the document's eyes
-        json_schema_extra={"additionalProperties": False},
-    )
-    # JSON has no UUID type: ids come as strings, so this one field is parsed leniently.
-    document_ids: list[Annotated[uuid.UUID, Field(strict=False)]] | None = Field(
-        default=None, min_length=1, max_length=1000, description="only these documents' chunks"
-    )
-
-    def is_empty(self) -> bool:
-        return not self.metadata and not self.document_ids
 
 
 def _equal_weights() -> dict[Arm, float]:

@@ -30,7 +30,7 @@ from shared.metrics import (
     SEARCH_STAGE_SECONDS,
     STALE_HITS_DROPPED,
 )
-from shared.outbox.service import queue_stale_copy_purges
+from shared.relay.service import queue_stale_copy_purges
 from shared.search import cursors
 from shared.search.decide import decide, judge
 from shared.search.diversify import collapse_copies, diversify

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from shared.models import Chunk, Document
-from shared.reconcile.buckets import bucket_of
-from shared.search.filters import range_terms
 from shared.stores import english_analysis
+from shared.stores.buckets import bucket_of
+from shared.stores.filters import range_terms
 
 
 def es_document(chunk: Chunk, doc: Document) -> dict[str, Any]:

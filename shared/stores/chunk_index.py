@@ -36,11 +36,9 @@ from elasticsearch import ApiError, BadRequestError, Elasticsearch, NotFoundErro
 
 from shared.metrics import LEXICAL_ANALYSIS_FALLBACKS
 from shared.models import Chunk, Document
-from shared.reconcile.buckets import BUCKETS, fingerprint_of_source
-from shared.search.filters import es_filters
-from shared.search.schemas import Filters
 from shared.settings import LexicalAnalysis, Settings, get_settings
 from shared.stores import english_analysis
+from shared.stores.buckets import BUCKETS, fingerprint_of_source
 from shared.stores.chunk_document import es_document
 from shared.stores.elastic import get_es
 from shared.stores.es_index import (
@@ -57,6 +55,7 @@ from shared.stores.es_index import (
     tenant_alias,
     tenant_index,
 )
+from shared.stores.filters import Filters, es_filters
 from shared.stores.schemas import BucketStats, EsCopy, Fingerprints
 
 log = logging.getLogger(__name__)

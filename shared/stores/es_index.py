@@ -98,7 +98,7 @@ def _mappings_for(settings: Settings) -> dict[str, Any]:
         "dynamic": "strict",
         "_meta": {"concord_schema_version": SCHEMA_VERSION, "lexical_analysis": searched},
         # metadata_num and metadata_date held range-searchable copies of metadata, one
-        # field per key, until shared/search/filters.range_terms replaced them (a mapping
+        # field per key, until shared/stores/filters.range_terms replaced them (a mapping
         # keeps its fields; nothing writes them now).
         "dynamic_templates": [
             {"numbers": {"path_match": "metadata_num.*", "mapping": {"type": "double"}}},

@@ -32,7 +32,6 @@ from shared.db import Transactions
 from shared.errors import NotFound
 from shared.settings import Settings, get_settings
 from shared.stores import repository as repo
-from shared.tenants import repository as tenants_repo
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +100,7 @@ def _place(
     progress: Callable[[str], None] | None,
 ) -> None:
     if tenant_id is not None:
-        if not tenants_repo.tenant_exists(autocommit, tenant_id):
+        if not repo.tenant_exists(autocommit, tenant_id):
             # A typo must not leave a partition behind for a tenant that does not exist.
             raise NotFound(f"no tenant {tenant_id!r}")
         own = repo.own_partitions(autocommit)

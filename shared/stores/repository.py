@@ -26,8 +26,8 @@ from sqlalchemy.orm import Session, defer
 
 from shared.db import any_of
 from shared.db.repository import run_unlock, try_run_lock
-from shared.models import Chunk, Document
-from shared.reconcile.buckets import bucket_of, fingerprint
+from shared.models import Chunk, Document, Tenant
+from shared.stores.buckets import bucket_of, fingerprint
 from shared.stores.schemas import BucketStats, Fingerprints, VersionChunks
 from shared.vector_type import vector_bytes, vector_from_bytes
 
@@ -396,6 +396,11 @@ def _has_valid_graph(table: str) -> str:
         " JOIN pg_am am ON am.oid = ic.relam"
         f" WHERE i.indrelid = {table} AND am.amname = 'hnsw' AND i.indisvalid)"
     )
+
+
+def tenant_exists(session: Session, tenant_id: str) -> bool:
+    """(Asked here rather than of shared/tenants, which sits above the stores.)"""
+    return session.get(Tenant, tenant_id) is not None
 
 
 def own_partitions(session: Session) -> dict[str, tuple[str, bool]]:

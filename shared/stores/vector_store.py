@@ -28,10 +28,9 @@ from sqlalchemy.orm import Session
 
 from shared.db import any_of
 from shared.models import Chunk, Document
-from shared.search.filters import sql_conditions
-from shared.search.schemas import Filters
 from shared.settings import Settings, get_settings
 from shared.stores import repository as repo
+from shared.stores.filters import Filters, sql_conditions
 from shared.stores.partitions import partition_name
 from shared.stores.schemas import BucketStats, Fingerprints, VersionChunks
 

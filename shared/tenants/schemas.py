@@ -7,8 +7,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.fields import NO_NUL
 from shared.schemas import Timestamp
-from shared.search.schemas import NO_NUL
 
 SCOPES = ("read", "write", "admin")
 Scope = Annotated[str, Field(pattern="^(" + "|".join(SCOPES) + ")$")]

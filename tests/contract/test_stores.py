@@ -34,11 +34,11 @@ from shared.db import unit_of_work
 from shared.db.repository import now
 from shared.documents import repository as documents_repo
 from shared.models import Chunk, Document
-from shared.reconcile.buckets import bucket_of, fingerprint
-from shared.search.schemas import Filters
 from shared.stores import partitions, vector_store
 from shared.stores import repository as stores_repo
+from shared.stores.buckets import bucket_of, fingerprint
 from shared.stores.chunk_index import ElasticsearchChunkIndex
+from shared.stores.filters import Filters
 from shared.stores.schemas import BucketStats, ChunkRow, Fingerprints, VersionChunks, chunk_id
 from shared.stores.vector_store import PgVectorStore
 from shared.tenants import repository as tenants_repo

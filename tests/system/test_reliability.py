@@ -35,7 +35,7 @@ from shared.db import unit_of_work
 from shared.db.repository import count_rows
 from shared.models import Chunk, DeadLetter, Document, IngestJob, OutboxOp
 from shared.outbox import repository as outbox_repo
-from shared.outbox import service as relay
+from shared.relay import service as relay
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
 from tests.conftest import CeleryProcess, wait_for

@@ -38,6 +38,15 @@ def test_each_check_catches_its_violation() -> None:
     assert len(check.sql_outside_repositories(Path("shared/x/service.py"), service)) == 3
     assert check.sql_outside_repositories(Path("shared/x/repository.py"), service) == []
     assert check.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    # modules without a cycle whose packages form one: search.x -> stores.y -> search.z
+    modules = {
+        "shared.search.x": {"shared.stores.y"},
+        "shared.stores.y": {"shared.search.z", "shared.settings"},
+        "shared.search.z": set(),
+        "shared.settings": set(),
+    }
+    assert check.cycles(modules) == []
+    assert check.cycles(check.package_graph(modules)) == [["search", "stores"]]
     routes = ast.parse(
         "@router.get('/x')\ndef untyped() -> dict[str, Any]: ...\n"
         "@router.get('/y')\ndef typed() -> Thing: ...\n"

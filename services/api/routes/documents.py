@@ -44,10 +44,10 @@ from shared.errors import (
     UnsupportedMediaType,
     describe_validation_errors,
 )
-from shared.ingest.parsing import resolve_content_type
+from shared.fields import NO_NUL
 from shared.jobs import repository as jobs_repo
 from shared.jobs.service import ingest_job_view
-from shared.search.schemas import NO_NUL
+from shared.parsing import resolve_content_type
 from shared.settings import Settings
 from shared.stores.chunk_index import ElasticsearchChunkIndex
 from shared.stores.vector_store import PgVectorStore

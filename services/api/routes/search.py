@@ -18,10 +18,10 @@ from services.api.deps import (
 from shared.answerability import service as answerability
 from shared.answerability.schemas import AnswerabilityModelView
 from shared.db import Transactions, read_unit_of_work, replica_configured, unit_of_work
-from shared.profiles import service as profiles
-from shared.profiles.schemas import ProfileBody, ProfileView
 from shared.rerankers import service as rerankers
 from shared.rerankers.schemas import RerankerView
+from shared.search import profiles
+from shared.search.profiles import ProfileBody, ProfileView
 from shared.search.schemas import PROFILE_NAME, SearchPage, SearchRequest, SearchResponse
 from shared.search.service import queue_purges_after_response, search, search_next_page
 from shared.settings import Settings

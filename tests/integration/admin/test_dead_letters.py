@@ -8,7 +8,7 @@ import sys
 
 from shared.db import unit_of_work
 from shared.models import DeadLetter
-from shared.outbox import service as relay
+from shared.relay import service as relay
 from shared.stores.elastic import get_es
 from tests.conftest import wait_for
 from tests.helpers import (

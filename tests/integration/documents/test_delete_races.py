@@ -17,8 +17,8 @@ from shared.documents.service import delete_document
 from shared.ingest import pipeline
 from shared.models import DeadLetter, EsOutbox, OutboxOp
 from shared.outbox import repository as outbox_repo
-from shared.outbox import service as relay
-from shared.outbox.service import queue_stale_copy_purges
+from shared.relay import service as relay
+from shared.relay.service import queue_stale_copy_purges
 from shared.settings import get_settings
 from tests.conftest import CeleryProcess
 from tests.helpers import (

@@ -22,7 +22,7 @@ from shared.documents import repository as documents_repo
 from shared.ingest import pipeline
 from shared.jobs.repository import live_job_states
 from shared.models import Chunk, DeadLetter, EsOutbox
-from shared.outbox import service as relay
+from shared.relay import service as relay
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
 from tests.conftest import CeleryProcess, wait_for

@@ -16,8 +16,8 @@ from shared.ingest import pipeline
 from shared.jobs import sweep
 from shared.jobs.repository import live_job_states
 from shared.models import Chunk, DeadLetter
-from shared.outbox import service as relay
 from shared.queue import publish_ingest_job, publish_upload_event
+from shared.relay import service as relay
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
 from tests.conftest import wait_for

@@ -21,8 +21,8 @@ from shared.documents import repository as documents_repo
 from shared.documents.schemas import Upload
 from shared.documents.service import accept_upload, delete_document
 from shared.ingest import pipeline
-from shared.outbox import service as relay
 from shared.reconcile.service import reconcile, reconcile_and_verify
+from shared.relay import service as relay
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
 from tests.helpers import es_chunks, index_orphan, paused, pg_chunks, tenant_index

@@ -17,8 +17,8 @@ from sqlalchemy import delete
 from shared.db import unit_of_work
 from shared.ingest import pipeline
 from shared.models import EsOutbox
-from shared.outbox import service as relay
 from shared.reconcile.service import drain_repairs, reconcile, reconcile_and_verify
+from shared.relay import service as relay
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
 from tests.helpers import (

@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 
 from shared.db import unit_of_work
 from shared.reconcile import service
-from shared.reconcile.buckets import bucket_of, fingerprint_of_source
 from shared.reconcile.service import reconcile, reconcile_and_verify
+from shared.stores.buckets import bucket_of, fingerprint_of_source
 from shared.stores.elastic import get_es
 from tests.helpers import (
     es_chunks,

@@ -15,8 +15,8 @@ from shared.db import unit_of_work
 from shared.documents.schemas import Upload
 from shared.documents.service import accept_upload
 from shared.ingest import pipeline
-from shared.outbox import service as relay
 from shared.reconcile.reindex import reindex
+from shared.relay import service as relay
 from shared.settings import get_settings
 from shared.stores.chunk_index import ElasticsearchChunkIndex
 from shared.stores.elastic import get_es

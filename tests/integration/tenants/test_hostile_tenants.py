@@ -27,10 +27,9 @@ from shared.jobs.repository import live_job_states
 from shared.models import Chunk, DeadLetter, IngestJob
 from shared.outbox.repository import outbox_backlog
 from shared.queue import publish_upload_events
-from shared.search.filters import es_filters
-from shared.search.schemas import Filters
 from shared.settings import get_settings
 from shared.stores.elastic import get_es
+from shared.stores.filters import Filters, es_filters
 from tests.conftest import CeleryProcess, wait_for
 from tests.helpers import (
     es_chunks,

@@ -65,7 +65,8 @@ def test_intake_bounds_stay_linear_and_refuse_with_a_4xx():
 
     from shared.documents.intake import check_json_structure, check_metadata
     from shared.errors import BadRequest
-    from shared.search.filters import _encode_date, parse_iso_date, range_terms
+    from shared.fields import parse_iso_date
+    from shared.stores.filters import _encode_date, range_terms
 
     def scan_time(n: int) -> float:
         # This process's CPU time, the best of three: the other processes of a busy machine

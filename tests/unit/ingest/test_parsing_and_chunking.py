@@ -1,4 +1,4 @@
-"""Unit tests of parsing and chunking (shared/ingest/parsing.py, chunking.py): no services."""
+"""Unit tests of parsing and chunking (shared/parsing.py, chunking.py): no services."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from shared.errors import ParseError, UnsupportedMediaType
 from shared.ingest.chunking import Chunker
-from shared.ingest.parsing import parse, resolve_content_type
+from shared.parsing import parse, resolve_content_type
 
 
 def word_offsets(text: str) -> list[tuple[int, int]]:
@@ -257,7 +257,7 @@ def test_nested_html_is_read_in_one_pass_each_text_once() -> None:
 
 
 def test_json_records_are_counted_as_intake_counts_them_and_bounded() -> None:
-    from shared.ingest.parsing import MAX_JSON_RECORDS
+    from shared.parsing import MAX_JSON_RECORDS
 
     # U+2028 is a line separator to str.splitlines, not to JSON Lines: inside a string it is
     # text, and records separated by it are one (invalid) line, as intake counted them.
@@ -267,7 +267,7 @@ def test_json_records_are_counted_as_intake_counts_them_and_bounded() -> None:
     with pytest.raises(ParseError, match="invalid JSON on line 1"):
         parse(two, "application/x-ndjson")
     # "\r\n" and a lone "\r" end a line, here and in intake's count.
-    from shared.ingest.parsing import jsonl_line_count
+    from shared.parsing import jsonl_line_count
 
     crlf = b'{"text": "a"}\r\n{"text": "b"}\r{"text": "c"}'
     assert parse(crlf, "application/x-ndjson").text.split("\n\n") == ["a", "b", "c"]
@@ -385,7 +385,7 @@ def test_underlined_headings_in_plain_text_are_sections_by_style() -> None:
 
 
 def test_pdf_text_is_normalized_and_running_lines_dropped() -> None:
-    from shared.ingest.parsing import _pdf_text, _running_lines, _without_running_lines
+    from shared.parsing import _pdf_text, _running_lines, _without_running_lines
 
     assert _pdf_text("e\ufb03cient de\ufb01nition of the manip-\nulation in GPL-\n3") == (
         "efficient definition of the manipulation in GPL-\n3"

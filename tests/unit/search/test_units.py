@@ -169,23 +169,23 @@ def test_query_encoder_falls_back_to_torch_when_onnx_cannot_be_set_up(tmp_path) 
     from shared.ingest.embedding import Embedder
     from shared.settings import Settings
 
-    blocked = tmp_path / "state"
+    blocked = tmp_path / "onnx"
     blocked.write_text("a file where the export directory should go")
-    embedder = Embedder(Settings(state_dir=blocked))
+    embedder = Embedder(Settings(onnx_export_dir=str(blocked)))
     assert embedder.query_encoder() is None  # the export could not be written
     vector = embedder.embed_query("vitamin D and bone density")
-    torch_only = Embedder(Settings(state_dir=blocked, query_encoder="torch"))
+    torch_only = Embedder(Settings(onnx_export_dir=str(blocked), query_encoder="torch"))
     assert float(vector @ torch_only.embed_query("vitamin D and bone density")) > 0.99999
     assert np.isclose(np.linalg.norm(vector), 1.0, atol=1e-5)
 
 
-def test_queries_through_torch_are_fp32_whatever_encodes_passages(tmp_path) -> None:
+def test_queries_through_torch_are_fp32_whatever_encodes_passages() -> None:
     """CONCORD_QUERY_ENCODER=torch with the default int8 passages: queries are the model's
     own fp32 vectors, not int8 ones."""
     from shared.ingest.embedding import Embedder
     from shared.settings import Settings
 
-    embedder = Embedder(Settings(state_dir=tmp_path, query_encoder="torch"))
+    embedder = Embedder(Settings(query_encoder="torch"))
     assert embedder.passage_encoder() is not None  # int8 passages are set up
     query = "vitamin D and bone density"
     expected = embedder.model().encode([query], normalize_embeddings=True)[0]
@@ -274,8 +274,7 @@ def test_hydration_for_a_per_document_cap_stops_at_the_candidate_window(monkeypa
 def test_a_date_bound_shaped_like_a_date_but_not_one_filters_by_its_text() -> None:
     """The schema states a date's shape, not the calendar: '2024-02-30' is a valid request.
     It filters as its text compares (as in Postgres), instead of failing the search."""
-    from shared.search.filters import es_filters, range_terms
-    from shared.search.schemas import Filters
+    from shared.stores.filters import Filters, es_filters, range_terms
 
     filters = Filters.model_validate(
         {"metadata": {"day": {"gte": "2024-02-30", "lt": "2189-15-43"}}}
@@ -409,7 +408,7 @@ def test_the_first_sentence_counts_from_ingest_are_what_the_policy_would_count()
     offsets); it must be the count the policy's tokenizer gives that sentence on its own."""
     from shared.ingest.chunking import Chunker, first_sentence_end
     from shared.ingest.embedding import get_embedder
-    from shared.ingest.parsing import parse
+    from shared.parsing import parse
     from shared.search.decide import TokenizerCounter
 
     counter = TokenizerCounter()

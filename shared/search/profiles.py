@@ -1,4 +1,5 @@
-"""Search profiles: named, per-tenant search settings (``concord tune`` writes them).
+"""Search profiles: named, per-tenant search settings (``concord tune`` writes them),
+and their request and response bodies.
 
 A profile holds any fields of a search request except the query itself; a request that names
 a profile starts from the profile's fields, and the fields the request sets replace them."""
@@ -7,15 +8,33 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from shared.db.repository import now
 from shared.errors import BadRequest
+from shared.fields import NO_NUL
 from shared.models import SearchProfile
-from shared.profiles.schemas import ProfileView
-from shared.search.schemas import NOT_IN_PROFILE, SearchRequest
+from shared.schemas import Timestamp
+from shared.search.schemas import NOT_IN_PROFILE, ProfileSettings, SearchRequest
 from shared.tenants import repository as tenants_repo
 from shared.tenants import service as tenants
+
+
+class ProfileBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    settings: ProfileSettings = Field(description="the search request fields the profile sets")
+    description: str = Field(
+        default="", max_length=2000, pattern=NO_NUL, description="what the profile is for"
+    )
+
+
+class ProfileView(BaseModel):
+    name: str
+    settings: dict[str, Any] = Field(description="the search request fields the profile sets")
+    description: str
+    updated_at: Timestamp
 
 
 def validate_profile_settings(settings: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,7 @@
-"""One filter model, two translations: SQL conditions on chunks (pgvector arm) and
-Elasticsearch ``bool.filter`` clauses (BM25 arm), with the same meaning in both.
+"""The search request's filters: one model, two translations, SQL conditions on chunks
+(pgvector arm) and Elasticsearch ``bool.filter`` clauses (BM25 arm), with the same meaning in
+both. They live with the stores that run them; the search request (shared/search/schemas.py)
+and the API take the model from here.
 
 Equality and IN lists compare JSON values; ranges compare numbers, or ISO-8601 dates as
 strings. In Elasticsearch, equality uses the ``metadata`` flattened field and ranges the
@@ -17,13 +19,107 @@ from __future__ import annotations
 
 import json
 import struct
-from datetime import UTC, datetime
-from typing import Any
+import uuid
+from typing import Annotated, Any
 
+from pydantic import ConfigDict, Field, StringConstraints, model_validator
 from sqlalchemy import ColumnElement, Numeric, and_, case, cast, func, or_
 
+from shared.fields import ISO_DATE, NO_NUL, STRICT, MetadataKey, Strict, parse_iso_date
 from shared.models import Chunk
-from shared.search.schemas import Filters, Range, Scalar
+
+# A filter value longer than a document's whole metadata may be (MAX_METADATA_BYTES of
+# shared/documents/schemas.py) could never match.
+MAX_FILTER_VALUE_CHARS = 16 * 1024
+Text = Annotated[str, StringConstraints(pattern=NO_NUL, max_length=MAX_FILTER_VALUE_CHARS)]
+Scalar = Text | int | float | bool
+MAX_FILTERS = 20
+MAX_IN_VALUES = 100
+
+
+BOUNDS = ("gt", "gte", "lt", "lte")
+
+
+def _range_variant(value_schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {bound: value_schema for bound in BOUNDS},
+        "additionalProperties": False,
+        "minProperties": 1,
+    }
+
+
+def _range_schema(schema: dict[str, Any]) -> None:
+    schema.clear()
+    schema["anyOf"] = [
+        _range_variant({"type": "number"}),
+        _range_variant({"type": "string", "pattern": ISO_DATE.pattern}),
+    ]
+
+
+# An ISO-8601 date or timestamp is far shorter; the pattern alone would take any length.
+DateText = Annotated[str, StringConstraints(max_length=64)]
+
+
+class Range(Strict):
+    """Bounds that are all numbers or all ISO-8601 dates (the OpenAPI document says so too)."""
+
+    model_config = ConfigDict(**STRICT, json_schema_extra=lambda schema, _: _range_schema(schema))
+
+    gt: float | DateText | None = None
+    gte: float | DateText | None = None
+    lt: float | DateText | None = None
+    lte: float | DateText | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_null_bounds(cls, data: Any) -> Any:
+        if isinstance(data, dict) and any(data.get(b, 0) is None for b in BOUNDS):
+            raise ValueError("range bounds must not be null; leave the bound out instead")
+        return data
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Range:
+        bounds = [v for v in (self.gt, self.gte, self.lt, self.lte) if v is not None]
+        if not bounds:
+            raise ValueError("a range needs at least one of gt, gte, lt, lte")
+        numbers = all(isinstance(v, int | float) for v in bounds)
+        dates = all(isinstance(v, str) and ISO_DATE.match(v) for v in bounds)
+        if not (numbers or dates):
+            raise ValueError("range bounds must be all numbers or all ISO-8601 dates")
+        return self
+
+    @property
+    def is_date(self) -> bool:
+        return any(isinstance(v, str) for v in (self.gt, self.gte, self.lt, self.lte))
+
+    def bounds(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+MetadataCondition = (
+    Scalar | Annotated[list[Scalar], Field(min_length=1, max_length=MAX_IN_VALUES)] | Range
+)
+
+
+class Filters(Strict):
+    # Key names and counts are in the types, so the OpenAPI document states them too.
+    metadata: dict[MetadataKey, MetadataCondition] = Field(
+        default_factory=dict,
+        max_length=MAX_FILTERS,
+        description="conditions on document metadata, all of which must hold: per key a value "
+        "(equal), a list of values (any of them), or a range {gt, gte, lt, lte} of numbers or "
+        "of ISO-8601 dates",
+        # patternProperties alone would let other names through in the document's eyes
+        json_schema_extra={"additionalProperties": False},
+    )
+    # JSON has no UUID type: ids come as strings, so this one field is parsed leniently.
+    document_ids: list[Annotated[uuid.UUID, Field(strict=False)]] | None = Field(
+        default=None, min_length=1, max_length=1000, description="only these documents' chunks"
+    )
+
+    def is_empty(self) -> bool:
+        return not self.metadata and not self.document_ids
 
 
 def sql_conditions(filters: Filters) -> list[ColumnElement[bool]]:
@@ -79,16 +175,6 @@ NUMBER, DATE = "n", "d"
 AFTER_ALL = "~"  # sorts after every encoded value
 
 
-def parse_iso_date(value: str) -> datetime:
-    """A strict ISO-8601 date or date-time, in UTC (naive means UTC); ValueError if it is not
-    a real date (``2024-13-45``) or has none in UTC (``0001-01-01T00:00+01:00``)."""
-    try:
-        parsed = datetime.fromisoformat(value)
-        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
-    except OverflowError as e:
-        raise ValueError(f"{value!r} is out of the range of dates in UTC") from e
-
-
 def _encode_number(value: float) -> str:
     # IEEE-754 bits, sign flipped so that unsigned order is numeric order.
     bits: int = struct.unpack(">Q", struct.pack(">d", float(value) + 0.0))[0]
@@ -120,8 +206,6 @@ def _is_number(value: Any) -> bool:
 
 def range_terms(metadata: dict[str, Any]) -> list[str]:
     """The ``metadata_ranges`` keywords of a document's metadata."""
-    from shared.search.schemas import ISO_DATE
-
     terms = []
     for key, value in metadata.items():
         for item in value if isinstance(value, list) else [value]:

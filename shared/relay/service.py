@@ -1,5 +1,6 @@
-"""The Elasticsearch outbox: drain it into the chunk index with the bulk API (the relay), and
-queue the purge of stale copies a search met.
+"""The relay: drain the Elasticsearch outbox (shared/outbox, the table every write path
+fills in its own transaction) into the chunk index with the bulk API, and queue the purge of
+stale copies a search met.
 
 Every item's result is read (a bulk 200 can hide item failures). Writes carry the Postgres
 version as an external version, so duplicate, late or out-of-order deliveries cannot bring back
