@@ -13,6 +13,8 @@
 6. No import cycle between the packages of ``shared/`` either (``shared.search`` and
    ``shared.stores`` as wholes): each package sits on the ones below it, so a newcomer can
    read them bottom up (stores, tenants, documents, ingest, relay, search, reconcile, ...).
+7. Only ``shared/stores`` imports the Elasticsearch client: its adapters raise Concord's
+   store errors (shared/errors.StoreError) instead of the driver's, and callers catch those.
 
 Prints each violation and exits 1 if there is any.
 """
@@ -168,6 +170,23 @@ def routes_without_models(path: Path, tree: ast.AST) -> list[str]:
     return problems
 
 
+def imports_elasticsearch(path: Path, tree: ast.AST) -> list[str]:
+    if path.parts[:2] == ("shared", "stores"):
+        return []
+    return [
+        f"{path}:{node.lineno}: imports the Elasticsearch client outside shared/stores"
+        for node in ast.walk(tree)
+        if (
+            isinstance(node, ast.ImportFrom)
+            and (node.module or "").split(".")[0] == "elasticsearch"
+        )
+        or (
+            isinstance(node, ast.Import)
+            and any(a.name.split(".")[0] == "elasticsearch" for a in node.names)
+        )
+    ]
+
+
 def _opens_uow(tree: ast.AST) -> bool:
     return any(
         isinstance(n, ast.ImportFrom)
@@ -185,6 +204,7 @@ def main() -> int:
     for name, tree in trees.items():
         path = known[name].relative_to(ROOT)
         problems += sql_outside_repositories(path, tree)
+        problems += imports_elasticsearch(path, tree)
         if name.startswith("workers"):
             problems += [f"{path}: imports {t}" for t in graph[name] if t.startswith("services")]
         if name.startswith("shared.") and not name.startswith("shared.db") and _opens_uow(tree):

@@ -70,11 +70,36 @@ class TooManyRequests(ConcordError):
         self.headers = {"Retry-After": str(retry_after)}
 
 
-class StoreUnavailable(ConcordError):
-    """A store (Postgres, Elasticsearch, Redis) could not be reached; retriable."""
+class StoreError(ConcordError):
+    """A store's failure in Concord's terms: the store adapters (shared/stores) raise these
+    from their driver's errors, so no caller reads a driver's exception types. ``status`` is
+    the store's own answer (an HTTP status), None where it gave none (refused, reset, timed
+    out)."""
+
+    def __init__(self, message: str, *, store: str = "", status: int | None = None) -> None:
+        super().__init__(message)
+        self.store = store
+        self.status = status
+
+
+class StoreUnavailable(StoreError):
+    """A store (Postgres, Elasticsearch, Redis) could not be reached, or answered that it
+    cannot take the request now (429, 5xx); retriable."""
 
     status_code = 503
     code = "store_unavailable"
+
+    def __init__(self, message: str, *, store: str = "", status: int | None = None) -> None:
+        super().__init__(message, store=store, status=status)
+        self.headers = {"Retry-After": "5"}  # as the API's answer to a driver's own outage
+
+
+class StoreRejected(StoreError):
+    """A store refused the request itself (a 4xx other than 429: a missing index, a request
+    too large, one it cannot parse); the same request is refused again."""
+
+    status_code = 502
+    code = "store_rejected"
 
 
 class ParseError(ConcordError):

@@ -10,7 +10,6 @@ import random
 
 import redis
 from billiard.exceptions import SoftTimeLimitExceeded
-from elasticsearch import ConnectionError as EsConnectionError
 from sqlalchemy.exc import DBAPIError, OperationalError, StatementError
 
 from shared.errors import ConcordError, StoreUnavailable
@@ -20,7 +19,6 @@ RETRIABLE: tuple[type[BaseException], ...] = (
     OperationalError,
     StoreUnavailable,
     redis.ConnectionError,
-    EsConnectionError,
     # A task past its soft time limit: the work it did is kept (embeddings are cached as
     # they are made, see shared/ingest/pipeline.embed_batch), so the next attempt goes further.
     SoftTimeLimitExceeded,

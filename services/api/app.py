@@ -10,7 +10,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import elasticsearch
 import kombu.exceptions
 import redis
 import sqlalchemy.exc
@@ -61,8 +60,6 @@ STORE_ERRORS: dict[type[Exception], str] = {
     sqlalchemy.exc.InterfaceError: "Postgres",
     # every pooled connection busy past the pool's wait (a slow or stalled Postgres)
     sqlalchemy.exc.TimeoutError: "Postgres",
-    elasticsearch.ConnectionError: "Elasticsearch",
-    elasticsearch.ConnectionTimeout: "Elasticsearch",
     redis.ConnectionError: "Redis",
     redis.TimeoutError: "Redis",
     kombu.exceptions.OperationalError: "Redis",

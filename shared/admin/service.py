@@ -7,14 +7,13 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from elasticsearch import ApiError, TransportError
 from sqlalchemy.orm import Session
 
 from shared.admin.schemas import LastReconcile, ReconcileRunView, Stats
 from shared.db import Transactions, UnitOfWork
 from shared.db.repository import count_rows
 from shared.documents import repository as documents_repo
-from shared.errors import BadRequest, NotFound
+from shared.errors import BadRequest, NotFound, StoreError
 from shared.jobs import repository as jobs_repo
 from shared.jobs import service as jobs
 from shared.jobs.schemas import JobRow
@@ -124,7 +123,7 @@ def system_stats(transactions: Transactions, tenant_id: str | None = None) -> St
         depths = f"unavailable ({type(e).__name__})"
     try:
         es_chunks: int | str = ElasticsearchChunkIndex().count_of_tenant(tenant_id)
-    except (ApiError, TransportError) as e:  # stats must answer when ES is down
+    except StoreError as e:  # stats must answer when ES is down
         es_chunks = f"unavailable ({type(e).__name__})"
     return Stats(**counted, queue_depth=depths, chunks_elasticsearch=es_chunks)
 

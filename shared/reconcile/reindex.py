@@ -17,8 +17,9 @@
 The same run moves a deployment from the shared layout (one index for every tenant) to an
 index per tenant (shared/stores/es_index.py), online and resumable.
 
-Both stores are reached through their adapters (``VectorStore`` pages, ``ChunkIndex`` copies),
-each page read in a transaction of its own from the boundary's ``transactions``.
+Both stores are reached through their ports (shared/stores/ports.py: ``ReindexSource`` pages,
+``IndexReindex`` copies), each page read in a transaction of its own from the boundary's
+``transactions``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from shared.db import Transactions
 from shared.db.repository import run_unlock, try_run_lock
 from shared.errors import Conflict
 from shared.settings import get_settings
-from shared.stores.chunk_index import ChunkIndex, ElasticsearchChunkIndex
+from shared.stores.chunk_index import ElasticsearchChunkIndex
+from shared.stores.ports import IndexReindex
 from shared.stores.vector_store import PgVectorStore
 
 PAGE = 1000
@@ -60,7 +62,7 @@ def reindex(
     transactions: Transactions,
     progress: Callable[[int, int], None] | None = None,
     page_size: int = PAGE,
-    index: ChunkIndex | None = None,
+    index: IndexReindex | None = None,
     notice: Callable[[str], None] | None = None,
 ) -> ReindexResult:
     """One run at a time (ReindexRunning otherwise); ``notice`` hears at the start why a
@@ -83,7 +85,7 @@ def _reindex(
     transactions: Transactions,
     progress: Callable[[int, int], None] | None,
     page_size: int,
-    index: ChunkIndex | None,
+    index: IndexReindex | None,
     notice: Callable[[str], None] | None,
 ) -> ReindexResult:
     settings = get_settings()

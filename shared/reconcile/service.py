@@ -30,7 +30,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticsearch import Elasticsearch
 from sqlalchemy.orm import Session
 
 from shared.db import Transactions
@@ -42,7 +41,8 @@ from shared.outbox import repository as outbox_repo
 from shared.reconcile import repository as repo
 from shared.relay import service as relay
 from shared.stores.buckets import BUCKETS
-from shared.stores.chunk_index import ChunkIndex, ElasticsearchChunkIndex
+from shared.stores.chunk_index import ElasticsearchChunkIndex
+from shared.stores.ports import IndexAudit
 from shared.stores.schemas import EsCopy, Fingerprints, document_id_of
 from shared.stores.vector_store import PgVectorStore
 
@@ -118,7 +118,7 @@ def reconcile(
     transactions: Transactions,
     tenant: str | None = None,
     repair: bool = False,
-    es: Elasticsearch | None = None,
+    index: IndexAudit | None = None,
     deep: bool = False,
     progress: Progress | None = None,
 ) -> ReconcileReport:
@@ -128,7 +128,7 @@ def reconcile(
     ``deep`` compares every bucket chunk by chunk instead of trusting agreeing bucket sums:
     it also finds a copy edited outside Concord whose stored fingerprint was left as it was.
     """
-    index = ElasticsearchChunkIndex(es)
+    index = index or ElasticsearchChunkIndex()
     started = time.monotonic()
     report = ReconcileReport()
     index.refresh(tenant)  # compare against every write acknowledged so far
@@ -236,7 +236,7 @@ class _RangeDrift:
 
 def _reconcile_tenant(
     transactions: Transactions,
-    index: ChunkIndex,
+    index: IndexAudit,
     tenant: str,
     report: ReconcileReport,
     *,
@@ -307,7 +307,7 @@ def _purge_foreign(
 
 def _compare_range(
     session: Session,
-    index: ChunkIndex,
+    index: IndexAudit,
     tenant: str,
     pg_rows: Fingerprints,
     es_rows: dict[str, EsCopy],

@@ -19,14 +19,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from elasticsearch import ApiError, Elasticsearch
-from elasticsearch import ConnectionError as EsConnectionError
-from elasticsearch import ConnectionTimeout as EsConnectionTimeout
 from redis.exceptions import RedisError
 from sqlalchemy.orm import Session
 
 from shared.db import Transactions, UnitOfWork
 from shared.documents import repository as documents_repo
+from shared.errors import StoreError
 from shared.jobs import repository as jobs_repo
 from shared.models import Chunk, Document, EsOutbox, OutboxOp
 from shared.outbox import repository as repo
@@ -35,13 +33,9 @@ from shared.redis_client import redis_client
 from shared.retry import retry_delay
 from shared.settings import Settings, get_settings
 from shared.stores.chunk_document import es_document
-from shared.stores.chunk_index import (
-    ChunkIndex,
-    ElasticsearchChunkIndex,
-    IndexUnavailable,
-    TenantLines,
-)
-from shared.stores.schemas import document_id_of
+from shared.stores.chunk_index import ElasticsearchChunkIndex
+from shared.stores.ports import ChunkWriter
+from shared.stores.schemas import IndexUnavailable, TenantLines, document_id_of
 from shared.stores.vector_store import PgVectorStore
 
 log = logging.getLogger(__name__)
@@ -77,7 +71,7 @@ def drain(
     transactions: Transactions,
     max_batches: int = 20,
     settings: Settings | None = None,
-    es: Elasticsearch | None = None,
+    index: ChunkWriter | None = None,
     deadline: float | None = None,
 ) -> RelayReport:
     """Relay up to ``max_batches`` batches of due rows, each claimed, sent and settled in a
@@ -86,7 +80,7 @@ def drain(
     rows possibly left, it asks for the next drain: the request that started this one was
     cleared when it started, and those rows must not wait for beat."""
     settings = settings or get_settings()
-    index = ElasticsearchChunkIndex(es, settings)
+    index = index or ElasticsearchChunkIndex(settings=settings)
     total = RelayReport()
     for _ in range(max_batches):
         with transactions() as uow:
@@ -102,7 +96,7 @@ def drain(
     return total
 
 
-def _relay_batch(session: Session, settings: Settings, index: ChunkIndex) -> RelayReport:
+def _relay_batch(session: Session, settings: Settings, index: ChunkWriter) -> RelayReport:
     report = RelayReport()
     rows = repo.claim_outbox(session, settings.relay_batch_size)
     report.claimed = len(rows)
@@ -124,31 +118,24 @@ def _relay_batch(session: Session, settings: Settings, index: ChunkIndex) -> Rel
     report.sent = len(requests)
     try:
         results = _send(index, settings, requests)
-    except (EsConnectionError, EsConnectionTimeout) as e:
-        # Elasticsearch is down: not the items' fault, so no attempt is counted. Groups
-        # sent before the link went are sent again later (their versions make that a 409).
-        report.unreachable = True
+    except StoreError as e:
         report.retried = len(rows)
-        delay = backoff_seconds(min(r.attempts for r in rows) + 1, cap=15.0)
-        repo.postpone_outbox(
-            session,
-            [r.id for r in rows],
-            delay,
-            f"{type(e).__name__}: {e}",
-            count_attempt=False,
-        )
-        return report
-    except ApiError as e:
-        # Refused for a reason no row causes (authentication, a missing index): the whole
-        # batch waits, its attempts counted, as before request splitting existed.
-        report.retried = len(rows)
-        repo.postpone_outbox(
-            session,
-            [r.id for r in rows],
-            backoff_seconds(rows[0].attempts + 1),
-            f"bulk request failed: {e}",
-            count_attempt=True,
-        )
+        if e.status is None:
+            # Elasticsearch is down: not the items' fault, so no attempt is counted. Groups
+            # sent before the link went are sent again later (their versions make that a 409).
+            report.unreachable = True
+            delay = backoff_seconds(min(r.attempts for r in rows) + 1, cap=15.0)
+            repo.postpone_outbox(session, [r.id for r in rows], delay, str(e), False)
+        else:
+            # Refused for a reason no row causes (authentication, a missing index): the
+            # whole batch waits, its attempts counted, as before request splitting existed.
+            repo.postpone_outbox(
+                session,
+                [r.id for r in rows],
+                backoff_seconds(rows[0].attempts + 1),
+                f"bulk request failed: {e}",
+                count_attempt=True,
+            )
         return report
 
     done: list[int] = []
@@ -279,7 +266,7 @@ def _index_lines(
 
 
 def _send(
-    index: ChunkIndex,
+    index: ChunkWriter,
     settings: Settings,
     requests: list[tuple[EsOutbox, list[dict[str, Any]]]],
 ) -> dict[int, dict[str, Any]]:
@@ -305,8 +292,8 @@ def _send(
         lines = [(row.tenant_id, row_lines) for row, row_lines in group]
         try:
             response = index.bulk(lines)
-        except ApiError as e:
-            if e.meta.status not in SPLIT_STATUS:
+        except StoreError as e:
+            if e.status not in SPLIT_STATUS:
                 raise
             if len(group) > 1:
                 half = len(group) // 2
@@ -314,7 +301,7 @@ def _send(
                 send(group[half:])
                 return
             reason = {"type": "bulk_request_refused", "reason": str(e.message)[:500]}
-            results[group[0][0].id] = {"status": e.meta.status, "error": reason}
+            results[group[0][0].id] = {"status": e.status, "error": reason}
             return
         for (row, _), item in zip(group, response["items"], strict=True):
             results[row.id] = next(iter(item.values()))
@@ -342,14 +329,16 @@ def _groups_by_size(
     return groups
 
 
-def _dual_write(index: ChunkIndex, lines: list[TenantLines]) -> None:
+def _dual_write(index: ChunkWriter, lines: list[TenantLines]) -> None:
     """While a reindex builds the next generation of indices, every change goes there too.
     Failures there are not retried here: the reconcile that follows a reindex repairs them."""
     target = index.reindex_target() if lines else None
     if target is not None:
         try:
             index.bulk_to(target, lines)
-        except (ApiError, IndexUnavailable) as e:  # e.g. the reindex ended meanwhile
+        except (StoreError, IndexUnavailable) as e:  # e.g. the reindex ended meanwhile
+            if isinstance(e, StoreError) and e.status is None:
+                raise  # no answer: the batch waits for Elasticsearch, as the relay's own
             log.warning("dual write to %s failed (%s); reconcile repairs it", target, e)
 
 

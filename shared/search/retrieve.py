@@ -17,12 +17,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from functools import lru_cache
 
-from elasticsearch import ApiError, TransportError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from shared.db import repository as db_repo
-from shared.errors import StoreUnavailable
+from shared.errors import StoreError, StoreUnavailable
 from shared.ingest.embedding import get_embedder
 from shared.search.coverage import CorpusCounts, QueryTerms
 from shared.search.schemas import SearchRequest
@@ -40,7 +39,7 @@ log = logging.getLogger(__name__)
 # than a wait that ran out).
 _lexical_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="search-lexical")
 ARM_WAIT_MARGIN_S = 1.0
-ARM_ERRORS = (ApiError, TransportError, SQLAlchemyError)
+ARM_ERRORS = (StoreError, SQLAlchemyError)
 # Dense arms one tenant may run at once in this process: a tenant whose searches Postgres is
 # slow to answer holds at most this many of the process's connections (15), not all of them.
 DENSE_ARMS_PER_TENANT = 4

@@ -16,8 +16,9 @@ as the rest of Concord uses it:
 
 Every request for chunks goes to Elasticsearch through this class; the contract it keeps is
 tested in tests/stores/test_contract.py against the real store, with the same tests as the
-vector store. It lets the client's errors through (ApiError, TransportError), which callers
-that degrade catch; a tenant with no index yet reads as empty. A copy's shape is
+vector store. Its methods raise Concord's store errors (StoreUnavailable: no answer, 429, 5xx;
+StoreRejected: any other refusal; shared/stores/elastic.store_error), never the client's, which
+callers that degrade or retry catch; a tenant with no index yet reads as empty. A copy's shape is
 shared/stores/chunk_document.py.
 
 On the shared layout of older deployments (one index for every tenant) the same calls work on
@@ -29,8 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from elasticsearch import ApiError, BadRequestError, Elasticsearch, NotFoundError, helpers
 
@@ -40,7 +40,7 @@ from shared.settings import LexicalAnalysis, Settings, get_settings
 from shared.stores import english_analysis
 from shared.stores.buckets import BUCKETS, fingerprint_of_source
 from shared.stores.chunk_document import es_document
-from shared.stores.elastic import get_es
+from shared.stores.elastic import get_es, raises_store_errors
 from shared.stores.es_index import (
     Layout,
     anchor_index,
@@ -56,7 +56,21 @@ from shared.stores.es_index import (
     tenant_index,
 )
 from shared.stores.filters import Filters, es_filters
-from shared.stores.schemas import BucketStats, EsCopy, Fingerprints
+from shared.stores.ports import (
+    ChunkWriter,
+    IndexAudit,
+    IndexHealth,
+    IndexReindex,
+    LexicalSearch,
+)
+from shared.stores.schemas import (
+    BucketStats,
+    EsCopy,
+    Fingerprints,
+    IndexUnavailable,
+    ReindexStart,
+    TenantLines,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +92,6 @@ REINDEX_PROGRESS = "reindex_last_id"  # in the target generation's anchor's _met
 # within this (the relay's writes to a tenant's alias are right either side of it).
 LAYOUT_TTL_S = 2.0
 
-# (tenant id, the bulk lines of one outbox row): what the relay sends.
-TenantLines = tuple[str, list[dict[str, Any]]]
 
 # Per process: the indices known to exist (tenant aliases and concrete indices), and the
 # layout last read, with when it was read.
@@ -95,15 +107,6 @@ _generation_settings: dict[tuple[str, str], Settings] = {}
 
 # What of a generation's shape its anchor records, as the settings name them.
 GENERATION_SHAPE = ("es_shards", "es_replicas", "lexical_analysis", "es_text_analyzer")
-
-
-@dataclass(frozen=True)
-class ReindexStart:
-    generation: str  # the generation being built
-    last_id: str  # the last chunk id copied into it ("" when nothing is yet)
-    resumed: bool  # it was already being built
-    # Why one that was being built was discarded instead of resumed (None when it was not).
-    started_again_because: str | None = None
 
 
 def _shape_of(anchor: dict[str, Any]) -> dict[str, Any]:
@@ -146,59 +149,12 @@ def _refused_copies(errors: Any) -> dict[str, int]:
     return refused
 
 
-class IndexUnavailable(Exception):
-    """A tenant's index could not be created (e.g. the cluster's shard limit): the rows of
-    that tenant get this as their item result, the others are sent."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
+class ChunkIndex(ChunkWriter, LexicalSearch, IndexAudit, IndexReindex, IndexHealth, Protocol):
+    """Every port of the chunk index (shared/stores/ports.py); ElasticsearchChunkIndex is the
+    one there is. Consumers take the narrowest port they use."""
 
 
-class ChunkIndex(Protocol):
-    """What Concord needs from a chunk index; ElasticsearchChunkIndex is the one there is."""
-
-    def bulk(self, requests: Sequence[TenantLines]) -> Any: ...
-    def write(self, chunks: Iterable[tuple[Chunk, Document]], version_type: str) -> list[int]: ...
-    def prepare(self, tenant_ids: Iterable[str]) -> dict[str, IndexUnavailable]: ...
-    def forget(self, tenant_id: str) -> None: ...
-    def reindex_target(self) -> str | None: ...
-    def bulk_to(self, generation: str, requests: Sequence[TenantLines]) -> Any: ...
-    def exists(self, tenant_id: str, chunk_id: str) -> bool: ...
-    def count_of_tenant(self, tenant_id: str | None) -> int: ...
-    def count_of_document(
-        self, tenant_id: str, document_id: str, version: int | None = None
-    ) -> int: ...
-    def cluster_status(self, timeout_s: float) -> str: ...
-    def lexical_search(
-        self,
-        tenant_id: str,
-        text: str,
-        filters: Filters | None,
-        size: int,
-        field_boosts: Mapping[Any, float] | None = None,
-        tie_breaker: float | None = None,
-    ) -> list[tuple[str, float]]: ...
-    def term_counts(
-        self, tenant_id: str, terms: list[str]
-    ) -> tuple[int, dict[str, int]] | None: ...
-    def refresh(self, tenant_id: str | None = None) -> None: ...
-    def tenants(self) -> set[str]: ...
-    def bucket_stats(self, tenant: str) -> tuple[BucketStats, int]: ...
-    def copies_in_buckets(
-        self, tenant: str, buckets: list[int], unbucketed: bool = False
-    ) -> dict[str, EsCopy]: ...
-    def copies_by_ids(self, ids: Iterable[str], page: int = 10_000) -> dict[str, EsCopy]: ...
-    def fingerprints_in_buckets(self, tenant: str, buckets: list[int]) -> Fingerprints: ...
-    def foreign_copies(self, tenant: str) -> dict[str, EsCopy]: ...
-    def per_tenant(self) -> bool: ...
-    def start_reindex(self) -> ReindexStart: ...
-    def copy_to(self, generation: str, chunks: Iterable[tuple[Chunk, Document]]) -> None: ...
-    def mark_reindex_progress(self, generation: str, last_id: str) -> None: ...
-    def finish_reindex(self, generation: str) -> list[str]: ...
-
-
+@raises_store_errors
 class ElasticsearchChunkIndex:
     def __init__(self, es: Elasticsearch | None = None, settings: Settings | None = None) -> None:
         self.es = es or get_es()
@@ -813,3 +769,7 @@ class ElasticsearchChunkIndex:
         )
         self.es.indices.update_aliases(actions=actions)
         return list(live)
+
+
+if TYPE_CHECKING:  # mypy proves the adapter implements every port
+    _implements: ChunkIndex = ElasticsearchChunkIndex()

@@ -87,3 +87,26 @@ class EsCopy:
     # The tenant whose index holds the copy (None in the shared layout, where one index
     # holds every tenant's): a copy in another tenant's index is deleted from there.
     index_tenant: str | None = None
+
+
+# (tenant id, the bulk lines of one outbox row): what the relay sends.
+TenantLines = tuple[str, list[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class ReindexStart:
+    generation: str  # the generation being built
+    last_id: str  # the last chunk id copied into it ("" when nothing is yet)
+    resumed: bool  # it was already being built
+    # Why one that was being built was discarded instead of resumed (None when it was not).
+    started_again_because: str | None = None
+
+
+class IndexUnavailable(Exception):
+    """A tenant's index could not be created (e.g. the cluster's shard limit): the rows of
+    that tenant get this as their item result, the others are sent."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason

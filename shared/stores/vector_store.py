@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 from sqlalchemy.orm import Session
@@ -32,6 +32,13 @@ from shared.settings import Settings, get_settings
 from shared.stores import repository as repo
 from shared.stores.filters import Filters, sql_conditions
 from shared.stores.partitions import partition_name
+from shared.stores.ports import (
+    ReindexSource,
+    VectorAudit,
+    VectorReads,
+    VectorSearch,
+    VectorWriter,
+)
 from shared.stores.schemas import BucketStats, Fingerprints, VersionChunks
 
 # tenant -> (checked at, has a partition of its own with a valid graph). Only speed depends
@@ -40,38 +47,9 @@ _own_graph: dict[str, tuple[float, bool]] = {}
 PARTITION_CHECK_TTL_S = 30.0
 
 
-class VectorStore(Protocol):
-    """What Concord needs from a vector store; PgVectorStore is the one there is."""
-
-    def upsert(self, versions: Sequence[VersionChunks]) -> None: ...
-    def delete_superseded(
-        self, live_versions: dict[uuid.UUID, int], chunk_counts: dict[uuid.UUID, int] | None = None
-    ) -> dict[uuid.UUID, list[str]]: ...
-    def nearest(
-        self, tenant_id: str, vector: list[float], size: int, filters: Filters | None = None
-    ) -> list[tuple[str, float]]: ...
-    def hydrate(
-        self,
-        tenant_id: str,
-        ids: Sequence[str],
-        vector: list[float] | None,
-        embeddings_for: Sequence[str] = (),
-    ) -> dict[str, Any]: ...
-    def embeddings(self, tenant_id: str, ids: Sequence[str]) -> dict[str, np.ndarray]: ...
-    def metadata_values(self, tenant_id: str, ids: Sequence[str], key: str) -> dict[str, Any]: ...
-    def chunks_by_ids(self, ids: Sequence[str]) -> dict[str, Chunk]: ...
-    def document_chunks(
-        self, tenant_id: str, document_id: uuid.UUID, section: str | None = None
-    ) -> Sequence[Chunk]: ...
-    def count_of_tenant(self, tenant_id: str | None) -> int: ...
-    def count_of_document(self, document_id: uuid.UUID) -> int: ...
-    def tenants(self) -> set[str]: ...
-    def bucket_stats(self, tenant_id: str) -> BucketStats: ...
-    def fingerprints_in_buckets(self, tenant_id: str, buckets: Sequence[int]) -> Fingerprints: ...
-    def fingerprints_by_ids(self, tenant_id: str, ids: Sequence[str]) -> Fingerprints: ...
-    def owners(self, ids: Sequence[str]) -> dict[str, str]: ...
-    def count_up_to(self, last_id: str) -> int: ...
-    def page_after(self, last_id: str, size: int) -> list[tuple[Chunk, Document]]: ...
+class VectorStore(VectorWriter, VectorSearch, VectorAudit, ReindexSource, VectorReads, Protocol):
+    """Every port of the vector store (shared/stores/ports.py); PgVectorStore is the one there
+    is. Consumers take the narrowest port they use."""
 
 
 class PgVectorStore:
@@ -195,3 +173,7 @@ class PgVectorStore:
     def page_after(self, last_id: str, size: int) -> list[tuple[Chunk, Document]]:
         """The next ``size`` chunks in id order after ``last_id``, with their documents."""
         return repo.chunks_after(self.session, last_id, size)
+
+
+if TYPE_CHECKING:  # mypy proves the adapter implements every port
+    _implements: VectorStore = PgVectorStore(cast(Session, None))

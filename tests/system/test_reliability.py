@@ -37,6 +37,7 @@ from shared.models import Chunk, DeadLetter, Document, IngestJob, OutboxOp
 from shared.outbox import repository as outbox_repo
 from shared.relay import service as relay
 from shared.settings import get_settings
+from shared.stores.chunk_index import ElasticsearchChunkIndex
 from shared.stores.elastic import get_es
 from tests.conftest import CeleryProcess, wait_for
 from tests.faults import BulkFaultProxy, BulkFaults
@@ -383,7 +384,7 @@ def test_bulk_item_failures_are_applied_or_dead_lettered_never_dropped(
         proxied = Elasticsearch(proxy.url, request_timeout=30)
 
         def drained() -> bool:
-            relay.drain(unit_of_work, es=proxied)
+            relay.drain(unit_of_work, index=ElasticsearchChunkIndex(proxied))
             with unit_of_work() as uow:
                 return outbox_repo.outbox_backlog(uow.session, tenant) == 0
 

@@ -55,5 +55,8 @@ def test_each_check_catches_its_violation() -> None:
     )
     [problem] = check.routes_without_models(Path("routes.py"), routes)
     assert "untyped" in problem
+    driver = ast.parse("from elasticsearch import ApiError\nimport elasticsearch.helpers\n")
+    assert len(check.imports_elasticsearch(Path("shared/search/retrieve.py"), driver)) == 2
+    assert check.imports_elasticsearch(Path("shared/stores/elastic.py"), driver) == []
     opens = ast.parse("from shared.db import UnitOfWork, unit_of_work\n")
     assert check._opens_uow(opens) and not check._opens_uow(ast.parse("from shared.db import x"))

@@ -4,7 +4,6 @@ import json
 import uuid
 from typing import Annotated, Any
 
-from elasticsearch import ApiError, TransportError
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
@@ -41,6 +40,7 @@ from shared.documents.service import accept_upload, delete_document, get_documen
 from shared.errors import (
     BadRequest,
     PayloadTooLarge,
+    StoreError,
     UnsupportedMediaType,
     describe_validation_errors,
 )
@@ -287,7 +287,7 @@ def _index_state(
         index = ElasticsearchChunkIndex(settings=settings)
         total = index.count_of_document(tenant_id, str(document_id))
         current = index.count_of_document(tenant_id, str(document_id), version)
-    except (ApiError, TransportError) as e:  # the document view still answers when ES is down
+    except StoreError as e:  # the document view still answers when ES is down
         return IndexState(reachable=False, error=type(e).__name__)
     return IndexState(
         reachable=True,

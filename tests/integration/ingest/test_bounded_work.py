@@ -24,6 +24,7 @@ from shared.jobs.repository import live_job_states
 from shared.models import Chunk, DeadLetter, EsOutbox
 from shared.relay import service as relay
 from shared.settings import get_settings
+from shared.stores.chunk_index import ElasticsearchChunkIndex
 from shared.stores.elastic import get_es
 from tests.conftest import CeleryProcess, wait_for
 from tests.helpers import es_chunks, paused, pg_chunks, upload_text
@@ -68,7 +69,7 @@ def test_a_bulk_request_refused_whole_holds_back_only_the_row_that_causes_it(
             pipeline.process_job(unit_of_work, uuid.UUID(up["job_id"]))
         poison = f"{ups[2]['document_id']}:0"
         es = RefusesRequestsHolding(poison, status)
-        report = relay.drain(unit_of_work, es=es)  # type: ignore[arg-type]
+        report = relay.drain(unit_of_work, index=ElasticsearchChunkIndex(es))  # type: ignore[arg-type]
         with unit_of_work() as uow:
             left = list(
                 uow.session.scalars(select(EsOutbox.chunk_id).where(EsOutbox.tenant_id == tenant))
@@ -117,7 +118,8 @@ def test_the_bulk_requests_of_one_batch_stay_within_the_byte_limit(
         original = settings.relay_bulk_bytes
         settings.relay_bulk_bytes = limit
         try:
-            relay.drain(unit_of_work, es=Measured(), settings=settings)  # type: ignore[arg-type]
+            index = ElasticsearchChunkIndex(Measured(), settings)  # type: ignore[arg-type]
+            relay.drain(unit_of_work, index=index, settings=settings)
         finally:
             settings.relay_bulk_bytes = original
     assert len(sizes) > 1 and max(sizes) <= limit

@@ -20,6 +20,7 @@ from shared.models import EsOutbox
 from shared.reconcile.service import drain_repairs, reconcile, reconcile_and_verify
 from shared.relay import service as relay
 from shared.settings import get_settings
+from shared.stores.chunk_index import ElasticsearchChunkIndex
 from shared.stores.elastic import get_es
 from tests.helpers import (
     es_chunks,
@@ -140,7 +141,9 @@ def test_repair_waits_for_repairs_that_another_relay_claimed_first(
     with paused(worker):
         assert reconcile(unit_of_work, tenant, repair=True).repairs_queued == 1
         other_relay = threading.Thread(
-            target=relay.drain, args=(unit_of_work,), kwargs={"es": SlowElasticsearch()}
+            target=relay.drain,
+            args=(unit_of_work,),
+            kwargs={"index": ElasticsearchChunkIndex(SlowElasticsearch())},  # type: ignore[arg-type]
         )
         other_relay.start()
         try:

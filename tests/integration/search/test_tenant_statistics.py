@@ -141,7 +141,7 @@ def test_the_shared_index_of_an_older_deployment_moves_to_an_index_per_tenant_on
             result = accept_upload(uow, settings, upload, publish=False)
         assert result.job_id is not None
         assert pipeline.process_job(unit_of_work, result.job_id).state == "indexed"
-        relay.drain(unit_of_work, settings=settings, es=es)
+        relay.drain(unit_of_work, settings=settings, index=index)
 
     # Postgres holds every other test's tenants too, which this layout never had: the move
     # copies these two tenants' chunks only (pages of theirs, in the same id order).

@@ -1,0 +1,274 @@
+"""A contract per store port (shared/stores/ports.py), run against every adapter that
+implements it: what each audience of a store relies on, method by method.
+
+``ChunkAudit``, the part both stores share for reconciliation, is ``ChunkStoreContract`` of
+test_stores.py, which both adapters pass; the classes below hold the other ports, and the
+last test proves that every method of every port is called by its contract."""
+
+from __future__ import annotations
+
+import inspect
+import uuid
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import numpy as np
+import pytest
+
+from shared.db import unit_of_work
+from shared.settings import get_settings
+from shared.stores import ports
+from shared.stores.chunk_document import es_document
+from shared.stores.chunk_index import ElasticsearchChunkIndex
+from shared.stores.elastic import get_es
+from shared.stores.es_index import ensure_index, tenant_alias
+from shared.stores.schemas import ReindexStart
+from shared.stores.vector_store import PgVectorStore
+from tests.contract import test_stores
+from tests.contract.test_stores import (
+    ChunkStoreContract,
+    ElasticsearchHarness,
+    PgVectorHarness,
+    Record,
+    _doc,
+    _tenant,
+    _vector,
+)
+
+
+def _lines(record: Record) -> list[dict[str, Any]]:
+    """A record's bulk lines as the relay sends them."""
+    action = {"_id": record.id, "version": record.version, "version_type": "external"}
+    return [{"index": action}, es_document(*ElasticsearchHarness._copy(record))]
+
+
+@pytest.fixture
+def own_index(fresh_stores: None) -> Iterator[ElasticsearchChunkIndex]:
+    """An index layout of its own (another prefix): a reindex switches every alias of its
+    layout, and no other test's copies may move meanwhile."""
+    prefix = f"contract-{uuid.uuid4().hex[:8]}"
+    settings = get_settings().model_copy(update={"es_index_prefix": prefix})
+    ensure_index(settings)
+    yield ElasticsearchChunkIndex(settings=settings)
+    get_es().indices.delete(index=f"{prefix}-*", allow_no_indices=True, expand_wildcards="all")
+
+
+# ------------------------------------------------------------------ Elasticsearch's ports
+
+
+class TestChunkWriterPort:
+    """The relay's writes (bulk, write, exists and reindex_target: test_stores.py)."""
+
+    def test_prepare_makes_a_tenants_index_and_forget_has_it_checked_again(
+        self, own_index: ElasticsearchChunkIndex
+    ) -> None:
+        tenant = _tenant()
+        assert own_index.prepare([tenant]) == {}
+        assert tenant in own_index.tenants() and own_index.count_of_tenant(tenant) == 0
+        es = get_es()
+        [concrete] = es.indices.get_alias(name=tenant_alias(own_index.settings, tenant))
+        es.indices.delete(index=concrete)  # gone behind the process's back
+        own_index.forget(tenant)  # as the relay does on a 404
+        assert own_index.prepare([tenant]) == {}
+        record = Record(tenant, _doc(), "Written after the index came back.")
+        [item] = own_index.bulk([(tenant, _lines(record))])["items"]
+        assert item["index"]["status"] == 201
+
+    def test_a_reindex_copies_dual_writes_and_switches_every_alias(
+        self, own_index: ElasticsearchChunkIndex
+    ) -> None:
+        """IndexReindex and ChunkWriter.bulk_to together: the copies of a page, a write made
+        while the next generation is built (sent to both), then the atomic switch."""
+        index, tenant = own_index, _tenant()
+        first = Record(tenant, _doc(), "Puffins nest in burrows.")
+        during = Record(tenant, _doc(), "Gannets dive from thirty metres.")
+        assert index.write([ElasticsearchHarness._copy(first)], "external") == [201]
+        assert index.per_tenant() and index.reindex_target() is None
+        start = index.start_reindex()
+        assert (start.last_id, start.resumed) == ("", False)
+        assert index.reindex_target() == start.generation
+        index.copy_to(start.generation, [ElasticsearchHarness._copy(first)])
+        index.mark_reindex_progress(start.generation, first.id)
+        assert index.start_reindex() == ReindexStart(start.generation, first.id, resumed=True)
+        lines = [(tenant, _lines(during))]
+        index.bulk(lines)
+        index.bulk_to(start.generation, lines)  # the relay's dual write
+        old = index.finish_reindex(start.generation)
+        assert old and all(start.generation not in name for name in old)
+        assert index.reindex_target() is None
+        index.refresh(tenant)
+        stats, unbucketed = index.bucket_stats(tenant)
+        assert unbucketed == 0
+        assert set(index.fingerprints_in_buckets(tenant, list(stats))) == {first.id, during.id}
+
+
+class TestLexicalSearchPort:
+    """The lexical arm (lexical_search: test_stores.py's shared contract)."""
+
+    def test_term_counts_are_counted_within_the_tenant(self) -> None:
+        harness, tenant, other = ElasticsearchHarness(), _tenant(), _tenant()
+        harness.write(
+            [
+                Record(tenant, _doc(), "Kelp forests shelter otters."),
+                Record(tenant, _doc(), "Kelp grows fast."),
+                Record(tenant, _doc(), "Bees dance."),
+                Record(other, _doc(), "Kelp, kelp and more kelp."),
+            ]
+        )
+        counts = harness.index.term_counts(tenant, ["kelp", "bee", "walrus"])
+        assert counts == (3, {"kelp": 2, "bee": 1, "walrus": 0})  # stemmed terms
+        assert harness.index.term_counts(_tenant(), ["kelp"]) == (0, {"kelp": 0})
+
+
+class TestIndexAuditPort:
+    """Reconciliation's reads of the index (the rest: test_stores.py)."""
+
+    def test_a_copy_that_strayed_into_another_tenants_index_is_foreign_there(self) -> None:
+        harness, owner, host = ElasticsearchHarness(), _tenant(), _tenant()
+        harness.write([Record(host, _doc(), "The host's own note.")])
+        strayed = Record(owner, _doc(), "A copy in the wrong tenant's index.")
+        harness.index.bulk([(host, _lines(strayed))])
+        harness.index.refresh(host)
+        foreign = harness.index.foreign_copies(host)
+        assert set(foreign) == {strayed.id} and foreign[strayed.id].tenant_id == owner
+        assert foreign[strayed.id].index_tenant == host
+        assert harness.index.foreign_copies(owner) == {}
+
+
+# ------------------------------------------------------------------ Postgres's ports
+
+
+@pytest.fixture
+def written(fresh_stores: None) -> tuple[str, str, list[Record]]:
+    """Two chunks of one document (two sections) with metadata, one of another document, and
+    one chunk of another tenant, written through the harness."""
+    tenant, other, document = _tenant(), _tenant(), _doc()
+    records = [
+        Record(tenant, document, "Terns fly far.", section="s1", metadata={"year": 2020}),
+        Record(tenant, document, "Terns nest.", ordinal=1, section="s2", metadata={"year": 2020}),
+        Record(tenant, _doc(), "Skuas steal fish."),
+        Record(other, _doc(), "Another tenant's terns."),
+    ]
+    PgVectorHarness().write(records)
+    return tenant, other, records
+
+
+class TestVectorSearchPort:
+    """The dense arm's reads (nearest and hydrate: test_stores.py)."""
+
+    def test_embeddings_and_metadata_values_are_read_within_the_tenant(
+        self, written: tuple[str, str, list[Record]]
+    ) -> None:
+        tenant, other, (a, b, c, theirs) = written
+        with unit_of_work() as uow:
+            store = PgVectorStore(uow.session)
+            vectors = store.embeddings(tenant, [a.id, c.id, theirs.id])
+            assert set(vectors) == {a.id, c.id}
+            assert np.allclose(vectors[a.id], _vector(a.text), atol=1e-6)
+            assert store.metadata_values(tenant, [a.id, b.id, c.id], "year") == {
+                a.id: 2020, b.id: 2020
+            }  # fmt: skip
+            assert store.metadata_values(other, [a.id], "year") == {}
+
+
+class TestVectorAuditPort:
+    """Reconciliation's reads of Postgres (bucket_stats: test_stores.py)."""
+
+    def test_fingerprints_owners_and_chunks_by_id(
+        self, written: tuple[str, str, list[Record]]
+    ) -> None:
+        tenant, other, (a, _, _, theirs) = written
+        with unit_of_work() as uow:
+            store = PgVectorStore(uow.session)
+            assert store.fingerprints_by_ids(tenant, [a.id, theirs.id, "absent:0"]) == {
+                a.id: (1, a.fingerprint)
+            }
+            assert store.fingerprints_by_ids(tenant, []) == {}
+            assert store.owners([a.id, theirs.id, "absent:0"]) == {a.id: tenant, theirs.id: other}
+            chunks = store.chunks_by_ids([a.id, theirs.id, "absent:0"])
+            assert {cid: chunk.tenant_id for cid, chunk in chunks.items()} == {
+                a.id: tenant, theirs.id: other
+            }  # fmt: skip
+            assert chunks[a.id].text == a.text
+
+
+class TestReindexSourcePort:
+    """Reindex's reads of Postgres (count_of_tenant: test_stores.py)."""
+
+    def test_pages_follow_id_order_and_counts_say_where_a_run_resumes(
+        self, written: tuple[str, str, list[Record]]
+    ) -> None:
+        ids = sorted(r.id for r in written[2])
+        with unit_of_work() as uow:
+            store = PgVectorStore(uow.session)
+            before, through = store.count_up_to(ids[0]), store.count_up_to(ids[-1])
+            assert through - before >= len(ids) - 1
+            page = store.page_after(ids[0], through - before + 50)
+        page_ids = [chunk.id for chunk, _ in page]
+        assert page_ids == sorted(page_ids) and page_ids[0] > ids[0]
+        assert set(ids[1:]) <= set(page_ids)
+        assert all(doc.id == chunk.document_id for chunk, doc in page)
+
+
+class TestVectorReadsPort:
+    """The document view's reads (chunks_by_ids: above)."""
+
+    def test_a_documents_chunks_in_order_by_section_and_counted(
+        self, written: tuple[str, str, list[Record]]
+    ) -> None:
+        tenant, other, (a, b, _, _) = written
+        with unit_of_work() as uow:
+            store = PgVectorStore(uow.session)
+            assert [c.id for c in store.document_chunks(tenant, a.document_id)] == [a.id, b.id]
+            assert [c.id for c in store.document_chunks(tenant, a.document_id, "s2")] == [b.id]
+            assert list(store.document_chunks(other, a.document_id)) == []
+            assert store.count_of_document(a.document_id) == 2
+
+
+# ------------------------------------------------------------------ every method is exercised
+
+# Each port, with the classes whose tests (and harnesses) call its methods.
+CONTRACTS: dict[type[Any], list[type[Any]]] = {
+    ports.ChunkAudit: [ChunkStoreContract, PgVectorHarness, ElasticsearchHarness],
+    ports.ChunkWriter: [
+        TestChunkWriterPort,
+        test_stores.TestElasticsearchChunkIndex,
+        ElasticsearchHarness,
+    ],
+    ports.LexicalSearch: [TestLexicalSearchPort, ElasticsearchHarness],
+    ports.IndexAudit: [
+        TestIndexAuditPort,
+        test_stores.TestElasticsearchChunkIndex,
+        ElasticsearchHarness,
+    ],
+    ports.IndexReindex: [TestChunkWriterPort],
+    ports.IndexHealth: [test_stores.TestElasticsearchChunkIndex],
+    ports.VectorWriter: [PgVectorHarness],
+    ports.VectorSearch: [TestVectorSearchPort, test_stores.TestPgVectorStore, PgVectorHarness],
+    ports.VectorAudit: [TestVectorAuditPort, PgVectorHarness],
+    ports.ReindexSource: [TestReindexSourcePort, PgVectorHarness],
+    ports.VectorReads: [TestVectorReadsPort, TestVectorAuditPort],
+}
+
+
+def _methods(port: type[Any]) -> set[str]:
+    return {
+        name
+        for cls in port.__mro__
+        if cls not in (Protocol, object) and cls.__module__ == ports.__name__
+        for name, member in vars(cls).items()
+        if inspect.isfunction(member) and not name.startswith("_")
+    }
+
+
+def test_every_method_of_every_port_is_called_by_its_contract() -> None:
+    declared = {
+        member
+        for member in vars(ports).values()
+        if inspect.isclass(member) and member.__module__ == ports.__name__
+    }
+    assert declared == set(CONTRACTS)
+    for port, holders in CONTRACTS.items():
+        source = "".join(inspect.getsource(holder) for holder in holders)
+        uncalled = sorted(m for m in _methods(port) if f".{m}(" not in source)
+        assert not uncalled, f"{port.__name__}: {uncalled}"
