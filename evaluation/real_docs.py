@@ -18,6 +18,7 @@ name and bytes give (as ``concord ingest`` does)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import statistics
@@ -31,6 +32,7 @@ from evaluation.corpus import Progress, sync_uploads
 from shared.db import unit_of_work
 from shared.documents.schemas import Upload
 from shared.parsing import resolve_content_type
+from shared.search.calibration import calibrate
 from shared.search.schemas import SearchRequest, SearchResult
 from shared.search.service import search
 from shared.settings import get_settings
@@ -228,6 +230,8 @@ def run_devset(
     synced = sync_uploads(tenant_id, uploads, progress, timeout_s=1800)
     canonical = same_text(uploads)
     settings = get_settings()
+    # as beat would within its interval: the tenant's threshold from its own corpus
+    calibrated = calibrate(unit_of_work, tenant_id, settings)
     rows, latencies = [], []
     for i, question in enumerate(questions, start=1):
         started = time.perf_counter()
@@ -249,6 +253,7 @@ def run_devset(
     summary = summarize(rows)
     summary["documents"] = {"files": len(uploads), "failed": synced.failed or {}}
     summary["search_ms_p50"] = round(statistics.median(latencies), 1)
+    summary["calibration"] = dataclasses.asdict(calibrated) if calibrated else None
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -290,6 +290,24 @@ class SearchProfile(Base):
     updated_at: Mapped[datetime] = _now()
 
 
+class TenantCalibration(Base):
+    """The dense-score threshold of the default decision, set from the tenant's own corpus
+    (shared/search/calibration.py): above the best cosines of questions far from it, below
+    those of questions drawn from it. None where the two overlap (the default stays)."""
+
+    __tablename__ = "tenant_calibrations"
+
+    tenant_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    min_score: Mapped[float | None] = mapped_column(Float)
+    chunks: Mapped[int] = mapped_column(Integer, nullable=False)  # the corpus it was set on
+    corpus_low: Mapped[float] = mapped_column(Float, nullable=False)
+    background_high: Mapped[float] = mapped_column(Float, nullable=False)
+    samples: Mapped[int] = mapped_column(Integer, nullable=False)
+    computed_at: Mapped[datetime] = _now()
+
+
 class TrainedReranker(Base):
     """A cross-encoder fine-tuned on one tenant's judgements (``concord reranker train``); a
     search request or profile selects it by name with ``rerank.model``."""

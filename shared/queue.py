@@ -38,6 +38,7 @@ WEBHOOKS_TASK = "concord.webhooks.deliver"
 SWEEP_TASK = "concord.maintenance.sweep_expired_jobs"
 RECONCILE_TASK = "concord.maintenance.reconcile"
 PLACE_PARTITIONS_TASK = "concord.maintenance.place_tenant_partitions"
+CALIBRATE_TASK = "concord.maintenance.calibrate_tenants"
 TRAIN_RERANKER_TASK = "concord.training.train_reranker"
 
 

@@ -277,6 +277,11 @@ class Settings(BaseSettings):
     # or the first results hold less than policy_coverage_abstain of the terms' weight;
     # verify below policy_coverage_answer. False: the score threshold alone decides.
     policy_coverage: bool = True
+    # Each tenant's dense-score threshold set from its own corpus (shared/search/calibration.py,
+    # `concord calibrate`, and beat every calibrate_interval_seconds for tenants whose corpus
+    # changed): a tenant without one, or False here, uses policy_min_score.
+    policy_calibration: bool = True
+    calibrate_interval_seconds: int = 600
     policy_absent_weight_abstain: float = 0.15
     policy_coverage_abstain: float = 0.3
     policy_coverage_answer: float = 0.6

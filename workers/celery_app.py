@@ -22,6 +22,7 @@ from kombu.connection import Connection
 
 from shared.logs import configure_json_logging
 from shared.queue import (
+    CALIBRATE_TASK,
     INGEST_QUEUE,
     MAINTENANCE_QUEUE,
     PLACE_PARTITIONS_TASK,
@@ -78,6 +79,15 @@ def create_celery_app() -> Celery:
                 "options": {
                     "queue": TRAINING_QUEUE,
                     "expires": settings.reconcile_interval_seconds or None,
+                },
+            },
+            "calibrate-tenants": {
+                "task": CALIBRATE_TASK,
+                "schedule": settings.calibrate_interval_seconds,
+                # with the model work: it encodes a few hundred questions per tenant
+                "options": {
+                    "queue": TRAINING_QUEUE,
+                    "expires": settings.calibrate_interval_seconds,
                 },
             },
             "place-tenant-partitions": {

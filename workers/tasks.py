@@ -23,6 +23,7 @@ from shared.logs import job_context
 from shared.queue import (
     ACCEPT_EVENT_TASK,
     ACCEPT_EVENTS_TASK,
+    CALIBRATE_TASK,
     INGEST_QUEUE,
     MAINTENANCE_QUEUE,
     PLACE_PARTITIONS_TASK,
@@ -44,6 +45,7 @@ from shared.reconcile.service import periodic_reconcile
 from shared.redis_client import redis_client
 from shared.relay import service as relay
 from shared.retry import describe_error, is_retriable
+from shared.search import calibration
 from shared.settings import get_settings
 from shared.stores import partitions
 from shared.webhooks import delivery as webhook_delivery
@@ -191,6 +193,14 @@ def reconcile_all(self: Task) -> dict[str, Any]:
     the outbox relay behind it, and the task time limit would cut it before the last
     tenants. It is acknowledged on start: a run lost with its worker is the next one's."""
     return periodic_reconcile(unit_of_work)
+
+
+@concord_task(CALIBRATE_TASK, TRAINING_QUEUE, max_retries=0, long_running=True)
+def calibrate_tenants(self: Task) -> dict[str, Any]:
+    """Periodic: the decision threshold of each tenant whose corpus is new or has changed
+    (shared/search/calibration.py)."""
+    done = calibration.calibrate_due(unit_of_work, get_settings())
+    return {"calibrated": {c.tenant_id: c.min_score for c in done}}
 
 
 @concord_task(PLACE_PARTITIONS_TASK, TRAINING_QUEUE, max_retries=0, long_running=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -142,6 +143,30 @@ def reembed(
     console.print(f"reembedded {len(job_ids) - failed} of {len(job_ids)}")
     if failed:
         raise typer.Exit(1)
+
+
+def calibrate(
+    tenant: str = typer.Option(..., help="Tenant whose decision threshold to set."),
+) -> None:
+    """Set the tenant's dense-score threshold for the default decision from its own corpus:
+    between questions drawn from its chunks and everyday questions far from it (beat does
+    this by itself for tenants whose corpus changed)."""
+    from shared.db import unit_of_work
+    from shared.search.calibration import MIN_SAMPLES, calibrate
+    from shared.settings import get_settings
+
+    result = calibrate(unit_of_work, tenant, get_settings())
+    if result is None:
+        print_error(
+            console, f"tenant {tenant!r} has too few chunks to draw {MIN_SAMPLES} questions from"
+        )
+        raise typer.Exit(1)
+    console.print_json(data=dataclasses.asdict(result))
+    if result.min_score is None:
+        console.print(
+            "its own questions and the far ones overlap: the default threshold "
+            f"(CONCORD_POLICY_MIN_SCORE={get_settings().policy_min_score}) stays"
+        )
 
 
 @partitions_app.callback(invoke_without_command=True)

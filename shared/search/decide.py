@@ -17,7 +17,13 @@ from shared.ingest.embedding import get_embedder
 from shared.rerankers.scoring import get_trained_reranker, rerank_passage, rerank_within_budget
 from shared.search.coverage import EVIDENCE_RESULTS, CorpusCounts, QueryTerms, coverage
 from shared.search.hydrate import hydrate
-from shared.search.policy import Candidate, PolicyConfig, PolicyResult, apply_policy
+from shared.search.policy import (
+    Candidate,
+    PolicyConfig,
+    PolicyResult,
+    ThresholdSource,
+    apply_policy,
+)
 from shared.search.rerank import RerankInfo
 from shared.search.values import Candidates, Query, Retrieved
 from shared.stores.schemas import document_of_chunk
@@ -61,13 +67,21 @@ def policy_config(
     score_type = o.score_type or (
         "rerank" if reranked and settings.policy_score_type == "rerank" else "dense_cosine"
     )
+    source: ThresholdSource = "request"
     if score_type == "answerability":
-        min_score = judged.abstain_below if judged else (o.min_score or 0.0)
+        min_score, source = (
+            (judged.abstain_below, "model") if judged else (o.min_score or 0.0, source)
+        )
+    elif o.min_score is not None:
+        min_score = o.min_score
+    elif score_type == "dense_cosine" and query.calibrated_min_score is not None:
+        min_score, source = query.calibrated_min_score, "calibrated"
     else:
-        min_score = o.min_score if o.min_score is not None else settings.policy_min_score
+        min_score, source = settings.policy_min_score, "default"
     return PolicyConfig(
         score_type=score_type,
         min_score=min_score,
+        threshold_source=source,
         token_budget=o.token_budget or settings.policy_token_budget,
         max_chunks_per_document=(
             o.max_chunks_per_document or settings.policy_max_chunks_per_document

@@ -35,6 +35,9 @@ from shared.search.schemas import (
 )
 
 ScoreType = Literal["dense_cosine", "rerank", "answerability"]
+# Where the threshold came from: the request (or its profile), the tenant's calibration
+# (shared/search/calibration.py), the deployment's default, or the answerability model.
+ThresholdSource = Literal["request", "calibrated", "default", "model"]
 Status = Literal["answerable", "verify", "abstain"]
 # Flags on the top evidence item that make an answer one to check before use.
 VERIFY_FLAGS: tuple[VerifyReason, ...] = ("possible_prompt_injection", "doubtful_extraction")
@@ -90,6 +93,7 @@ class PolicyConfig:
     absent_weight_abstain: float = 0.15
     coverage_abstain: float = 0.3
     coverage_answer: float = 0.6
+    threshold_source: ThresholdSource = "default"
 
 
 @dataclass
@@ -129,6 +133,7 @@ class PolicyResult:
     )
     answerability: AnswerabilityTrace | None = None
     coverage: TermCoverage | None = None
+    threshold_source: ThresholdSource = "default"
 
     def decision(self) -> Decision:
         decision = Decision(
@@ -136,6 +141,7 @@ class PolicyResult:
             reason=self.reason,
             score_type=self.score_type,
             threshold=self.threshold,
+            threshold_source=self.threshold_source,
             top_score=self.top_score,
         )
         if self.answerability is not None:  # set only then: the response leaves unset out
@@ -173,7 +179,13 @@ def apply_policy(
     (the search reads them from Postgres): near-duplicate suppression calls it only for
     candidates it compares, those it reaches while the budget lasts."""
     result = PolicyResult(
-        "abstain", None, config.score_type, config.min_score, None, token_budget=config.token_budget
+        "abstain",
+        None,
+        config.score_type,
+        config.min_score,
+        None,
+        token_budget=config.token_budget,
+        threshold_source=config.threshold_source,
     )
     if not candidates:
         result.reason = "all_filtered" if dropped_before else "no_hits"

@@ -10,6 +10,7 @@ from shared.answerability import service as answerability
 from shared.db import Transactions
 from shared.errors import BadRequest, Conflict, NotFound
 from shared.rerankers import service as rerankers
+from shared.search.calibration import calibrated_min_score
 from shared.search.profiles import resolve_profile
 from shared.search.schemas import SearchRequest
 from shared.search.values import Query
@@ -23,8 +24,9 @@ def resolve(
     settings: Settings,
     embedding_cache: bool = True,
 ) -> Query:
-    """The search's :class:`Query`. Reads Postgres only when the request names a profile or
-    a model (most searches name none)."""
+    """The search's :class:`Query`. Reads Postgres when the request names a profile or a
+    model (most searches name none), and for the tenant's calibrated threshold at most once
+    a minute per process (calibration.py)."""
     trained_reranker: str | None = None
     judge: answerability.LoadedModel | None = None
     if (
@@ -50,7 +52,14 @@ def resolve(
             "paginate follows the fused ranking page by page; rerank and mmr reorder only a "
             "window of the first page: turn them off to paginate"
         )
-    return Query(tenant_id, request, settings, judge, trained_reranker, embedding_cache)
+    calibrated = None
+    if (
+        settings.policy_calibration
+        and request.policy.min_score is None
+        and request.policy.score_type in (None, "dense_cosine")
+    ):
+        calibrated = calibrated_min_score(transactions, tenant_id)
+    return Query(tenant_id, request, settings, judge, trained_reranker, embedding_cache, calibrated)
 
 
 def answerability_model(

@@ -369,6 +369,12 @@ class Decision(BaseModel):
     )
     score_type: Literal["dense_cosine", "rerank", "answerability"]
     threshold: float
+    threshold_source: Literal["request", "calibrated", "default", "model"] = Field(
+        default="default",
+        description="where the threshold came from: the request or its profile, the tenant's "
+        "calibration from its own corpus (concord calibrate), the deployment's default "
+        "(CONCORD_POLICY_MIN_SCORE), or the answerability model",
+    )
     top_score: float | None = Field(
         description="the best score judged (for answerability: the probability)"
     )

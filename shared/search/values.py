@@ -31,6 +31,8 @@ class Query:
     answerability: LoadedModel | None = None
     trained_reranker: str | None = None  # the files of the tenant's reranker it names
     embedding_cache: bool = True  # False: the query is encoded even when the cache holds it
+    # The tenant's dense-score threshold set from its own corpus (calibration.py), if any.
+    calibrated_min_score: float | None = None
 
 
 @dataclass(frozen=True)

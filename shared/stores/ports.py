@@ -12,7 +12,9 @@ to a store:
   chunks and their owners);
 * reindex reads Postgres page by page (``ReindexSource``) into the next generation of indices
   (``IndexReindex``);
-* operators' views: ``IndexHealth``, ``VectorReads``.
+* operators' views: ``IndexHealth``, ``VectorReads``;
+* the calibration of a tenant's decision threshold draws questions from its chunks:
+  ``CorpusSample``.
 
 ``ElasticsearchChunkIndex`` implements every ``Index*`` port and ``ChunkWriter`` and
 ``LexicalSearch``; ``PgVectorStore`` every ``Vector*`` port and ``ReindexSource``; both
@@ -158,6 +160,12 @@ class ReindexSource(Protocol):
     def count_of_tenant(self, tenant_id: str | None, /) -> int: ...
     def count_up_to(self, last_id: str) -> int: ...
     def page_after(self, last_id: str, size: int) -> list[tuple[Chunk, Document]]: ...
+
+
+class CorpusSample(Protocol):
+    """Chunk texts drawn at random from one tenant's corpus."""
+
+    def sample_texts(self, tenant_id: str, size: int, seed: float = 0.0) -> list[str]: ...
 
 
 class VectorReads(Protocol):

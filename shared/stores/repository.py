@@ -183,6 +183,14 @@ def count_chunks(session: Session, *conditions: ColumnElement[bool]) -> int:
     return session.scalar(select(func.count()).select_from(Chunk).where(*conditions)) or 0
 
 
+def sample_chunk_texts(session: Session, tenant_id: str, size: int, seed: float) -> list[str]:
+    """``size`` of the tenant's chunk texts drawn at random (repeatably for one ``seed`` in
+    [-1, 1] while the chunks stay the same)."""
+    session.execute(select(func.setseed(seed)))
+    query = select(Chunk.text).where(Chunk.tenant_id == tenant_id).order_by(func.random())
+    return list(session.scalars(query.limit(size)))
+
+
 # ------------------------------------------------------------------ search and hydration
 
 

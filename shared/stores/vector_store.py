@@ -33,6 +33,7 @@ from shared.stores import repository as repo
 from shared.stores.filters import Filters, sql_conditions
 from shared.stores.partitions import partition_name
 from shared.stores.ports import (
+    CorpusSample,
     ReindexSource,
     VectorAudit,
     VectorReads,
@@ -47,7 +48,9 @@ _own_graph: dict[str, tuple[float, bool]] = {}
 PARTITION_CHECK_TTL_S = 30.0
 
 
-class VectorStore(VectorWriter, VectorSearch, VectorAudit, ReindexSource, VectorReads, Protocol):
+class VectorStore(
+    VectorWriter, VectorSearch, VectorAudit, ReindexSource, VectorReads, CorpusSample, Protocol
+):
     """Every port of the vector store (shared/stores/ports.py); PgVectorStore is the one there
     is. Consumers take the narrowest port they use."""
 
@@ -132,6 +135,10 @@ class PgVectorStore:
 
     def count_of_document(self, document_id: uuid.UUID) -> int:
         return repo.count_chunks(self.session, Chunk.document_id == document_id)
+
+    def sample_texts(self, tenant_id: str, size: int, seed: float = 0.0) -> list[str]:
+        """``size`` of the tenant's chunk texts at random (the same ones for one ``seed``)."""
+        return repo.sample_chunk_texts(self.session, tenant_id, size, seed)
 
     def _has_own_graph(self, tenant_id: str) -> bool:
         """Whether the tenant has a partition of its own with a valid HNSW graph; looked up

@@ -225,6 +225,22 @@ class TestVectorReadsPort:
             assert store.count_of_document(a.document_id) == 2
 
 
+class TestCorpusSamplePort:
+    """Calibration's draw of a tenant's chunk texts."""
+
+    def test_a_sample_is_the_tenants_own_and_repeats_for_one_seed(
+        self, written: tuple[str, str, list[Record]]
+    ) -> None:
+        tenant, _, records = written
+        own = {r.text for r in records if r.tenant_id == tenant}
+        with unit_of_work() as uow:
+            store = PgVectorStore(uow.session)
+            drawn = store.sample_texts(tenant, 2, seed=0.25)
+            assert len(drawn) == 2 and set(drawn) <= own
+            assert store.sample_texts(tenant, 2, seed=0.25) == drawn
+            assert set(store.sample_texts(tenant, 10)) == own  # never another tenant's
+
+
 # ------------------------------------------------------------------ every method is exercised
 
 # Each port, with the classes whose tests (and harnesses) call its methods.
@@ -248,6 +264,7 @@ CONTRACTS: dict[type[Any], list[type[Any]]] = {
     ports.VectorAudit: [TestVectorAuditPort, PgVectorHarness],
     ports.ReindexSource: [TestReindexSourcePort, PgVectorHarness],
     ports.VectorReads: [TestVectorReadsPort, TestVectorAuditPort],
+    ports.CorpusSample: [TestCorpusSamplePort],
 }
 
 

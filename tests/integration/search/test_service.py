@@ -243,6 +243,7 @@ def test_empty_tenant_abstains_with_no_hits(client, auth):
         "reason": "no_hits",
         "score_type": "dense_cosine",
         "threshold": 0.3,
+        "threshold_source": "default",  # an empty corpus has no calibration
         "top_score": None,
     }
 
