@@ -687,7 +687,38 @@ RUNNING_LINE_EDGE = 2  # lines at each end of a page that may be running ones
 def _pdf_text(page_text: str) -> str:
     """A page's text as a reader sees it: ligatures and other compatibility characters as
     the letters they stand for (NFKC: "\ufb01" is "fi"), broken words joined."""
-    return _LINE_END_HYPHEN.sub("", unicodedata.normalize("NFKC", page_text))
+    text = _LINE_END_HYPHEN.sub("", unicodedata.normalize("NFKC", page_text))
+    return _SPLIT_WORD.sub(_rejoined, text)
+
+
+# Two lowercase pieces of one word that the text layer split with a space (justified text set
+# with wide letter spacing: "retrie vals", "ab stract"). Joined where wordfreq's English list
+# says so: the whole is a word and a piece is none ("retrie"), or the whole is a common word
+# far more common than either piece ("infor mation"). Two words that also form one ("in to",
+# "be fore", "some thing") stay apart: each piece is at least as common as the whole.
+# (The second piece is looked ahead at, not taken: it is the first of the next pair.)
+_SPLIT_WORD = re.compile(r"\b([a-z]{2,}) (?=([a-z]{2,})\b)")
+WHOLE_WORD_ZIPF = 3.0  # once in a million words
+WHOLE_WORD_LEAD = 1.0  # ten times as common as either piece
+
+
+def _rejoined(match: re.Match[str]) -> str:
+    """The first piece, and the space after it unless the two make one word."""
+    first, second = match.group(1), match.group(2)
+    whole = _zipf(first + second)
+    if whole == 0.0:
+        return match.group(0)
+    pieces = (_zipf(first), _zipf(second))
+    if min(pieces) == 0.0 or (whole >= WHOLE_WORD_ZIPF and whole >= max(pieces) + WHOLE_WORD_LEAD):
+        return first
+    return match.group(0)
+
+
+@lru_cache(maxsize=65536)
+def _zipf(word: str) -> float:
+    from wordfreq import zipf_frequency
+
+    return float(zipf_frequency(word, "en"))
 
 
 def _line_shape(line: str) -> str:

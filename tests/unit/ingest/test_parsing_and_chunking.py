@@ -390,6 +390,13 @@ def test_pdf_text_is_normalized_and_running_lines_dropped() -> None:
     assert _pdf_text("e\ufb03cient de\ufb01nition of the manip-\nulation in GPL-\n3") == (
         "efficient definition of the manipulation in GPL-\n3"
     )
+    # words a wide letter spacing split (seen in a paper's text layer: "retrie vals"), and
+    # pairs that are two words as much as one, which stay apart
+    assert _pdf_text("Dense retrie vals, the ab stract and its infor mation.") == (
+        "Dense retrievals, the abstract and its information."
+    )
+    unchanged = "Put it in to the box be fore some thing else; run ls dir then rm rf tmp."
+    assert _pdf_text(unchanged) == unchanged
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
     pages = [
         f"Chapter 4: Functions {10 + i}\n{w} opens the page.\nThe {w} middle.\n"
