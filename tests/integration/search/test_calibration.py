@@ -10,7 +10,7 @@ from shared.db import unit_of_work
 from shared.search import calibration
 from shared.search import repository as search_repo
 from shared.settings import get_settings
-from tests.helpers import key_headers, upload_text, wait_converged, wait_job
+from tests.factories import indexed_notes
 
 PARTS = ["spool", "journal", "cache", "socket", "lockfile", "keyring", "queue", "snapshot"]
 ACTIONS = ["rotates", "compacts", "verifies", "encrypts", "mirrors"]
@@ -26,14 +26,9 @@ def _notes() -> list[str]:
 
 
 def test_a_tenants_searches_use_the_threshold_set_from_its_corpus(
-    client: TestClient, auth: dict[str, str], tenant: str, worker: object
+    client: TestClient, auth: dict[str, str], tenant: str
 ) -> None:
-    jobs = [
-        upload_text(client, auth, f"note-{i}", text)["job_id"] for i, text in enumerate(_notes())
-    ]
-    for job in jobs:
-        wait_job(client, auth, job)
-    wait_converged(tenant)
+    indexed_notes(tenant, _notes())  # no worker needed
     settings = get_settings()
     result = calibration.calibrate(unit_of_work, tenant, settings)
     assert result is not None and result.samples >= calibration.MIN_SAMPLES
@@ -56,9 +51,10 @@ def test_a_tenants_searches_use_the_threshold_set_from_its_corpus(
     assert (decision["threshold"], decision["threshold_source"]) == (0.1, "request")
 
 
-def test_a_corpus_too_small_to_draw_from_keeps_the_default(client: TestClient, tenant: str) -> None:
-    auth = key_headers(tenant, ["read", "write"])
-    wait_job(client, auth, upload_text(client, auth, "one", _notes()[0])["job_id"])
+def test_a_corpus_too_small_to_draw_from_keeps_the_default(
+    client: TestClient, auth: dict[str, str], tenant: str
+) -> None:
+    indexed_notes(tenant, _notes()[:1])
     assert calibration.calibrate(unit_of_work, tenant, get_settings()) is None
     with unit_of_work() as uow:
         assert search_repo.calibration(uow.session, tenant) is None
