@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import random
 import re
-import threading
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -57,6 +56,9 @@ RECALIBRATE_CHANGE = 0.25
 TENANTS_PER_RUN = 5
 CACHE_TTL_S = 60.0
 QUESTION_WORDS = 6
+# Sentence ends and line ends both: a hard-wrapped line (a man page's) is a question's worth of
+# words, closer to a question's length than the chunker's whole sentences (with those, the
+# real-document set's own questions ran 0.07 higher at the 5th percentile).
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
@@ -143,7 +145,7 @@ def calibrate_due(transactions: Transactions, settings: Settings) -> list[Calibr
     with transactions() as uow:
         store = PgVectorStore(uow.session, settings)
         known = repo.calibrations(uow.session)
-        counts = {tenant: store.count_of_tenant(tenant) for tenant in store.tenants()}
+        counts = store.counts_by_tenant()
     due = []
     for tenant, chunks in counts.items():
         done = known.get(tenant)
@@ -159,7 +161,6 @@ def calibrate_due(transactions: Transactions, settings: Settings) -> list[Calibr
 
 
 _cache: dict[str, tuple[float, float | None]] = {}
-_cache_lock = threading.Lock()
 
 
 def calibrated_min_score(transactions: Transactions, tenant_id: str) -> float | None:
@@ -171,6 +172,5 @@ def calibrated_min_score(transactions: Transactions, tenant_id: str) -> float | 
     with transactions() as uow:
         row = repo.calibration(uow.session, tenant_id)
         value = row.min_score if row is not None else None
-    with _cache_lock:
-        _cache[tenant_id] = (time.monotonic(), value)
+    _cache[tenant_id] = (time.monotonic(), value)
     return value

@@ -67,13 +67,11 @@ def policy_config(
     score_type = o.score_type or (
         "rerank" if reranked and settings.policy_score_type == "rerank" else "dense_cosine"
     )
-    source: ThresholdSource = "request"
-    if score_type == "answerability":
-        min_score, source = (
-            (judged.abstain_below, "model") if judged else (o.min_score or 0.0, source)
-        )
-    elif o.min_score is not None:
-        min_score = o.min_score
+    source: ThresholdSource
+    if score_type == "answerability" and judged is not None:
+        min_score, source = judged.abstain_below, "model"
+    elif score_type == "answerability" or o.min_score is not None:
+        min_score, source = o.min_score or 0.0, "request"
     elif score_type == "dense_cosine" and query.calibrated_min_score is not None:
         min_score, source = query.calibrated_min_score, "calibrated"
     else:

@@ -163,8 +163,9 @@ class ReindexSource(Protocol):
 
 
 class CorpusSample(Protocol):
-    """Chunk texts drawn at random from one tenant's corpus."""
+    """Chunk texts drawn at random from one tenant's corpus, and every corpus's size."""
 
+    def counts_by_tenant(self) -> dict[str, int]: ...
     def sample_texts(self, tenant_id: str, size: int, seed: float = 0.0) -> list[str]: ...
 
 

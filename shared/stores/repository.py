@@ -184,10 +184,11 @@ def count_chunks(session: Session, *conditions: ColumnElement[bool]) -> int:
 
 
 def sample_chunk_texts(session: Session, tenant_id: str, size: int, seed: float) -> list[str]:
-    """``size`` of the tenant's chunk texts drawn at random (repeatably for one ``seed`` in
-    [-1, 1] while the chunks stay the same)."""
-    session.execute(select(func.setseed(seed)))
-    query = select(Chunk.text).where(Chunk.tenant_id == tenant_id).order_by(func.random())
+    """``size`` of the tenant's chunk texts, drawn in the order of a hash of their ids and
+    ``seed``: the same ones for one seed while the chunks stay the same. (``setseed`` and
+    ``random()`` were not: a parallel scan's workers draw from seeds of their own.)"""
+    order = func.md5(func.concat(Chunk.id, str(seed)))
+    query = select(Chunk.text).where(Chunk.tenant_id == tenant_id).order_by(order)
     return list(session.scalars(query.limit(size)))
 
 
@@ -346,6 +347,11 @@ def _id_among(ids: Sequence[str]) -> ColumnElement[bool]:
 
 def tenants(session: Session) -> set[str]:
     return set(session.scalars(select(Chunk.tenant_id).distinct()))
+
+
+def chunk_counts_by_tenant(session: Session) -> dict[str, int]:
+    rows = session.execute(select(Chunk.tenant_id, func.count()).group_by(Chunk.tenant_id))
+    return {tenant: int(n) for tenant, n in rows}
 
 
 def bucket_stats(session: Session, tenant_id: str) -> BucketStats:

@@ -136,6 +136,10 @@ class PgVectorStore:
     def count_of_document(self, document_id: uuid.UUID) -> int:
         return repo.count_chunks(self.session, Chunk.document_id == document_id)
 
+    def counts_by_tenant(self) -> dict[str, int]:
+        """Every tenant's number of chunks, in one scan."""
+        return repo.chunk_counts_by_tenant(self.session)
+
     def sample_texts(self, tenant_id: str, size: int, seed: float = 0.0) -> list[str]:
         """``size`` of the tenant's chunk texts at random (the same ones for one ``seed``)."""
         return repo.sample_chunk_texts(self.session, tenant_id, size, seed)

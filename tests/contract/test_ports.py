@@ -231,7 +231,7 @@ class TestCorpusSamplePort:
     def test_a_sample_is_the_tenants_own_and_repeats_for_one_seed(
         self, written: tuple[str, str, list[Record]]
     ) -> None:
-        tenant, _, records = written
+        tenant, other, records = written
         own = {r.text for r in records if r.tenant_id == tenant}
         with unit_of_work() as uow:
             store = PgVectorStore(uow.session)
@@ -239,6 +239,8 @@ class TestCorpusSamplePort:
             assert len(drawn) == 2 and set(drawn) <= own
             assert store.sample_texts(tenant, 2, seed=0.25) == drawn
             assert set(store.sample_texts(tenant, 10)) == own  # never another tenant's
+            counts = store.counts_by_tenant()
+        assert (counts[tenant], counts[other]) == (3, 1)
 
 
 # ------------------------------------------------------------------ every method is exercised
