@@ -50,6 +50,7 @@ from typing import Any
 from shared.db import UnitOfWork
 from shared.db.repository import lock_keys
 from shared.documents.intake import check_upload, check_upload_fields
+from shared.documents.repository import documents_by_external_ids
 from shared.documents.schemas import Upload
 from shared.documents.service import accept_uploads, add_event_dead_letter, delete_by_external_id
 from shared.errors import BadRequest, ConcordError, NotFound, PayloadTooLarge
@@ -292,6 +293,13 @@ def accept_upload_events(uow: UnitOfWork, events: list[Any], settings: Settings)
     # before either holds a row lock, and cannot deadlock.
     if parsed:
         lock_keys(uow.session, [f"external:{p.tenant_id}:{p.external_id}" for p in parsed])
+        # And the document key of each document a delete names, before an upload earlier in
+        # the message locks its row: the ingest worker holds that key while it waits for the
+        # row (a delete after an upload of another document in one slice deadlocked with the
+        # worker writing the deleted one, and the slice's events went on in another message).
+        named = [(d.tenant_id, d.external_id) for d in parsed if isinstance(d, Deletion)]
+        existing = documents_by_external_ids(uow.session, named)
+        lock_keys(uow.session, [f"document:{d.id}" for d in existing.values()])
     # In the message's order: consecutive uploads are accepted together, each delete between
     # them in its turn (an upload after a delete of the same document revives it).
     for is_deletion, run in itertools.groupby(parsed, key=lambda p: isinstance(p, Deletion)):

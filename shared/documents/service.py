@@ -267,9 +267,12 @@ def delete_document(uow: UnitOfWork, tenant_id: str, document_id: uuid.UUID) -> 
 def delete_by_external_id(uow: UnitOfWork, tenant_id: str, external_id: str) -> bool:
     """Delete the tenant's live document of that external id (a delete event); False when
     there is none, so that replaying a delete is a no-op."""
-    # The key an upload of the same document takes, then its row: serialized with uploads.
+    # The key an upload of the same document takes: serialized with uploads, the external id
+    # names the same document until commit. Its row is locked by delete_document, after the
+    # document's own key (locked here first, the row before the key deadlocked against an
+    # ingest worker writing the document: it holds the key and waits for the row).
     lock_key(uow.session, f"external:{tenant_id}:{external_id}")
-    found = repo.documents_by_external_ids(uow.session, [(tenant_id, external_id)], True)
+    found = repo.documents_by_external_ids(uow.session, [(tenant_id, external_id)])
     doc = found.get((tenant_id, external_id))
     if doc is None or doc.deleted:
         return False

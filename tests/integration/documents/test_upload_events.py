@@ -164,3 +164,58 @@ def test_a_slice_that_fails_after_others_committed_goes_on_as_a_message_of_its_o
             uow.session, [(tenant, f"n-{i}.txt") for i in range(total)]
         )
     assert all(d.version == 1 and not d.deleted for d in documents.values())  # none twice
+
+
+def test_a_delete_after_an_upload_in_one_message_waits_for_the_writer_of_its_document(
+    tenant: str,
+) -> None:
+    """A message uploads one document and deletes another while an ingest worker writes the
+    deleted one (it holds the document's key and then needs its row, for its chunks' foreign
+    keys). The message takes that key before any row lock and waits; the writer finishes,
+    and the delete follows. (Locking the row first deadlocked them: Postgres cancelled one,
+    seen in CI as a slice that went on in a message of its own.)"""
+    import threading
+
+    from sqlalchemy import text
+
+    from shared.db.repository import limit_statements, lock_key
+    from shared.documents.events import accept_upload_events
+    from shared.settings import get_settings
+
+    settings = get_settings()
+    event = build_upload_event(tenant_id=tenant, external_id="old.txt", raw=b"Soon deleted.")
+    with unit_of_work() as uow:
+        accept_upload_events(uow, [event], settings)
+        doc_id = documents_by_external_ids(uow.session, [(tenant, "old.txt")])[
+            (tenant, "old.txt")
+        ].id
+    message = [
+        build_upload_event(tenant_id=tenant, external_id="new.txt", raw=b"Freshly written."),
+        build_delete_event(tenant_id=tenant, external_id="old.txt"),
+    ]
+    outcomes: list[Any] = []
+
+    def accept_message() -> None:
+        try:
+            with unit_of_work() as uow:
+                outcomes.append(accept_upload_events(uow, message, settings).counts())
+        except Exception as e:  # the deadlock, before the fix
+            outcomes.append(e)
+
+    def waiting_for_a_key() -> bool:
+        waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        with unit_of_work() as uow:
+            return bool(uow.session.scalar(text(waiting)))
+
+    with unit_of_work() as writer:  # the ingest worker, mid-write
+        limit_statements(writer.session, 20)
+        lock_key(writer.session, f"document:{doc_id}")
+        accepting = threading.Thread(target=accept_message)
+        accepting.start()
+        wait_for(waiting_for_a_key, 30, interval=0.05, what="the message to wait for the key")
+        # the chunks' foreign keys: a KEY SHARE lock on the document's row
+        writer.session.execute(
+            text("SELECT id FROM documents WHERE id = :id FOR KEY SHARE"), {"id": doc_id}
+        )
+    accepting.join(30)
+    assert outcomes == [{"accepted": 1, "unchanged": 0, "rejected": 0, "deleted": 1}]
