@@ -109,16 +109,28 @@ wait $onnx_export || { cat test-artifacts/onnx-export.log; exit 1; }
 phase "infrastructure up, export"
 
 workers=${CONCORD_TEST_WORKERS:-3}
+# Each run ends within CONCORD_TEST_RUN_LIMIT_S (about three times its usual time): past it,
+# scripts/watchdog.py prints the stacks of every process of the run and the end of its log,
+# and stops it, so that a hang outside pytest-timeout's reach (a process that never exits, a
+# call that never returns to Python) fails with a cause instead of running out CI's clock.
+run_limit=${CONCORD_TEST_RUN_LIMIT_S:-1500}
+capped() {  # LOG COMMAND...
+  local log=$1
+  shift
+  : >"$log"
+  $py scripts/watchdog.py --limit "$run_limit" --log "$log" -- "$@"
+}
 tiers_started=$(date +%s)
-$py -m pytest tests -m "not system" -n "$workers" --dist loadfile -p no:cacheprovider \
-  >test-artifacts/parallel-tiers.log 2>&1 &
+capped test-artifacts/parallel-tiers.log \
+  $py -m pytest tests -m "not system" -n "$workers" --dist loadfile -p no:cacheprovider &
 parallel=$!
 # the reliability file (a third of the system tier's time) beside the rest
-env "${system_a[@]}" $py -m pytest tests/system/test_reliability.py -p no:cacheprovider \
-  >test-artifacts/system-tier-a.log 2>&1 &
+capped test-artifacts/system-tier-a.log \
+  env "${system_a[@]}" $py -m pytest tests/system/test_reliability.py -p no:cacheprovider &
 system_a_run=$!
-env "${system_b[@]}" $py -m pytest tests/system --ignore tests/system/test_reliability.py \
-  -p no:cacheprovider >test-artifacts/system-tier-b.log 2>&1 &
+capped test-artifacts/system-tier-b.log \
+  env "${system_b[@]}" $py -m pytest tests/system --ignore tests/system/test_reliability.py \
+  -p no:cacheprovider &
 system_b_run=$!
 wait $system_a_run
 system_a_rc=$?

@@ -210,7 +210,7 @@ def test_a_delete_after_an_upload_in_one_message_waits_for_the_writer_of_its_doc
     with unit_of_work() as writer:  # the ingest worker, mid-write
         limit_statements(writer.session, 20)
         lock_key(writer.session, f"document:{doc_id}")
-        accepting = threading.Thread(target=accept_message)
+        accepting = threading.Thread(target=accept_message, daemon=True)
         accepting.start()
         wait_for(waiting_for_a_key, 30, interval=0.05, what="the message to wait for the key")
         # the chunks' foreign keys: a KEY SHARE lock on the document's row
