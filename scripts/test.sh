@@ -9,7 +9,7 @@
 #   1. ruff (lint and format) and mypy --strict: a type or style error fails in a minute;
 #   2. three pytest runs at once, each on infrastructure of its own:
 #      - every tier but system, in parallel (pytest-xdist, CONCORD_TEST_WORKERS processes,
-#        3 by default): each worker has its own database, index prefix, Redis database and
+#        2 by default): each worker has its own database, index prefix, Redis database and
 #        Celery workers (tests/conftest.py);
 #      - the system tier (tests/system: outages, kills, clusters, the stack itself) in two
 #        halves, one test at a time each, on a Postgres, Redis and Elasticsearch of their own
@@ -23,6 +23,11 @@ bash scripts/setup.sh || exit 1
 # minutes of light work each: with the C1 compiler alone a start costs half the CPU (5.4 s
 # against 10.1 s a node, measured on this machine), on two cores the whole suite shares.
 export CONCORD_ES_JVM_OPTIONS="${CONCORD_ES_JVM_OPTIONS--XX:TieredStopAtLevel=1}"
+# Memory: the three runs at once peaked at 22.7 of this machine's 24 GiB (three servers of
+# 1 GiB heap each, and per xdist worker about 1.9 GiB for itself and 1.5 for its Celery
+# processes, the model loaded in each), and one run before was cut short by the kernel's
+# OOM killer. The suite's indices are small: half a GiB of heap is plenty.
+export CONCORD_ES_HEAP="${CONCORD_ES_HEAP-512m}"
 py=.venv/bin/python
 phase_started=$(date +%s)
 phase() {  # name of the phase that just ended; prints its wall time
@@ -108,7 +113,7 @@ wait $system_b_infra || { cat test-artifacts/stack-up-system-b.log; exit 1; }
 wait $onnx_export || { cat test-artifacts/onnx-export.log; exit 1; }
 phase "infrastructure up, export"
 
-workers=${CONCORD_TEST_WORKERS:-3}
+workers=${CONCORD_TEST_WORKERS:-2}
 # Each run ends within CONCORD_TEST_RUN_LIMIT_S (about three times its usual time): past it,
 # scripts/watchdog.py prints the stacks of every process of the run and the end of its log,
 # and stops it, so that a hang outside pytest-timeout's reach (a process that never exits, a
@@ -122,7 +127,8 @@ capped() {  # LOG COMMAND...
 }
 tiers_started=$(date +%s)
 capped test-artifacts/parallel-tiers.log \
-  $py -m pytest tests -m "not system" -n "$workers" --dist loadfile -p no:cacheprovider &
+  $py -m pytest tests -m "not system" -n "$workers" --dist loadfile --max-worker-restart 0 \
+  -p no:cacheprovider &
 parallel=$!
 # the reliability file (a third of the system tier's time) beside the rest
 capped test-artifacts/system-tier-a.log \
