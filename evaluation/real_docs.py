@@ -93,9 +93,12 @@ def uploads_of(tenant_id: str, files: Path) -> list[Upload]:
 
 
 def normalized(text: str) -> str:
-    """Text as compared with an evidence span: NFKC (ligatures), case-folded, spaces
-    before punctuation and runs of whitespace collapsed."""
+    """Text as compared with an evidence span: NFKC (ligatures), case-folded, Markdown's
+    inline marks (`code`, *emphasis*, list bullets) dropped, spaces before punctuation and
+    runs of whitespace collapsed: a span quoted from a Markdown file is found in the same
+    page's HTML (one result stands for both, ``copies``), and the other way round."""
     text = unicodedata.normalize("NFKC", text).casefold()
+    text = re.sub(r"[`*]", " ", text)
     text = re.sub(r"\s+", " ", text)
     return re.sub(r" ([.,;:!?)\]])", r"\1", text).strip()
 
@@ -148,7 +151,15 @@ def score_question(
 ) -> dict[str, Any]:
     """One question's figures from its first ``MRR_DEPTH`` results."""
     top = results[:TOP]
-    ranked = [canonical.get(r.external_id or "", r.external_id) for r in results[:MRR_DEPTH]]
+    # each result's files: its own and those of the copies it stands for (one result with
+    # both provenances answers a question about either)
+    ranked = [
+        {
+            canonical.get(f or "", f)
+            for f in [r.external_id, *(c.external_id for c in r.copies or [])]
+        }
+        for r in results[:MRR_DEPTH]
+    ]
     files = ranked[:TOP]
     texts = [normalized(r.text) for r in top]
     row: dict[str, Any] = {
@@ -164,13 +175,13 @@ def score_question(
         assert question.file is not None and question.evidence is not None
         wanted = canonical.get(question.file, question.file)
         row["format"] = Path(question.file).suffix.lstrip(".") or "text"
-        row["file_hit"] = wanted in files
-        row["file_rank"] = ranked.index(wanted) + 1 if wanted in ranked else None
+        row["file_hit"] = any(wanted in f for f in files)
+        row["file_rank"] = next((i for i, f in enumerate(ranked, start=1) if wanted in f), None)
         row["answer_rank"] = next(
             (
                 rank
                 for rank, (r, f) in enumerate(zip(top, files, strict=True), start=1)
-                if f == wanted and holds_evidence(r.text, question.evidence)
+                if wanted in f and holds_evidence(r.text, question.evidence)
             ),
             None,
         )

@@ -250,10 +250,14 @@ def test_empty_tenant_abstains_with_no_hits(client, auth):
 
 def test_packing_respects_the_budget_caps_and_suppresses_duplicates(client, auth, tenant, worker):
     # One chunk per document (well under 200 tokens), so a and b are near-duplicates (one
-    # word apart: the same text twice would be one result naming both, test_the_same_text...)
+    # word apart in each sentence, cosine 0.98), not copies (0.69 of their word trigrams
+    # shared: the same text, or nearly all of it, would be one result naming both,
+    # test_the_same_text...)
+    parts = ("tongue downhill", "snout forward", "body seaward", "mass downslope", "front onward")
     for name, word in (("glacier-a", "slowly"), ("glacier-b", "steadily")):
         sentences = " ".join(
-            f"Glacier fact {i}: ice moves {word} downhill under its own weight." for i in range(6)
+            f"Glacier fact {i}: the ice {noun} moves {word} {way} under its own weight."
+            for i, (noun, way) in enumerate(p.split() for p in (*parts, "sheet outward"))
         )
         upload_text(client, auth, name, sentences, title="Glaciers")
     upload_text(

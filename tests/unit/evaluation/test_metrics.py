@@ -145,3 +145,9 @@ def test_eval_docs_tells_noise_from_short_answers() -> None:
     assert not is_noise("| `--json` | false | Boolean |", "Flags > | Flag | Default | Type |")
     assert not is_noise("List all staged package versions", "npm stage list")
     assert holds_evidence("Spring tides  happen near the ﬁrst moon .", "spring tides happen near")
+    # a span quoted from a Markdown file, in the same page's HTML text, and the reverse
+    html = "Provides the platform-specific path delimiter:\n\n; for Windows\n\n: for POSIX"
+    quote = "Provides the platform-specific path delimiter: * `;` for Windows * `:` for POSIX"
+    assert holds_evidence(html, quote)
+    assert holds_evidence("always returns `path` without *any* change", "returns path without any")
+    assert not holds_evidence(html, "path delimiter: , for Windows")

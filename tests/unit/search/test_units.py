@@ -595,3 +595,51 @@ def test_english_analysis_drops_possessives_and_stop_words_then_stems() -> None:
     for text, expected in cases.items():
         assert analyze(text) == expected
         assert analyze_repeated(text) == expected
+
+
+def test_the_same_page_in_two_formats_is_one_result_naming_both():
+    """Node's path page as Markdown and as HTML (chunks of other sizes; backticks and list
+    marks in one, "Added in" lines in the other): of two chunks of which one holds nearly
+    all of the other's text, the later becomes the earlier's copy. A chunk of another
+    section, one of the same document, and a short line the HTML also holds stay results of
+    their own."""
+    from shared.search.diversify import collapse_copies
+
+    html = (
+        "path.delimiter Added in: v0.9.3 <string> Provides the platform-specific path "
+        "delimiter: ; for Windows : for POSIX For example, on POSIX: console.log(process.env."
+        "PATH); // Prints: '/usr/bin:/bin:/usr/sbin:/sbin:/usr/local/bin'"
+    )
+    markdown = (
+        "* {string}\n\nProvides the platform-specific path delimiter:\n\n* `;` for Windows\n"
+        "* `:` for POSIX\n\nFor example, on POSIX:"
+    )
+    other_section = (
+        "* {string}\n\nProvides the platform-specific path segment separator:\n\n* `\\` on "
+        "Windows\n* `/` on POSIX\n\nFor example, on POSIX:"
+    )
+    candidates = _candidates(5, documents=5)
+    for c, (document, text) in zip(
+        candidates,
+        [
+            ("page.html", html),
+            ("page.md", markdown),
+            ("page.md", other_section),
+            ("page.html", markdown),  # the same document's own text again: not a copy
+            ("notes.md", "for Windows : for POSIX"),  # under eight trigrams
+        ],
+        strict=True,
+    ):
+        c.document_id = c.external_id = document
+        c.text = text
+    kept = collapse_copies(candidates)
+    assert [c.text for c in kept] == [html, other_section, markdown, "for Windows : for POSIX"]
+    assert [(c.external_id, c.text) for c in kept[0].copies] == [("page.md", markdown)]
+    assert all(not c.copies for c in kept[1:])
+    # The other way round: the smaller chunk first, then one that holds it all (and more).
+    smaller, larger = _candidates(2, documents=2)
+    smaller.document_id, smaller.text = "page.md", markdown
+    larger.document_id, larger.text = "page.html", html
+    assert [(c.text, [o.text for o in c.copies]) for c in collapse_copies([smaller, larger])] == [
+        (markdown, [html])
+    ]
