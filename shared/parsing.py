@@ -375,6 +375,9 @@ _BOILERPLATE_TAGS = (
     "template",
     "svg",
     "iframe",
+    # controls, not text: a code block's "copy" button, a language picker's options
+    "button",
+    "select",
 )
 # ARIA landmarks of the same (a <div role="navigation"> is a <nav>).
 _BOILERPLATE_ROLES = ("navigation", "banner", "contentinfo", "search", "complementary")
@@ -494,6 +497,18 @@ class _Block:
     header: bool = False  # a <th> cell; a row of nothing else
     rows: int = 0  # a table's rows so far
     columns: str = ""  # a table's header row
+    pre: bool = False  # a <pre>: its text as written, lines and indentation
+
+
+_NODE_EDGE_SPACE = re.compile(r"^\s+|\s+$")
+_WHITESPACE = re.compile(r"\s+")
+
+
+def _joined(block: _Block) -> str:
+    """A block's text nodes as one line: in a <pre> as written, elsewhere with each run of
+    whitespace one space (HTML's own rule for text outside <pre>)."""
+    text = "".join(block.pieces)
+    return text.strip() if block.pre else _WHITESPACE.sub(" ", text).strip()
 
 
 class _HtmlLines:
@@ -560,7 +575,9 @@ class _HtmlLines:
         if name in _HEADING_TAGS:
             return self._reserve("heading", inner, int(name[1]))
         if name in _BLOCK_TAGS:
-            return self._reserve("block", inner)
+            block = self._reserve("block", inner)
+            block.pre = name == "pre"
+            return block
         return None
 
     def _reserve(self, kind: str, inner: _Block | None, level: int = 0) -> _Block:
@@ -571,24 +588,33 @@ class _HtmlLines:
 
     def _end_line(self, block: _Block) -> None:
         if block.slot is not None and block.pieces:
-            self.slots[block.slot] = " ".join(block.pieces)
+            self.slots[block.slot] = _joined(block)
             block.pieces = []
         block.slot = None
 
     def _text(self, text: str) -> None:
-        text = text.strip()
-        if not text or not self.open:
+        if not self.open:
             return
         block = self.open[-1]
         if block.kind == "row" or block.closed:
             return  # between a row's cells
+        if not block.pre:
+            # Spaced as the page spaces it: whitespace at a text node's edges is one space,
+            # and markup between two nodes adds none ("<code>f()</code>." is "f().", where
+            # joining stripped nodes with spaces gave "f() ." and, in highlighted code,
+            # "console . log (process. env . PATH )").
+            text = _NODE_EDGE_SPACE.sub(" ", text)
+        if not text.strip():
+            if block.pieces:
+                block.pieces.append(text)
+            return
         if block.slot is None:
             self.slots.append("")
             block.slot = len(self.slots) - 1
         block.pieces.append(text)
 
     def _close(self, block: _Block) -> None:
-        text = " ".join(block.pieces)
+        text = _joined(block)
         if block.kind == "cell":
             if not block.closed and block.row is not None:
                 block.row.pieces.append(text)  # its row's, cells in order

@@ -190,6 +190,25 @@ def test_markdown_heading_lines_become_the_section_path_not_chunk_text() -> None
     assert parse(b"# Only\n## Headings\n", "text/markdown").text == "Only\n\nHeadings"
 
 
+def test_html_inline_markup_adds_no_spaces_and_buttons_are_not_text() -> None:
+    """Words are joined as the page writes them: "<code>path.format()</code>." is
+    "path.format().", not "path.format() ." (Node's and Sphinx's pages read "console . log
+    (process. env . PATH )" in their highlighted code), a <pre> keeps its lines and their
+    indentation, and a control's label ("copy" after every code block) is no text."""
+    html = b"""<body><h2>path.format()</h2>
+    <p>Call <code>path.format()</code>. It returns <em>a</em> <strong>string</strong>,
+    not <a href="#x">an object</a>!</p>
+    <pre><code><span class="k">const</span> p = <span class="f">path</span>.<span>format</span>({
+  <span>root</span>: <span class="s">'/'</span>,
+});</code></pre><button class="copy-button">copy</button>
+    <p>Done.</p></body>"""
+    doc = parse(html, "text/html")
+    blocks = doc.text.split("\n\n")
+    assert blocks[1] == "Call path.format(). It returns a string, not an object!"
+    assert blocks[2] == "const p = path.format({\n  root: '/',\n});"
+    assert blocks[3:] == ["Done."]
+
+
 def test_html_table_rows_and_list_items_keep_their_boundaries() -> None:
     html = b"""<body><h1>Staff</h1>
     <table><tr><th>Name</th><th>Role</th></tr>
