@@ -34,8 +34,13 @@ FieldBoost = Annotated[float, Field(gt=0, le=100)]
 PROFILE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 
-def _equal_weights() -> dict[Arm, float]:
-    return {"dense": 1.0, "lexical": 1.0}
+def _default_weights() -> dict[Arm, float]:
+    """BM25 a little above the dense arm: on real documentation (names, options, versions
+    that all-MiniLM-L6-v2 reads poorly) the answer's chunk was often first by BM25 and past
+    20th by cosine. Development set (evaluation/devsets/real-docs), answer chunk in the top 5
+    at lexical weight 1.0 / 1.3 / 1.6: 0.905 / 0.932 / 0.919, MRR@10 0.948 / 0.955 / 0.955;
+    SciFact test nDCG@10 of hybrid RRF 0.7180 at 1.0, 0.7196 at 1.3."""
+    return {"dense": 1.0, "lexical": 1.3}
 
 
 class Fusion(Strict):
@@ -48,7 +53,7 @@ class Fusion(Strict):
         default=60, ge=1, le=1000, description="rrf: a result at rank r adds weight / (k + r)"
     )
     weights: dict[Arm, NonNegativeFloat] = Field(
-        default_factory=_equal_weights, description="rrf: each arm's weight (dense, lexical)"
+        default_factory=_default_weights, description="rrf: each arm's weight (dense, lexical)"
     )
     normalization: Literal["minmax", "zscore"] = Field(
         default="minmax", description="convex: how each arm's scores are scaled before the sum"
