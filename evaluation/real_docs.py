@@ -31,7 +31,7 @@ from typing import Any
 from evaluation.corpus import Progress, sync_uploads
 from shared.db import unit_of_work
 from shared.documents.schemas import Upload
-from shared.parsing import resolve_content_type
+from shared.documents.sync import file_upload
 from shared.search.calibration import calibrate
 from shared.search.schemas import SearchRequest, SearchResult
 from shared.search.service import search
@@ -77,19 +77,12 @@ def load_questions(path: Path) -> list[Question]:
 
 
 def uploads_of(tenant_id: str, files: Path) -> list[Upload]:
-    uploads = []
-    for path in sorted(p for p in files.iterdir() if p.is_file()):
-        raw = path.read_bytes()
-        uploads.append(
-            Upload(
-                tenant_id=tenant_id,
-                external_id=path.name,
-                raw=raw,
-                content_type=resolve_content_type(None, path.name, raw),
-                filename=path.name,
-            )
-        )
-    return uploads
+    """The uploads ``concord sync`` makes of the set's files (its stem as each one's title):
+    the set is measured as a user's synced directory is searched."""
+    return [
+        file_upload(tenant_id, path, path.name)
+        for path in sorted(p for p in files.iterdir() if p.is_file())
+    ]
 
 
 def normalized(text: str) -> str:
