@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select, tuple_
+from sqlalchemy import Select, select, tuple_
 from sqlalchemy.orm import Session
 
 from shared.db import any_of, starts_with
@@ -24,7 +24,7 @@ def documents_by_external_ids(
         return {}
     query = select(Document).where(tuple_(Document.tenant_id, Document.external_id).in_(set(keys)))
     if for_update:
-        query = query.order_by(Document.id).with_for_update()
+        query = _locking(query.order_by(Document.id))
     found = session.scalars(query)
     return {(d.tenant_id, d.external_id): d for d in found}
 
@@ -33,7 +33,14 @@ def document_for_tenant(
     session: Session, tenant_id: str, document_id: uuid.UUID, for_update: bool = False
 ) -> Document | None:
     query = select(Document).where(Document.id == document_id, Document.tenant_id == tenant_id)
-    return session.scalar(query.with_for_update() if for_update else query)
+    return session.scalar(_locking(query) if for_update else query)
+
+
+def _locking(query: Select[Document]) -> Select[Document]:
+    """FOR UPDATE, and the rows as they are once locked: a document this session read before
+    (unlocked, while it waited for a key) would otherwise come back as it was then, a delete
+    committed meanwhile unseen."""
+    return query.with_for_update().execution_options(populate_existing=True)
 
 
 def documents_by_ids(session: Session, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Document]:

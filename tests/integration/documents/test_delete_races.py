@@ -176,3 +176,23 @@ def test_a_single_upload_event_refused_by_the_database_is_dead_lettered(
     assert [letter.ref for letter in letters] == ["bad-filename"]
     assert letters[0].stage == "intake" and letters[0].message
     assert len(wait_converged(tenant)) == 1
+
+
+def test_a_locking_read_sees_the_row_as_committed_since_the_session_read_it(tenant: str) -> None:
+    """A delete event reads its document unlocked, waits for the document's key, then locks
+    the row: it must lock the row as it is then (an API delete committed meanwhile), not the
+    copy the session read before (a second tombstone of the same version failed on the
+    versions' primary key)."""
+    from shared.documents.events import accept_upload_events, build_upload_event
+    from shared.documents.repository import document_for_tenant, documents_by_external_ids
+
+    event = build_upload_event(tenant_id=tenant, external_id="x.txt", raw=b"Read, then gone.")
+    with unit_of_work() as uow:
+        accept_upload_events(uow, [event], get_settings())
+    with unit_of_work() as reader:
+        read = documents_by_external_ids(reader.session, [(tenant, "x.txt")])[(tenant, "x.txt")]
+        assert not read.deleted and read.version == 1
+        with unit_of_work() as other:
+            delete_document(other, tenant, read.id)
+        locked = document_for_tenant(reader.session, tenant, read.id, for_update=True)
+        assert locked is not None and locked.deleted and locked.version == 2
