@@ -84,16 +84,29 @@ def report_hang(root: int, log: Path, limit: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def started(pid: int) -> str | None:
+    """When ``pid`` started (clock ticks since boot), to tell it from a later process that
+    reuses its number; None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def stop(process: subprocess.Popen[bytes]) -> None:
     """Interrupt first (pytest then reports the tests that were running and tears its
     fixtures down), then terminate and kill what is left of the tree, those in sessions of
-    their own too (the suite's Celery workers)."""
-    everyone = [process.pid, *descendants(process.pid)]
+    their own too (the suite's Celery workers, whose parent may be gone by then): each
+    process found now or before the next signal, and only while it is that process."""
+    found = {pid: started(pid) for pid in [process.pid, *descendants(process.pid)]}
     process.send_signal(signal.SIGINT)
     for sig, grace in ((None, 60), (signal.SIGTERM, 30), (signal.SIGKILL, 0)):
-        for pid in everyone if sig else []:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+        if sig is not None:
+            found.update({pid: started(pid) for pid in descendants(process.pid)})
+            for pid, start in found.items():
+                if start is not None and started(pid) == start:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=grace)
 
@@ -107,6 +120,10 @@ def main() -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command")
+    # Bash starts a background job with SIGINT ignored, and a child keeps an ignored signal
+    # across exec: pytest would not see the interrupt that makes it report. A handler is
+    # reset to the default in the child.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with args.log.open("ab") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + args.limit
