@@ -375,10 +375,19 @@ _BOILERPLATE_TAGS = (
     "template",
     "svg",
     "iframe",
-    # controls, not text: a code block's "copy" button, a language picker's options
-    "button",
-    "select",
 )
+# Controls, not text (a code block's "copy" button, a version picker's options), dropped
+# unless in a heading: an accordion's question is a <button> in an <h3> (WAI-ARIA's pattern).
+_CONTROL_TAGS = frozenset(("button", "select"))
+# Elements within a line of text; any other element (<br>, a <section>, an <li>) parts the
+# words either side of it.
+_INLINE_TAGS = frozenset(
+    (
+        "a", "abbr", "acronym", "b", "bdi", "bdo", "big", "cite", "code", "data", "del",
+        "dfn", "em", "font", "i", "ins", "kbd", "label", "mark", "q", "s", "samp", "small",
+        "span", "strike", "strong", "sub", "sup", "time", "tt", "u", "var", "wbr",
+    )
+)  # fmt: skip
 # ARIA landmarks of the same (a <div role="navigation"> is a <nav>).
 _BOILERPLATE_ROLES = ("navigation", "banner", "contentinfo", "search", "complementary")
 # Blocks that are navigation when nearly all their words are links' words (a sidebar, a table
@@ -500,7 +509,15 @@ class _Block:
     pre: bool = False  # a <pre>: its text as written, lines and indentation
 
 
-_NODE_EDGE_SPACE = re.compile(r"^\s+|\s+$")
+def _edges_as_one_space(text: str) -> str:
+    r"""``text`` with the whitespace at each of its ends made one space (string methods: the
+    regex ``^\s+|\s+$`` backtracks over every run of spaces inside, quadratic in a run)."""
+    inner = text.strip()
+    if not inner:
+        return " " if text else ""
+    return (" " if text[0].isspace() else "") + inner + (" " if text[-1].isspace() else "")
+
+
 _WHITESPACE = re.compile(r"\s+")
 
 
@@ -537,21 +554,41 @@ class _HtmlLines:
         from bs4.element import CData, NavigableString, Tag
 
         # An explicit stack: a recursion as deep as the nesting would overflow.
-        stack: list[tuple[Any, _Block | None]] = [(iter(root.children), None)]
+        stack: list[tuple[Any, _Block | None, bool]] = [(iter(root.children), None, False)]
         while stack:
-            children, opened = stack[-1]
+            children, opened, parts = stack[-1]
             child = next(children, None)
             if child is None:
                 stack.pop()
                 if opened is not None:
                     self._close(self.open.pop())
+                if parts:
+                    self._part()
             elif isinstance(child, Tag):
+                in_heading = bool(self.open) and self.open[-1].kind == "heading"
+                if child.name in _CONTROL_TAGS and not in_heading:
+                    continue
+                parts = child.name not in _INLINE_TAGS
+                if parts:
+                    self._part(child.name)
                 block = self._enter(child.name)
                 if block is not None:
                     self.open.append(block)
-                stack.append((iter(child.children), block))
+                stack.append((iter(child.children), block, parts))
             elif type(child) in (NavigableString, CData):  # get_text's: not comments
                 self._text(str(child))
+
+    def _part(self, name: str = "") -> None:
+        """Words either side of a <br> or a block's edge are two words, however the page is
+        spaced (minified pages have no whitespace there): one space between them, a line
+        break for a <br> in a <pre>."""
+        block = self.open[-1] if self.open else None
+        if block is None or block.kind == "row" or block.closed or not block.pieces:
+            return
+        if not block.pre:
+            block.pieces.append(" ")
+        elif name == "br":
+            block.pieces.append("\n")
 
     def _enter(self, name: str) -> _Block | None:
         inner = self.open[-1] if self.open else None
@@ -600,10 +637,10 @@ class _HtmlLines:
             return  # between a row's cells
         if not block.pre:
             # Spaced as the page spaces it: whitespace at a text node's edges is one space,
-            # and markup between two nodes adds none ("<code>f()</code>." is "f().", where
-            # joining stripped nodes with spaces gave "f() ." and, in highlighted code,
-            # "console . log (process. env . PATH )").
-            text = _NODE_EDGE_SPACE.sub(" ", text)
+            # and inline markup between two nodes adds none ("<code>f()</code>." is "f().",
+            # where joining stripped nodes with spaces gave "f() ." and, in highlighted
+            # code, "console . log (process. env . PATH )").
+            text = _edges_as_one_space(text)
         if not text.strip():
             if block.pieces:
                 block.pieces.append(text)

@@ -207,6 +207,22 @@ def test_html_inline_markup_adds_no_spaces_and_buttons_are_not_text() -> None:
     assert blocks[1] == "Call path.format(). It returns a string, not an object!"
     assert blocks[2] == "const p = path.format({\n  root: '/',\n});"
     assert blocks[3:] == ["Done."]
+    # Minified: a <br> or a block's edge parts two words with no whitespace between them; a
+    # <br> in a <pre> is a line break. An accordion's question, a <button> in a heading, is
+    # text.
+    minified = (
+        b"<body><h3><button aria-expanded='false'>Is it safe?</button></h3><div>one<br>two"
+        b"<section>three</section>four</div><pre>a<br>b</pre></body>"
+    )
+    assert parse(minified, "text/html").text.split("\n\n") == [
+        "Is it safe?",
+        "one two three four",
+        "a\nb",
+    ]
+    # A text node's edges are found without a regex that backtracks over runs of spaces
+    # inside it (quadratic: 200,000 spaces would take minutes)
+    spaced = b"<p>" + b"a" + b" " * 200_000 + b"b </p>"
+    assert parse(spaced, "text/html").text == "a b"
 
 
 def test_html_table_rows_and_list_items_keep_their_boundaries() -> None:
