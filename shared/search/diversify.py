@@ -36,45 +36,50 @@ def collapse_copies(candidates: list[Candidate]) -> list[Candidate]:
     into chunks of other sizes). One result with both provenances, not two; the first keeps
     its place and its text."""
     first: dict[str, Candidate] = {}
-    kept: list[tuple[Candidate, set[int]]] = []
+    kept: list[_Shingled] = []
     for c in candidates:
         key = hashlib.blake2b(" ".join(c.text.split()).encode(), digest_size=16).hexdigest()
         original = first.get(key)
         if original is None:
-            trigrams = _trigrams(c.text)
-            original = _holder_of(c, trigrams, kept)
+            shingled = _Shingled(c)
+            original = _holder_of(shingled, kept)
             if original is None:
                 first[key] = c
-                kept.append((c, trigrams))
+                kept.append(shingled)
                 continue
         original.copies.append(c)
-    return [c for c, _ in kept]
+    return [k.candidate for k in kept]
 
 
-def _trigrams(text: str) -> set[int]:
-    words = _WORD.findall(text.lower())
-    return set(map(hash, zip(words, words[1:], words[2:], strict=False)))
+class _Shingled:
+    """A candidate's word trigrams (hashed), and eight of them to try first: one of two texts
+    holding 0.85 of the other's has at least one of the held text's eight but for a chance
+    of 0.15^8, and most pairs have none (a search compares about 150)."""
+
+    def __init__(self, candidate: Candidate) -> None:
+        words = _WORD.findall(candidate.text.lower())
+        self.candidate = candidate
+        self.trigrams = set(map(hash, zip(words, words[1:], words[2:], strict=False)))
+        self.sample = list(itertools.islice(self.trigrams, 8))
+
+    def holds(self, other: _Shingled) -> bool:
+        """Whether this text holds 0.85 or more of ``other``'s trigrams."""
+        return (
+            len(other.trigrams) >= NEAR_COPY_MIN_TRIGRAMS
+            and any(g in self.trigrams for g in other.sample)
+            and len(other.trigrams & self.trigrams) >= NEAR_COPY_CONTAINMENT * len(other.trigrams)
+        )
 
 
-def _holder_of(
-    candidate: Candidate, trigrams: set[int], kept: list[tuple[Candidate, set[int]]]
-) -> Candidate | None:
+def _holder_of(candidate: _Shingled, kept: list[_Shingled]) -> Candidate | None:
     """The first kept candidate of another document that holds nearly all of
     ``candidate``'s text, or nearly all of whose text ``candidate`` holds."""
-    if len(trigrams) < NEAR_COPY_MIN_TRIGRAMS:
-        return None
-    needed = NEAR_COPY_CONTAINMENT * len(trigrams)
-    # Eight of its trigrams first: a holder has at least one of them but for a chance of
-    # 0.15^8, and most other chunks have none (a search compares about 150 pairs).
-    sample = list(itertools.islice(trigrams, 8))
-    for other, held in kept:
-        if other.document_id == candidate.document_id or not any(g in held for g in sample):
-            continue
-        shared = len(trigrams & held)
-        if shared >= needed or (
-            len(held) >= NEAR_COPY_MIN_TRIGRAMS and shared >= NEAR_COPY_CONTAINMENT * len(held)
+    document = candidate.candidate.document_id
+    for other in kept:
+        if other.candidate.document_id != document and (
+            other.holds(candidate) or candidate.holds(other)
         ):
-            return other
+            return other.candidate
     return None
 
 

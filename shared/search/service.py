@@ -116,7 +116,7 @@ def _page(
     rerank_info: RerankInfo = {}
     if request.rerank.enabled:
         with timings.stage("rerank"):
-            ordered, rerank_info, rerank_error = rerank(query, retrieved, page.items)
+            ordered, rerank_info, rerank_error = rerank(query, retrieved, ordered)
         degraded = ["rerank_unavailable"] if rerank_error else []
     judged = None
     if query.answerability is not None:
