@@ -91,7 +91,7 @@ def normalized(text: str) -> str:
     runs of whitespace collapsed: a span quoted from a Markdown file is found in the same
     page's HTML (one result stands for both, ``copies``), and the other way round."""
     text = unicodedata.normalize("NFKC", text).casefold()
-    text = re.sub(r"[`*]", " ", text)
+    text = re.sub(r"[`*]", "", text)
     text = re.sub(r"\s+", " ", text)
     return re.sub(r" ([.,;:!?)\]])", r"\1", text).strip()
 
