@@ -25,7 +25,7 @@ import json
 import re
 import secrets
 import zlib
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import redis
 from redis.commands.core import Script
@@ -46,11 +46,23 @@ _CURSOR_ID = re.compile(r"[A-Za-z0-9_-]{22}")
 MAX_SNAPSHOT_BYTES = 256 * 1024
 
 
-def save(settings: Settings, tenant_id: str, request: SearchRequest, retrieved: Retrieved) -> str:
+class Stored(NamedTuple):
+    """What a cursor keeps of its first page's search: the request as it was resolved (its
+    profile applied), the tenant's calibrated threshold it was decided with, its retrieval."""
+
+    request: SearchRequest
+    calibrated_min_score: float | None
+    retrieved: Retrieved
+
+
+def save(settings: Settings, tenant_id: str, stored_search: Stored) -> str:
     cursor_id = secrets.token_urlsafe(16)
+    request, retrieved = stored_search.request, stored_search.retrieved
     snapshot = {
         "tenant": tenant_id,
         "request": request.model_dump(mode="json", by_alias=True, exclude_unset=True),
+        # every page is decided as the first was, whatever calibration does meanwhile
+        "calibrated_min_score": stored_search.calibrated_min_score,
         "arms": {
             a: [[h.chunk_id, h.rank, h.score] for h in hits] for a, hits in retrieved.arms.items()
         },
@@ -115,7 +127,7 @@ end
 """
 
 
-def load(settings: Settings, tenant_id: str, cursor_id: str) -> tuple[SearchRequest, Retrieved]:
+def load(settings: Settings, tenant_id: str, cursor_id: str) -> Stored:
     try:
         raw = _redis(settings).get(PREFIX + cursor_id)
     except ResponseError:  # not a snapshot's key (only a forged id could name one)
@@ -135,7 +147,8 @@ def load(settings: Settings, tenant_id: str, cursor_id: str) -> tuple[SearchRequ
         fused=[(c, s) for c, s in snapshot["fused"]],
         counts=CorpusCounts(*snapshot["counts"]) if snapshot.get("counts") else None,
     )
-    return SearchRequest.model_validate(snapshot["request"]), retrieved
+    request = SearchRequest.model_validate(snapshot["request"])
+    return Stored(request, snapshot.get("calibrated_min_score"), retrieved)
 
 
 def _snapshot(raw: bytes) -> dict[str, Any]:

@@ -97,7 +97,8 @@ def next_cursor(
     if following >= len(retrieved.fused):
         return None
     if cursor_id is None:
-        cursor_id = cursors.save(query.settings, query.tenant_id, query.request, retrieved)
+        stored = cursors.Stored(query.request, query.calibrated_min_score, retrieved)
+        cursor_id = cursors.save(query.settings, query.tenant_id, stored)
     return cursors.encode(cursor_id, following)
 
 

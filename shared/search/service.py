@@ -84,12 +84,14 @@ def search_next_page(
     """The page after the one ``cursor`` came with: from the stored ranking, hydrated now."""
     settings = settings or get_settings()
     cursor_id, offset = cursors.decode(cursor)
-    request, retrieved = cursors.load(settings, tenant_id, cursor_id)
+    request, calibrated, retrieved = cursors.load(settings, tenant_id, cursor_id)
     judge_model = None
     if request.policy.score_type == "answerability":
         with transactions() as uow:
             judge_model = answerability_model(uow.session, tenant_id, request)
-    query = Query(tenant_id, request, settings, judge_model)
+    # The first page's resolved query: its profile (in the stored request), its models, its
+    # calibrated threshold; so a result is decided alike on every page.
+    query = Query(tenant_id, request, settings, judge_model, calibrated_min_score=calibrated)
     timings = StageTimes(scale=1e3, digits=3)
     latency = SEARCH_SECONDS.labels(query.request.mode)
     with latency.time(), _reads(transactions, replica, query) as session:

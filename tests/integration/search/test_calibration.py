@@ -63,3 +63,28 @@ def test_a_corpus_too_small_to_draw_from_keeps_the_default(
     ]
     assert decision["threshold_source"] == "default"
     assert decision["threshold"] == get_settings().policy_min_score
+
+
+def test_every_page_of_a_cursor_is_decided_with_the_first_pages_threshold(
+    client: TestClient, auth: dict[str, str], tenant: str
+) -> None:
+    """A cursor's later pages use the query the first page resolved: the tenant's calibrated
+    threshold, not the deployment's default (page 2 was decided with the default 0.3 while page
+    1 used the calibrated one, so one result could be answerable on one page and not on the
+    other)."""
+    indexed_notes(tenant, _notes())
+    result = calibration.calibrate(unit_of_work, tenant, get_settings())
+    assert result is not None and result.min_score is not None
+    assert result.min_score != get_settings().policy_min_score
+    body = {"query": "which files does frobctl rotate", "top_k": 2, "paginate": True}
+    page = client.post("/v1/search", headers=auth, json=body).json()
+    decisions = [page["decision"]]
+    while page["next_cursor"] and len(decisions) < 3:
+        page = client.post(
+            "/v1/search/next", headers=auth, json={"cursor": page["next_cursor"]}
+        ).json()
+        decisions.append(page["decision"])
+    assert len(decisions) == 3
+    assert {(d["threshold"], d["threshold_source"]) for d in decisions} == {
+        (result.min_score, "calibrated")
+    }

@@ -576,7 +576,7 @@ def test_a_tenant_keeps_a_bounded_number_of_cursors_and_cannot_drop_anothers(
     )
     request = SearchRequest(query="okapi forest", paginate=True)
     for _ in range(settings.search_cursors_per_tenant):  # as many more as a tenant may keep
-        newest = cursors.save(settings, tenant, request, deep)
+        newest = cursors.save(settings, tenant, cursors.Stored(request, None, deep))
 
     r = redis_client(settings.redis_socket_timeout_s)
     assert r.zcard(cursors._live_cursors(tenant)) == settings.search_cursors_per_tenant
@@ -584,12 +584,12 @@ def test_a_tenant_keeps_a_bounded_number_of_cursors_and_cannot_drop_anothers(
     assert stored is not None and len(stored) < 100_000  # about 280 KB as JSON
     gone = client.post("/v1/search/next", json={"cursor": first}, headers=auth)
     assert gone.status_code == 404  # the tenant's oldest, dropped for its newest
-    assert cursors.load(settings, tenant, newest)[1].fused == deep.fused
+    assert cursors.load(settings, tenant, newest).retrieved.fused == deep.fused
     # One saved as JSON before snapshots were compressed still loads, for its TTL.
     legacy = {"tenant": tenant, "request": {"query": "okapi"}, "degraded": []}
     legacy |= {"arms": {}, "vector": [], "fused": [["c:0", 0.5]]}
     r.set(cursors.PREFIX + "legacy", json.dumps(legacy), ex=60)
-    assert cursors.load(settings, tenant, "legacy")[1].fused == [("c:0", 0.5)]
+    assert cursors.load(settings, tenant, "legacy").retrieved.fused == [("c:0", 0.5)]
     kept = client.post("/v1/search/next", json={"cursor": theirs}, headers=other_auth)
     assert kept.status_code == 200, kept.text
     assert kept.json()["results"][0]["external_id"].startswith("b-")
