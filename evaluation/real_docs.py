@@ -14,7 +14,13 @@ default search request, measuring what a user of the answers sees:
   are crumbs) and the share that repeat a result above them.
 
 A set's documents are its files, each uploaded under its file name with the content type its
-name and bytes give (as ``concord ingest`` does)."""
+name and bytes give (as ``concord ingest`` does).
+
+Each question belongs to a ``split``: ``tune`` (what thresholds and weights may be fitted on)
+or ``test`` (never fitted on: a change counts when the test half moves), and has a ``style``:
+``formal`` or ``casual`` (everyday words for what a formal question asks, with its file and
+evidence). The figures are given for the whole set and for each split; within each,
+answerable figures are of the formal questions, ``casual_*`` of the casual ones."""
 
 from __future__ import annotations
 
@@ -40,7 +46,10 @@ from shared.settings import get_settings
 TOP = 5
 MRR_DEPTH = 10
 STUB_WORDS = 12
+CRUMB_WORDS = 8  # fewer words than this is a crumb: no passage answers in so few
 KINDS = ("answerable", "near_topic", "off_topic")
+SPLITS = ("tune", "test")
+STYLES = ("formal", "casual")
 
 
 class DevSetError(ValueError):
@@ -54,6 +63,8 @@ class Question:
     kind: str
     file: str | None
     evidence: str | None
+    split: str = "tune"
+    style: str = "formal"
 
 
 def load_questions(path: Path) -> list[Question]:
@@ -64,12 +75,20 @@ def load_questions(path: Path) -> list[Question]:
         try:
             row = json.loads(line)
             question = Question(
-                row["id"], row["question"], row["kind"], row.get("file"), row.get("evidence")
+                row["id"],
+                row["question"],
+                row["kind"],
+                row.get("file"),
+                row.get("evidence"),
+                row.get("split", "tune"),
+                row.get("style", "formal"),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise DevSetError(f"{path}:{number}: not a question ({e})") from e
         if question.kind not in KINDS:
             raise DevSetError(f"{path}:{number}: kind must be one of {KINDS}")
+        if question.split not in SPLITS or question.style not in STYLES:
+            raise DevSetError(f"{path}:{number}: split must be one of {SPLITS}, style {STYLES}")
         if question.kind == "answerable" and not (question.file and question.evidence):
             raise DevSetError(f"{path}:{number}: an answerable question needs file and evidence")
         questions.append(question)
@@ -158,9 +177,12 @@ def score_question(
     row: dict[str, Any] = {
         "id": question.id,
         "kind": question.kind,
+        "split": question.split,
+        "style": question.style,
         "status": status,
         "noise": sum(is_noise(r.text, r.section) for r in top),
         "stubs": sum(len(r.text.split()) < STUB_WORDS for r in top),
+        "crumbs": sum(len(r.text.split()) < CRUMB_WORDS for r in top),
         "repeats": sum(t in texts[:i] for i, t in enumerate(texts)),
         "results": len(top),
     }
@@ -190,7 +212,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return round(sum(reciprocal) / len(items), 3) if items else 0.0
 
     by_kind = {kind: [r for r in rows if r["kind"] == kind] for kind in KINDS}
-    answerable = by_kind["answerable"]
+    answerable = [r for r in by_kind["answerable"] if r.get("style", "formal") == "formal"]
+    casual = [r for r in by_kind["answerable"] if r.get("style") == "casual"]
     shown = sum(r["results"] for r in rows) or 1
     formats = sorted({r["format"] for r in answerable})
     summary: dict[str, Any] = {
@@ -211,8 +234,14 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "answerable_answered": share(answerable, lambda r: r["status"] == "answerable"),
         "answerable_verify": share(answerable, lambda r: r["status"] == "verify"),
         "answerable_abstained": share(answerable, lambda r: r["status"] == "abstain"),
+        "casual_questions": len(casual),
+        "casual_answer_chunk_at_5": share(casual, lambda r: r["answer_rank"] is not None),
+        "casual_answered": share(casual, lambda r: r["status"] == "answerable"),
+        "casual_verify": share(casual, lambda r: r["status"] == "verify"),
+        "casual_abstained": share(casual, lambda r: r["status"] == "abstain"),
         "noise_share_of_top_5": round(sum(r["noise"] for r in rows) / shown, 3),
         "stub_share_of_top_5": round(sum(r["stubs"] for r in rows) / shown, 3),
+        "crumb_share_of_top_5": round(sum(r.get("crumbs", 0) for r in rows) / shown, 3),
         "repeat_share_of_top_5": round(sum(r["repeats"] for r in rows) / shown, 3),
     }
     for kind in ("near_topic", "off_topic"):
@@ -255,6 +284,9 @@ def run_devset(
         rows.append(row)
         progress("questions", i, len(questions))
     summary = summarize(rows)
+    summary["splits"] = {
+        split: summarize([r for r in rows if r["split"] == split]) for split in SPLITS
+    }
     summary["documents"] = {"files": len(uploads), "failed": synced.failed or {}}
     summary["search_ms_p50"] = round(statistics.median(latencies), 1)
     summary["calibration"] = dataclasses.asdict(calibrated) if calibrated else None
