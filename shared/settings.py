@@ -289,6 +289,9 @@ class Settings(BaseSettings):
     # Candidates a search hydrates from Postgres and diversifies (MMR) at most, and the time
     # it spends hydrating more of them for a per-document cap.
     search_candidate_window: int = 400
+    # The first fused candidates whose chunks are reordered within their document by how
+    # exactly they answer (shared/search/passages.py); 0 keeps the fused order.
+    search_passage_window: int = Field(default=20, ge=0, le=200)
     # A search's Postgres reads are cancelled past this, and it waits for either arm at most
     # this (plus a second): a stalled or locked store makes the other arm's results come back
     # marked degraded, or a 503, never a request that waits with nothing to say.

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from shared.search.boost import boosted
 from shared.search.diversify import within_cap
+from shared.search.passages import PassageMatch, Question, competing, reorder_within_documents
 from shared.search.schemas import Fusion
 from shared.search.values import Arms, Query, Retrieved
 from shared.stores.schemas import ArmHit, document_of_chunk
@@ -72,8 +73,10 @@ def _ordered(scores: dict[str, float]) -> list[tuple[str, float]]:
 
 def fused_ranking(query: Query, arms: Arms, session: Session, timings: StageTimes) -> Retrieved:
     """The arms' hits fused as the request asks, lifted by its boost (the values read from
-    Postgres for every fused candidate, in one query); for a paginated search, capped per
-    document once, so that the cap holds across pages."""
+    Postgres for every fused candidate, in one query), the first candidates' chunks ordered
+    within their documents by how exactly they answer (passages.py); for a paginated search,
+    capped per document once, so that the cap holds across pages. Every page of a cursor
+    follows this one ranking."""
     request = query.request
     fused = timings.timed("fuse", lambda: fuse(arms.hits, request.fusion))
     boost = request.boost
@@ -83,6 +86,25 @@ def fused_ranking(query: Query, arms: Arms, session: Session, timings: StageTime
                 query.tenant_id, [cid for cid, _ in fused], boost.field
             )
             fused = boosted(fused, values, boost, datetime.now(UTC))
+    window = query.settings.search_passage_window
+    if window and len(fused) > 1:
+        with timings.stage("passages"):
+            matches = passage_matches(query, session, fused[:window], arms)
+            fused = reorder_within_documents(fused, matches)
     if request.paginate and request.per_document_cap is not None:
         fused = within_cap(fused, request.per_document_cap, lambda hit: document_of_chunk(hit[0]))
     return Retrieved(arms.hits, arms.degraded, arms.vector, fused, arms.counts)
+
+
+def passage_matches(
+    query: Query, session: Session, window: list[tuple[str, float]], arms: Arms
+) -> dict[str, PassageMatch]:
+    """How each of the ``window`` candidates that compete with another chunk of their
+    document answers the question (one read of their texts and sections; a candidate no
+    longer held is left out, and keeps its place)."""
+    ids = competing(window)
+    if not ids:
+        return {}
+    question = Question.of(query.request.query, arms.counts)
+    texts = PgVectorStore(session, query.settings).texts(query.tenant_id, ids)
+    return {cid: question.match(text, section) for cid, (text, section) in texts.items()}

@@ -82,6 +82,13 @@ def analyze_repeated(text: str) -> str:
     return analyze(text)
 
 
+def stemmed_words(text: str) -> list[str]:
+    """The kept terms of ``text`` in order, as :func:`term_spans` gives them, without their
+    offsets (two fifths faster, for a search that reads the order of its candidates' words)."""
+    words = (_without_possessive(w) for w in _TOKEN.findall(text.lower()))
+    return _stemmer().stemWords([w for w in words if w and w not in STOP_WORDS])  # type: ignore[no-any-return]
+
+
 def term_spans(text: str) -> list[tuple[int, int, str]]:
     """Each kept term of ``text`` as (start, end, stemmed term): the character offsets of the
     word :func:`analyze` turns into that term, so a match can be shown where it is."""

@@ -151,6 +151,19 @@ def chunks_by_ids(session: Session, ids: Sequence[str]) -> dict[str, Chunk]:
     return {c.id: c for c in session.scalars(query)}
 
 
+def chunk_texts(session: Session, tenant_id: str, ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """(text, section) of the tenant's chunks among ``ids``: what a search reads of its first
+    candidates to order them (hydration checks that they are live afterwards)."""
+    if not ids:
+        return {}
+    rows = session.execute(
+        select(Chunk.id, Chunk.text, Chunk.section).where(
+            _id_among(ids), Chunk.tenant_id == tenant_id
+        )
+    )
+    return {cid: (text, section) for cid, text, section in rows}
+
+
 def chunk_tenants(session: Session, ids: Sequence[str]) -> dict[str, str]:
     if not ids:
         return {}

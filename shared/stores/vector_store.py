@@ -108,6 +108,10 @@ class PgVectorStore:
         ``embeddings_for``. An id missing from the answer is not live: never serve it."""
         return repo.live_chunks(self.session, tenant_id, ids, vector, embeddings_for)
 
+    def texts(self, tenant_id: str, ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+        """(text, section) of the tenant's chunks among ``ids``, whatever their version."""
+        return repo.chunk_texts(self.session, tenant_id, ids)
+
     def embeddings(self, tenant_id: str, ids: Sequence[str]) -> dict[str, np.ndarray]:
         return repo.chunk_embeddings(self.session, tenant_id, ids)
 
