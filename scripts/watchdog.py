@@ -27,20 +27,23 @@ from pathlib import Path
 TAIL_LINES = 80
 
 
+def stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after ``pid (comm)``, which may hold spaces and parentheses:
+    [0] state, [1] parent pid, [19] start time. Empty once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def descendants(root: int) -> list[int]:
     """Every process under ``root`` (by parent pid, so also those in sessions of their own,
     as the suite's Celery workers are), parents first."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # pid (comm) state ppid ...: comm may hold spaces and parentheses
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
+        fields = stat_fields(int(entry.name)) if entry.name.isdigit() else []
+        if fields:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
     found: list[int] = []
     pending = [root]
     while pending:
@@ -87,10 +90,8 @@ def report_hang(root: int, log: Path, limit: float) -> str:
 def started(pid: int) -> str | None:
     """When ``pid`` started (clock ticks since boot), to tell it from a later process that
     reuses its number; None once it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    fields = stat_fields(pid)
+    return fields[19] if len(fields) > 19 else None
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:

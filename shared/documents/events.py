@@ -299,7 +299,8 @@ def accept_upload_events(uow: UnitOfWork, events: list[Any], settings: Settings)
         # worker writing the deleted one, and the slice's events went on in another message).
         named = [(d.tenant_id, d.external_id) for d in parsed if isinstance(d, Deletion)]
         existing = documents_by_external_ids(uow.session, named)
-        lock_keys(uow.session, [f"document:{d.id}" for d in existing.values()])
+        if existing:  # most messages delete nothing: no round trip for them
+            lock_keys(uow.session, [f"document:{d.id}" for d in existing.values()])
     # In the message's order: consecutive uploads are accepted together, each delete between
     # them in its turn (an upload after a delete of the same document revives it).
     for is_deletion, run in itertools.groupby(parsed, key=lambda p: isinstance(p, Deletion)):

@@ -428,3 +428,28 @@ def test_a_row_over_a_postgres_limit_is_the_works_own_error_not_an_outage() -> N
     assert getattr(raised.value.orig, "sqlstate", "").startswith("54")
     assert not is_retriable(raised.value)
     assert is_retriable(OperationalError("SELECT 1", {}, Exception("server closed the connection")))
+
+
+def test_a_page_with_a_long_run_of_spaces_is_parsed_without_holding_its_batch(
+    client: TestClient, worker: CeleryProcess
+) -> None:
+    """One tenant's HTML page with 200,000 spaces inside a paragraph, in one batch with
+    another tenant's ordinary notes: both are indexed. (A regex that found a text node's edge
+    whitespace backtracked over every run of spaces inside it: quadratic, minutes of the
+    batch's time for this page.)"""
+    victim, spacer = f"v-{uuid.uuid4().hex[:10]}", f"s-{uuid.uuid4().hex[:10]}"
+    page = b"<html><body><p>Tide" + b" " * 200_000 + b"tables turn twice a day.</p></body></html>"
+    with paused(worker):
+        response = client.post(
+            "/v1/documents",
+            headers=key_headers(spacer, ["read", "write"]),
+            files={"file": ("spaces.html", page, "text/html")},
+        )
+        assert response.status_code == 202, response.text
+        spaced = response.json()["job_id"]
+        victim_jobs = _victim_uploads(client, key_headers(victim, ["read", "write"]), n=5)
+    _assert_victim_unharmed(victim, victim_jobs)
+    assert _wait_finished([spaced])[spaced].state == "indexed"
+    with unit_of_work() as uow:
+        texts = uow.session.scalars(select(Chunk.text).where(Chunk.tenant_id == spacer)).all()
+    assert list(texts) == ["Tide tables turn twice a day."]
