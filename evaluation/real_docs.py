@@ -159,9 +159,14 @@ def same_text(uploads: list[Upload]) -> dict[str, str]:
 
 
 def score_question(
-    question: Question, results: list[SearchResult], status: str, canonical: dict[str, str]
+    question: Question,
+    results: list[SearchResult],
+    status: str,
+    canonical: dict[str, str],
+    packed: list[str] | None = None,
 ) -> dict[str, Any]:
-    """One question's figures from its first ``MRR_DEPTH`` results."""
+    """One question's figures from its first ``MRR_DEPTH`` results (and the texts of the
+    evidence it packed)."""
     top = results[:TOP]
     # each result's files: its own and those of the copies it stands for (one result with
     # both provenances answers a question about either)
@@ -200,6 +205,7 @@ def score_question(
             ),
             None,
         )
+        row["answer_packed"] = any(holds_evidence(t, question.evidence) for t in packed or [])
     return row
 
 
@@ -220,6 +226,12 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "questions": {kind: len(items) for kind, items in by_kind.items()},
         "answer_chunk_at_5": share(answerable, lambda r: r["answer_rank"] is not None),
         "answer_chunk_at_1": share(answerable, lambda r: r["answer_rank"] == 1),
+        # of the questions whose answer chunk is in the first 5: how often the evidence packed
+        # for the answer holds it
+        "answer_packed": share(
+            [r for r in answerable if r["answer_rank"] is not None],
+            lambda r: r.get("answer_packed", False),
+        ),
         "file_at_5": share(answerable, lambda r: r["file_hit"]),
         "file_mrr_at_10": mrr(answerable),
         "per_format": {
@@ -275,7 +287,10 @@ def run_devset(
             settings,
         )
         latencies.append((time.perf_counter() - started) * 1e3)
-        row = score_question(question, response.results, response.decision.status, canonical)
+        packed = [item.text for item in response.evidence.items]
+        row = score_question(
+            question, response.results, response.decision.status, canonical, packed
+        )
         row["reason"] = response.decision.reason
         row["top"] = [
             {"file": r.external_id, "section": r.section, "text": r.text[:160]}

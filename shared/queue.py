@@ -39,6 +39,7 @@ SWEEP_TASK = "concord.maintenance.sweep_expired_jobs"
 RECONCILE_TASK = "concord.maintenance.reconcile"
 PLACE_PARTITIONS_TASK = "concord.maintenance.place_tenant_partitions"
 CALIBRATE_TASK = "concord.maintenance.calibrate_tenants"
+CALIBRATE_SETTLED_TASK = "concord.maintenance.calibrate_settled_tenants"
 TRAIN_RERANKER_TASK = "concord.training.train_reranker"
 
 
@@ -132,6 +133,20 @@ def publish_webhooks() -> bool:
 def webhooks_started() -> None:
     """A delivery run starts: a commit from now on asks for another one."""
     _request_taken(WEBHOOKS_PENDING_KEY)
+
+
+CALIBRATE_PENDING_KEY = "concord:calibrate-pending"
+
+
+def publish_calibration() -> bool:
+    """Ask for the calibration of tenants whose ingest has settled (debounced as the relay
+    is: one request waits at most, however many batches commit meanwhile)."""
+    return _publish_debounced(CALIBRATE_PENDING_KEY, CALIBRATE_SETTLED_TASK, TRAINING_QUEUE)
+
+
+def calibration_started() -> None:
+    """A calibration run starts: a batch written from now on asks for another one."""
+    _request_taken(CALIBRATE_PENDING_KEY)
 
 
 # How long a request that never started (its message lost) keeps others from being sent;

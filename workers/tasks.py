@@ -23,6 +23,7 @@ from shared.logs import job_context
 from shared.queue import (
     ACCEPT_EVENT_TASK,
     ACCEPT_EVENTS_TASK,
+    CALIBRATE_SETTLED_TASK,
     CALIBRATE_TASK,
     INGEST_QUEUE,
     MAINTENANCE_QUEUE,
@@ -37,6 +38,7 @@ from shared.queue import (
     TRAINING_QUEUE,
     WEBHOOKS_QUEUE,
     WEBHOOKS_TASK,
+    calibration_started,
     publish_upload_events,
     relay_started,
     webhooks_started,
@@ -200,6 +202,15 @@ def calibrate_tenants(self: Task) -> dict[str, Any]:
     """Periodic: the decision threshold of each tenant whose corpus is new or has changed
     (shared/search/calibration.py)."""
     done = calibration.calibrate_due(unit_of_work, get_settings())
+    return {"calibrated": {c.tenant_id: c.min_score for c in done}}
+
+
+@concord_task(CALIBRATE_SETTLED_TASK, TRAINING_QUEUE, max_retries=0, long_running=True)
+def calibrate_settled_tenants(self: Task) -> dict[str, Any]:
+    """After an ingest batch: the threshold of each tenant whose ingest has settled and whose
+    corpus is new or has changed, without waiting for beat."""
+    calibration_started()  # a batch written from now on asks for a run of its own
+    done = calibration.calibrate_due(unit_of_work, get_settings(), settled_only=True)
     return {"calibrated": {c.tenant_id: c.min_score for c in done}}
 
 

@@ -42,7 +42,7 @@ from shared.logs import job_context
 from shared.models import Document, DocumentVersion, IngestJob, JobState, OutboxOp
 from shared.outbox import repository as outbox_repo
 from shared.parsing import ParsedDocument, parse
-from shared.queue import publish_ingest_jobs, publish_relay
+from shared.queue import publish_calibration, publish_ingest_jobs, publish_relay
 from shared.retry import describe_error, is_retriable
 from shared.settings import Settings, get_settings
 from shared.stores.schemas import ChunkRow, VersionChunks, chunk_id
@@ -573,6 +573,9 @@ def _write_versions(uow: UnitOfWork, claims: list[Claim], docs: dict[uuid.UUID, 
         ]
     outbox_repo.add_outbox_entries(uow.session, entries)
     uow.after_commit(publish_relay)  # debounced: one waiting request at most
+    if get_settings().calibrate_after_ingest:
+        # A tenant whose last job this was is calibrated once it has settled (calibration.py)
+        uow.after_commit(publish_calibration)
 
 
 def _chunk_rows(claim: Claim) -> list[ChunkRow]:

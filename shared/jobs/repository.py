@@ -359,6 +359,14 @@ def recent_jobs(
     return session.scalars(query).all()
 
 
+def tenants_with_jobs_in_flight(session: Session) -> set[str]:
+    """Tenants with an ingest job queued or running: their ingest has not settled."""
+    rows = session.scalars(
+        select(IngestJob.tenant_id).where(IngestJob.state.in_(("queued", "running"))).distinct()
+    )
+    return set(rows)
+
+
 def job_state_counts(session: Session, tenant_id: str | None = None) -> dict[str, int]:
     query = select(IngestJob.state, func.count()).group_by(IngestJob.state)
     if tenant_id is not None:

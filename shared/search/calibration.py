@@ -38,6 +38,7 @@ import numpy as np
 
 from shared.db import Transactions
 from shared.ingest.embedding import get_embedder
+from shared.jobs import repository as jobs_repo
 from shared.models import TenantCalibration
 from shared.search import repository as repo
 from shared.search.coverage import QueryTerms
@@ -139,15 +140,23 @@ def calibrate(transactions: Transactions, tenant_id: str, settings: Settings) ->
     return result
 
 
-def calibrate_due(transactions: Transactions, settings: Settings) -> list[Calibration]:
+def calibrate_due(
+    transactions: Transactions, settings: Settings, settled_only: bool = False
+) -> list[Calibration]:
     """Calibrate up to ``TENANTS_PER_RUN`` tenants whose corpus was never calibrated or has
-    changed by ``RECALIBRATE_CHANGE`` since (the biggest change first)."""
+    changed by ``RECALIBRATE_CHANGE`` since (the biggest change first); with
+    ``settled_only``, only those with no ingest job queued or running (a run asked for by
+    an ingest batch: a tenant still uploading is calibrated when its last batch is written,
+    on its whole corpus, not on the first tenth of it)."""
     with transactions() as uow:
         store = PgVectorStore(uow.session, settings)
         known = repo.calibrations(uow.session)
         counts = store.counts_by_tenant()
+        unsettled = jobs_repo.tenants_with_jobs_in_flight(uow.session) if settled_only else set()
     due = []
     for tenant, chunks in counts.items():
+        if tenant in unsettled:
+            continue
         done = known.get(tenant)
         change = 1.0 if done is None else abs(chunks - done.chunks) / max(done.chunks, 1)
         if chunks >= MIN_SAMPLES and change >= RECALIBRATE_CHANGE:

@@ -19,7 +19,9 @@ aggregation within the tenant), made beside the query's encoding.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from shared.search.schemas import TermCoverage
 from shared.stores.english_analysis import analyze, term_spans
@@ -51,6 +53,12 @@ _CONTRACTED = QUESTION_WORDS | {
     "don", "doesn", "didn", "isn", "aren", "wasn", "weren", "won", "can", "shouldn",
     "wouldn", "couldn", "haven", "hasn", "it", "that", "what", "there",
 }  # fmt: skip
+# A preposition (then perhaps a determiner) just before a word: it names a thing.
+_AFTER_PREPOSITION = re.compile(
+    r"\b(of|about|for|on|in|with|from|into|without|between|against)\s+"
+    r"((the|a|an|my|your|our|their|its|this|that|these|those|some)\s+)?$",
+    re.IGNORECASE,
+)
 # The first results whose words count as the evidence found.
 EVIDENCE_RESULTS = 3
 
@@ -61,18 +69,28 @@ class QueryTerms:
 
     stems: tuple[str, ...]
     words: dict[str, str]
+    # The terms that name what is asked about, as far as word order tells without a parser:
+    # the question's last informative word ("the boiling point of *tungsten*"), and a word
+    # right after a preposition ("a backup *for* my *laptop*"). The others are the words
+    # around it ("how often must I feed my bread yeast culture": "yeast" is wording).
+    subjects: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, question: str) -> QueryTerms:
         stems: list[str] = []
         words: dict[str, str] = {}
+        subjects: set[str] = set()
         for start, end, stem in term_spans(question):
             word = question[start:end]
             if _asking(word.lower()) or stem in words:
                 continue
             stems.append(stem)
             words[stem] = word
-        return cls(tuple(stems), words)
+            if _AFTER_PREPOSITION.search(question[:start]):
+                subjects.add(stem)
+        if stems:
+            subjects.add(stems[-1])
+        return cls(tuple(stems), words, frozenset(subjects))
 
 
 def _asking(word: str) -> bool:
@@ -104,28 +122,46 @@ class CorpusCounts:
         return math.log(1 + (self.chunks - df + 0.5) / (df + 0.5))
 
 
-def coverage(terms: QueryTerms, counts: CorpusCounts, evidence: list[str]) -> TermCoverage:
-    """How far the corpus and ``evidence`` (the first results' texts) hold ``terms``."""
+def coverage(
+    terms: QueryTerms, counts: CorpusCounts, evidence: list[str], question: str = ""
+) -> TermCoverage:
+    """How far the corpus and ``evidence`` (the first results' texts) hold ``terms``, and
+    what ``question`` asks for that the evidence does not state.
+
+    Each term weighs its IDF in the tenant's corpus times its *specificity*: a word people
+    use every day ("stuff", "box", "going") says less about what is asked than a rare one
+    ("blocking", "jemalloc"), and is the first to be said another way in a casual question
+    ("what level does gzip squash stuff at"). Of the terms the corpus holds nowhere,
+    *names* (no English word: "jobserver", "EINTEGRITY", "gpl3", or written as an identifier)
+    are what the corpus lacks; an English word the corpus never uses ("yeast" for a text that
+    says "sourdough starter", "nuke" for "delete") may be the asker's wording, so it counts as
+    evidence not found, weighed like any other term, and the rest of the question decides."""
     held = set(analyze(" ".join(evidence[:EVIDENCE_RESULTS])).split())
     # A term of the evidence is in the corpus, whatever the counts say: Elasticsearch may
     # not hold a chunk Postgres has just committed (the relay's lag) and the dense arm found.
     missing = [
         s for s in terms.stems if counts.known and counts.holding.get(s, 0) == 0 and s not in held
     ]
-    # A common English word the corpus never uses is the asker's wording, not its topic
-    # ("how do bees *show* where flowers are" of a text that says "tell"): it says nothing
-    # either way. A rare one ("tungsten", "jobserver") names what the corpus lacks.
-    stems = [s for s in terms.stems if s not in missing or not common_word(terms.words[s])]
+    stems = list(terms.stems)
     result = TermCoverage(terms=[terms.words[s] for s in stems])
     if not stems:
         return result
-    weights = {s: counts.idf(s) for s in stems}
-    total = sum(weights.values()) or 1.0
     absent = [s for s in stems if s in missing]
+    names = [s for s in absent if is_name(terms.words[s])]
+    weights = {s: counts.idf(s) * specificity(terms.words[s]) for s in stems}
+    # An English word the corpus never uses is wording where it is not what the question
+    # is about: it weighs nothing.
+    for s in absent:
+        if s not in names and s not in terms.subjects:
+            weights[s] = 0.0
+    result.wording = [terms.words[s] for s in absent if not weights[s] and s not in names]
+    total = sum(weights.values()) or 1.0
     result.absent = [terms.words[s] for s in absent]
     result.absent_weight = round(sum(weights[s] for s in absent) / total, 4)
+    result.absent_names_weight = round(sum(weights[s] for s in names) / total, 4)
     result.uncovered = [terms.words[s] for s in stems if s not in held and s not in absent]
     result.covered = round(sum(w for s, w in weights.items() if s in held) / total, 4)
+    result.unstated = unstated(question, " ".join(evidence[:EVIDENCE_RESULTS]), held)
     return result
 
 
@@ -133,9 +169,65 @@ def coverage(terms: QueryTerms, counts: CorpusCounts, evidence: list[str]) -> Te
 # "battery"; "tungsten" is 3.1, "xpath" 1.9) are common words (wordfreq's English list, which
 # ships inside its PyPI package).
 COMMON_ZIPF = 4.0
+# A term's specificity: 1 up to COMMON_ZIPF, falling linearly to EVERYDAY_SPECIFICITY at
+# EVERYDAY_ZIPF ("stuff" 5.1, "going" 5.9) and below; names keep 1.
+EVERYDAY_ZIPF = 5.0
+EVERYDAY_SPECIFICITY = 0.2
+# Below this a word is no English word people write (wordfreq's English list: "jobserver"
+# 0, "emscripten" 0, "ppk" 1.1; against "zap" 2.96, "nuke" 3.3, "yeast" 3.6, "tungsten" 3.1).
+NAME_ZIPF = 2.5
+_NAME_SHAPE = re.compile(r"\d|_|.[A-Z]")
+
+
+@lru_cache(maxsize=8192)
+def zipf(word: str) -> float:
+    from wordfreq import zipf_frequency
+
+    return float(zipf_frequency(word, "en"))
 
 
 def common_word(word: str) -> bool:
-    from wordfreq import zipf_frequency
+    return zipf(word) >= COMMON_ZIPF
 
-    return bool(zipf_frequency(word, "en") >= COMMON_ZIPF)
+
+def is_name(word: str) -> bool:
+    """A word no English word list knows, or written as an identifier (a digit, an
+    underscore, a capital after its first letter: "gpl3", "FC_DEBUG", "EINTEGRITY")."""
+    return bool(_NAME_SHAPE.search(word)) or zipf(word) < NAME_ZIPF
+
+
+def specificity(word: str) -> float:
+    if is_name(word):
+        return 1.0
+    z = zipf(word)
+    if z <= COMMON_ZIPF:
+        return 1.0
+    fall = (z - COMMON_ZIPF) / (EVERYDAY_ZIPF - COMMON_ZIPF)
+    return max(EVERYDAY_SPECIFICITY, 1.0 - fall * (1.0 - EVERYDAY_SPECIFICITY))
+
+
+# What a question may ask for that evidence about its subject need not state: a default, a
+# version, or an exact version-like name. Evidence that states none of it is evidence about
+# the subject, not the answer ("What is GNU tar's default blocking factor?" of a man page
+# that gives the factor's option but no default).
+_ASKS_DEFAULT = re.compile(r"\bdefaults?\b", re.IGNORECASE)
+_ASKS_VERSION = re.compile(
+    r"\b(which|what) (\w+ )?(version|release)\b|\bsince (when|which)\b", re.IGNORECASE
+)
+_VERSION = re.compile(r"\b\d+\.\d+")
+_VERSION_NAME = re.compile(r"\d+(\.\d+)+")
+
+
+def unstated(question: str, evidence: str, held: set[str]) -> list[str]:
+    """What ``question`` asks for that ``evidence`` (whose analyzed terms are ``held``) does
+    not state: ``default``, ``version``, or a version it names ("3.10")."""
+    missing = []
+    if _ASKS_DEFAULT.search(question) and "default" not in held:
+        missing.append("default")
+    if _ASKS_VERSION.search(question) and not _VERSION.search(evidence):
+        missing.append("version")
+    for match in _VERSION_NAME.finditer(question):
+        version = match.group()
+        if "." in version and not re.search(rf"(?<![\w.]){re.escape(version)}(?![\w])", evidence):
+            missing.append(version)
+    return missing

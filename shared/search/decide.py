@@ -17,6 +17,7 @@ from shared.ingest.embedding import get_embedder
 from shared.rerankers.scoring import get_trained_reranker, rerank_passage, rerank_within_budget
 from shared.search.coverage import EVIDENCE_RESULTS, CorpusCounts, QueryTerms, coverage
 from shared.search.hydrate import hydrate
+from shared.search.passages import Question
 from shared.search.policy import (
     Candidate,
     PolicyConfig,
@@ -45,10 +46,16 @@ def decide(
     them are read (``load_embeddings``) when it gets there. With ``counts`` (the corpus's
     chunks holding each query term), the default decision reads term coverage too."""
     config = policy_config(query, reranked, judged)
+    question = Question.of(query.request.query, counts)
+    for c in results:  # what the per-document cap keeps: a document's best answers
+        c.answer_match = question.match(c.text, c.section).proximity
     if counts is not None and config.score_type != "answerability":
         evidence = [f"{c.title}\n{c.section}\n{c.text}" for c in results[:EVIDENCE_RESULTS]]
         config = replace(
-            config, coverage=coverage(QueryTerms.of(query.request.query), counts, evidence)
+            config,
+            coverage=coverage(
+                QueryTerms.of(query.request.query), counts, evidence, query.request.query
+            ),
         )
     return apply_policy(
         results,

@@ -114,6 +114,9 @@ class Candidate:
     flags: list[str] = field(default_factory=list)  # from ingest, e.g. doubtful_extraction
     first_sentence_tokens: int | None = None  # from ingest; None: counted here if needed
     copies: list[Candidate] = field(default_factory=list)  # the same text in other chunks
+    # How well its text answers the question (passages.PassageMatch.proximity), when the
+    # decision measured it: the per-document cap keeps a document's best-matching chunks.
+    answer_match: float | None = None
 
 
 @dataclass
@@ -218,7 +221,7 @@ def apply_policy(
 
     if (
         config.coverage is not None
-        and config.coverage.absent_weight >= config.absent_weight_abstain
+        and config.coverage.absent_names_weight >= config.absent_weight_abstain
     ):
         for c in scored:
             _omit(result, c, "query_terms_absent")
@@ -233,17 +236,28 @@ def apply_policy(
 
 def _decide_on_coverage(result: PolicyResult, coverage: TermCoverage, config: PolicyConfig) -> None:
     """Evidence that holds too little of what the question asks about is no answer (abstain,
-    nothing packed); evidence that holds part of it is one to check (verify)."""
-    if coverage.covered < config.coverage_abstain:
+    nothing packed), and so is evidence that shares one word with a question of several: a
+    word in common is not coverage. Evidence that holds part of it, or that does not state
+    what the question asks for (a default, a version), is one to check (verify)."""
+    weighed = len(coverage.terms) - len(coverage.wording)
+    held = len(coverage.terms) - len(coverage.uncovered) - len(coverage.absent)
+    if coverage.covered < config.coverage_abstain or (weighed >= 3 and held <= 1):
+        # Where the missing weight is mostly words the corpus never uses, say so.
+        missing_elsewhere = 1.0 - coverage.covered - coverage.absent_weight
+        reason: Literal["query_terms_absent", "evidence_does_not_cover_query"] = (
+            "query_terms_absent"
+            if coverage.absent and coverage.absent_weight >= missing_elsewhere
+            else "evidence_does_not_cover_query"
+        )
         for item in result.evidence:
-            result.omitted.append(
-                Omission(chunk_id=item.chunk_id, reason="evidence_does_not_cover_query")
-            )
-            result.per_result[item.chunk_id] = "evidence_does_not_cover_query"
+            result.omitted.append(Omission(chunk_id=item.chunk_id, reason=reason))
+            result.per_result[item.chunk_id] = reason
         result.evidence, result.tokens_used = [], 0
-        result.status, result.reason = "abstain", "evidence_does_not_cover_query"
+        result.status, result.reason = "abstain", reason
     elif coverage.covered < config.coverage_answer:
         result.status, result.reason = "verify", "partial_coverage"
+    elif coverage.unstated:
+        result.status, result.reason = "verify", "answer_not_stated"
 
 
 def _judge_query(
@@ -306,14 +320,25 @@ def _pack(
     result: PolicyResult,
     load_embeddings: LoadEmbeddings | None,
 ) -> None:
-    per_document: dict[str, int] = {}
-    packed_vectors: list[np.ndarray] = []
-    packed: np.ndarray | None = None  # the same, as one matrix (stacked when one is added)
+    packed_by_document: dict[str, list[Candidate]] = {}
+    packed_vectors: dict[str, np.ndarray] = {}
+    packed: np.ndarray | None = None  # the same, as one matrix (stacked when one changes)
     loaded_before = 0  # candidates before this index have been offered to load_embeddings
     for i, c in enumerate(candidates):
-        if per_document.get(c.document_id, 0) >= config.max_chunks_per_document:
-            _omit(result, c, "per_document_cap")
-            continue
+        same_document = packed_by_document.setdefault(c.document_id, [])
+        if len(same_document) >= config.max_chunks_per_document:
+            # The cap keeps a document's chunks that answer best: a later one that matches
+            # the question better than one packed takes its place (a man page's option
+            # chunk over a third synopsis chunk of the same page).
+            weakest = _weakest(same_document)
+            if weakest is None or not _answers_better(c, weakest):
+                _omit(result, c, "per_document_cap")
+                continue
+            _unpack(result, weakest)
+            same_document.remove(weakest)
+            packed_vectors.pop(weakest.chunk_id, None)
+            packed = np.stack(list(packed_vectors.values())) if packed_vectors else None
+            _omit(result, weakest, "per_document_cap")
         # Whether it fits comes first: it is cheap (most chunks' token counts are stored), and
         # once the budget is nearly spent it ends most of a long result list, whose
         # embeddings then are neither read nor compared.
@@ -348,10 +373,10 @@ def _pack(
             _omit(result, c, "near_duplicate")
             continue
         result.tokens_used += tokens
-        per_document[c.document_id] = per_document.get(c.document_id, 0) + 1
+        same_document.append(c)
         if c.embedding is not None:
-            packed_vectors.append(c.embedding)
-            packed = np.stack(packed_vectors)
+            packed_vectors[c.chunk_id] = c.embedding
+            packed = np.stack(list(packed_vectors.values()))
         flags = [*c.flags]
         if looks_like_prompt_injection(text):
             flags.append("possible_prompt_injection")
@@ -375,6 +400,33 @@ def _pack(
                 ),
             )
         )
+
+
+# How much better (in the share of the question's weight held in one window) a chunk past a
+# document's cap must answer than one of its packed chunks to take that one's place.
+BETTER_ANSWER_MARGIN = 0.1
+
+
+def _weakest(packed: list[Candidate]) -> Candidate | None:
+    """The packed chunk of a document that answers least (the later one of equals); None
+    when their match was not measured."""
+    measured = [c for c in packed if c.answer_match is not None]
+    if not measured:
+        return None
+    return min(reversed(measured), key=lambda c: c.answer_match or 0.0)
+
+
+def _answers_better(candidate: Candidate, packed: Candidate) -> bool:
+    if candidate.answer_match is None or packed.answer_match is None:
+        return False
+    return candidate.answer_match >= packed.answer_match + BETTER_ANSWER_MARGIN
+
+
+def _unpack(result: PolicyResult, c: Candidate) -> None:
+    """Take ``c``'s evidence item out of the pack, and its tokens off the budget."""
+    item = next(e for e in result.evidence if e.chunk_id == c.chunk_id)
+    result.evidence.remove(item)
+    result.tokens_used -= item.tokens
 
 
 def _whole_sentences_within(text: str, budget: int, count_tokens: TokenCounter) -> tuple[str, int]:

@@ -317,6 +317,7 @@ VerifyReason = Literal[
     "possible_prompt_injection",
     "doubtful_extraction",
     "partial_coverage",
+    "answer_not_stated",
 ]
 DecisionReason = Literal[AbstainReason, VerifyReason]
 # Why a result is not among the evidence.
@@ -356,7 +357,22 @@ class TermCoverage(BaseModel):
         default_factory=list, description="in the corpus, not in the first results"
     )
     absent_weight: float = Field(default=0.0, description="the absent terms' share of the weight")
+    absent_names_weight: float = Field(
+        default=0.0,
+        description="the share of the absent terms that are names (no English word, or written "
+        "as an identifier): what the corpus lacks, where an absent English word may be wording",
+    )
+    wording: list[str] = Field(
+        default_factory=list,
+        description="absent English words that are not what the question is about: the "
+        "asker's wording, which weighs nothing",
+    )
     covered: float = Field(default=1.0, description="the first results' share of the weight")
+    unstated: list[str] = Field(
+        default_factory=list,
+        description="what the question asks for that the first results do not state: "
+        '"default", "version", or a version it names',
+    )
 
 
 class Decision(BaseModel):

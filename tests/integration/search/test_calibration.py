@@ -88,3 +88,30 @@ def test_every_page_of_a_cursor_is_decided_with_the_first_pages_threshold(
     assert {(d["threshold"], d["threshold_source"]) for d in decisions} == {
         (result.min_score, "calibrated")
     }
+
+
+def test_a_tenant_is_calibrated_once_its_ingest_settles_without_a_command(
+    client: TestClient, auth: dict[str, str], tenant: str, worker: object
+) -> None:
+    """Issue 47: eight minutes after a tenant's first ingest its threshold was still the
+    default (beat calibrates every ten minutes). The batch that writes a tenant's last job
+    asks for its calibration; the worker calibrates it once nothing of it is queued."""
+    from tests.conftest import wait_for
+    from tests.helpers import upload_text, wait_job
+
+    jobs = [
+        upload_text(client, auth, f"note-{i}", text)["job_id"] for i, text in enumerate(_notes())
+    ]
+    for job in jobs:
+        wait_job(client, auth, job)
+
+    def calibrated() -> float | None:
+        with unit_of_work() as uow:
+            row = search_repo.calibration(uow.session, tenant)
+            return None if row is None else row.min_score
+
+    threshold = wait_for(calibrated, 60, what="the tenant's calibration after its ingest")
+    assert threshold != get_settings().policy_min_score
+    with unit_of_work() as uow:
+        row = search_repo.calibration(uow.session, tenant)
+        assert row is not None and row.chunks == 40

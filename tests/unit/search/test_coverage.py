@@ -41,6 +41,9 @@ def test_absent_terms_and_coverage_are_weighed_by_the_corpus_rarity() -> None:
     tungsten = coverage(QueryTerms.of("boiling point of tungsten"), counts, ["Boil water."])
     assert tungsten.absent == ["tungsten"] and tungsten.absent_weight > 0.4
     assert tungsten.uncovered == ["point"]  # "boiling" is held by the evidence
+    # "tungsten" is an English word: wording it may be, so it weighs as evidence not found
+    # (no more than the rarest word the corpus holds), not as a name the corpus lacks
+    assert tungsten.absent_names_weight == 0.0 and tungsten.covered < 0.5
 
 
 def test_unknown_counts_weigh_every_term_alike_and_name_none_absent() -> None:
@@ -50,10 +53,57 @@ def test_unknown_counts_weigh_every_term_alike_and_name_none_absent() -> None:
         "Kettles boil water."
     ])  # fmt: skip
     assert unknown.absent == [] and unknown.absent_weight == 0.0
-    assert unknown.uncovered == ["point", "tungsten"] and unknown.covered == round(1 / 3, 4)
+    assert unknown.uncovered == ["point", "tungsten"]
+    # "point" is an everyday word (specificity 0.2 against 1 for "boiling" and "tungsten")
+    assert unknown.covered == round(1 / 2.2, 4)
 
 
-def _policy_result(covered: float, absent_weight: float = 0.0) -> Any:
+def test_everyday_words_weigh_little_and_names_the_corpus_lacks_decide() -> None:
+    """Casual wording: "squash" and "stuff" (English words, one never in the corpus) weigh
+    less than what the question is about; "jobserver" (no English word) is a name the corpus
+    lacks, and weighs as one."""
+    counts = CorpusCounts(
+        1000, {"gzip": 20, "level": 60, "compress": 30, "stuff": 5, "ninja": 40, "make": 90}
+    )
+    casual = coverage(
+        QueryTerms.of("what level does gzip squash stuff at"),
+        counts,
+        ["gzip compresses at level 6 by default"],
+    )
+    assert casual.absent == ["squash"] and casual.absent_names_weight == 0.0
+    assert casual.uncovered == ["stuff"] and casual.covered >= 0.4
+    name = coverage(
+        QueryTerms.of("does ninja work with the make jobserver"), counts, ["ninja runs make"]
+    )
+    assert name.absent == ["work", "jobserver"] and name.absent_names_weight >= 0.25
+
+
+def test_what_a_question_asks_for_must_be_stated() -> None:
+    counts = CorpusCounts(100, {"tar": 10, "block": 3, "factor": 3, "diffutil": 5})
+    question = "What is GNU tar's default blocking factor?"
+    mentioned = coverage(
+        QueryTerms.of(question),
+        counts,
+        ["-b, --blocking-factor=BLOCKS  BLOCKS x 512 bytes per record"],
+        question,
+    )
+    assert mentioned.unstated == ["default"]
+    stated = coverage(
+        QueryTerms.of(question), counts, ["The default blocking factor is 20."], question
+    )
+    assert stated.unstated == []
+    release = "What changed in diffutils 3.10?"
+    other = coverage(QueryTerms.of(release), counts, ["Noteworthy changes in release 3.9"], release)
+    assert other.unstated == ["3.10"]
+
+
+def _policy_result(
+    covered: float,
+    absent_weight: float = 0.0,
+    terms: tuple[str, ...] = ("x",),
+    uncovered: tuple[str, ...] = (),
+    unstated: tuple[str, ...] = (),
+) -> Any:
     from shared.search.schemas import TermCoverage
 
     candidates = []
@@ -68,7 +118,14 @@ def _policy_result(covered: float, absent_weight: float = 0.0) -> Any:
         100,
         3,
         0.99,
-        coverage=TermCoverage(terms=["x"], covered=covered, absent_weight=absent_weight),
+        coverage=TermCoverage(
+            terms=list(terms),
+            uncovered=list(uncovered),
+            covered=covered,
+            absent_weight=absent_weight,
+            absent_names_weight=absent_weight,
+            unstated=list(unstated),
+        ),
     )
     return apply_policy(candidates, config, Words())
 
@@ -77,12 +134,25 @@ def test_the_policy_answers_verifies_or_abstains_by_coverage() -> None:
     answered = _policy_result(covered=0.9)
     assert answered.status == "answerable" and answered.evidence
     assert answered.decision().coverage is not None
-    partial = _policy_result(covered=0.5)
+    partial = _policy_result(covered=0.3)
     assert (partial.status, partial.reason) == ("verify", "partial_coverage") and partial.evidence
-    thin = _policy_result(covered=0.2)
+    thin = _policy_result(covered=0.1)
     assert (thin.status, thin.reason) == ("abstain", "evidence_does_not_cover_query")
     assert thin.evidence == [] and thin.tokens_used == 0
     assert set(thin.per_result.values()) == {"evidence_does_not_cover_query"}
     absent = _policy_result(covered=0.9, absent_weight=0.5)
     assert (absent.status, absent.reason) == ("abstain", "query_terms_absent")
     assert absent.evidence == []
+
+
+def test_one_word_in_common_is_no_coverage_and_an_unstated_default_asks_to_verify() -> None:
+    """An off-topic question that shares one word with a page ("what's the best tar to seal
+    a flat roof" of tar's manual) abstains, however rare that word; evidence about a
+    question's subject that states no default asks to verify."""
+    one = _policy_result(
+        covered=0.6, terms=("tar", "seal", "flat", "roof"), uncovered=("seal", "flat", "roof")
+    )
+    assert (one.status, one.reason) == ("abstain", "evidence_does_not_cover_query")
+    unstated = _policy_result(covered=0.9, unstated=("default",))
+    assert (unstated.status, unstated.reason) == ("verify", "answer_not_stated")
+    assert unstated.evidence
