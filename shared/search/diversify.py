@@ -84,6 +84,26 @@ def _holder_of(candidate: _Shingled, kept: list[_Shingled]) -> Candidate | None:
     return None
 
 
+# A result of fewer words than this (with a letter or digit) is a crumb: a "SEE ALSO" line, a
+# two-line code fragment, a rule of dashes. No answer is said in so few words, so crumbs go
+# after the other results of the page, whatever the format that made them.
+CRUMB_WORDS = 8
+_WORDISH = re.compile(r"\S*\w\S*")
+
+
+def crumbs_last(candidates: list[Candidate]) -> list[Candidate]:
+    """``candidates`` with the crumbs (fewer than ``CRUMB_WORDS`` words) after the rest,
+    each part in its order."""
+
+    def is_crumb(c: Candidate) -> bool:
+        return len(_WORDISH.findall(c.text, 0, 400)) < CRUMB_WORDS
+
+    crumbs = [c for c in candidates if is_crumb(c)]
+    if not crumbs:
+        return candidates
+    return [c for c in candidates if c not in crumbs] + crumbs
+
+
 def mmr(
     candidates: list[Candidate], lambda_: float, wanted: int, cap: int | None
 ) -> list[Candidate]:

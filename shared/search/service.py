@@ -33,7 +33,7 @@ from shared.metrics import (
 from shared.relay.service import queue_stale_copy_purges
 from shared.search import cursors
 from shared.search.decide import decide, judge
-from shared.search.diversify import collapse_copies, diversify
+from shared.search.diversify import collapse_copies, crumbs_last, diversify
 from shared.search.fusion import fused_ranking
 from shared.search.hydrate import attach_embeddings, hydrate_page
 from shared.search.policy import Candidate
@@ -114,7 +114,7 @@ def _page(
         attach_embeddings(query, session, candidates)
 
     page = timings.timed("hydrate", lambda: hydrate_page(query, session, retrieved, offset))
-    ordered, degraded = collapse_copies(page.items), []
+    ordered, degraded = crumbs_last(collapse_copies(page.items)), []
     rerank_info: RerankInfo = {}
     if request.rerank.enabled:
         with timings.stage("rerank"):
