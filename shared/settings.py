@@ -182,6 +182,14 @@ class Settings(BaseSettings):
     # few seconds of one process's encoding.
     ingest_batch_jobs: int = 32
     ingest_batch_bytes: int = 256 * 1024
+    # A worker's next batch is the next work in fair order over tenants, by bytes (a message
+    # is a wake-up, not an order: shared/ingest/pipeline.claim). A tenant with this many jobs
+    # running comes after every other tenant with work queued (work-conserving: alone, it
+    # runs as fast as ever): two processes' full batches, which one tenant alone never notices.
+    ingest_tenant_running_jobs: int = Field(default=64, ge=1)
+    # Raw bytes a tenant may have queued for ingest: an upload past it is answered 429 with
+    # Retry-After (nothing accepted is lost; the client sends it again later). 0: no limit.
+    ingest_tenant_queued_bytes: int = Field(default=1024 * 1024 * 1024, ge=0)
 
     # Jobs and durability. A running job's lease is short and renewed by a heartbeat from
     # the process working on it (shared/jobs/heartbeat.py): a job whose process died is

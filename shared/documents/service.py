@@ -19,7 +19,7 @@ from shared.db import UnitOfWork
 from shared.db.repository import insert_rows, lock_key, lock_keys, now
 from shared.documents import repository as repo
 from shared.documents.schemas import Upload, UploadResult
-from shared.errors import ConcordError, NotFound
+from shared.errors import ConcordError, NotFound, TooManyRequests
 from shared.jobs import repository as jobs_repo
 from shared.logs import current_request_id
 from shared.models import Document, DocumentVersion, IngestJob, JobState, OutboxOp
@@ -54,6 +54,29 @@ def accept_upload(
         job_id = result.job_id
         uow.after_commit(lambda: publish_ingest_job(job_id))
     return result
+
+
+# What a client waits before sending an upload refused for its tenant's queued bytes again.
+QUEUE_FULL_RETRY_AFTER_S = 30
+
+
+def admit_to_queue(session: Session, upload: Upload, settings: Settings) -> None:
+    """Refuse (429, Retry-After) an upload that would take its tenant's queued raw bytes past
+    ``ingest_tenant_queued_bytes``: a tenant that uploads faster than it is indexed waits at
+    the door, with nothing lost, instead of growing a backlog every other tenant's uploads
+    are scheduled beside. A tenant with nothing queued is always admitted (one upload larger
+    than the budget is bounded by the upload size limit instead)."""
+    limit = settings.ingest_tenant_queued_bytes
+    if not limit:
+        return
+    queued = jobs_repo.queued_bytes(session, upload.tenant_id)
+    if queued and queued + len(upload.raw) > limit:
+        raise TooManyRequests(
+            f"this tenant has {queued} bytes queued for indexing, and this upload would take "
+            f"it past {limit} (CONCORD_INGEST_TENANT_QUEUED_BYTES); nothing was accepted: "
+            f"send it again in {QUEUE_FULL_RETRY_AFTER_S} s",
+            retry_after=QUEUE_FULL_RETRY_AFTER_S,
+        )
 
 
 def accept_uploads(

@@ -21,7 +21,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +42,12 @@ from shared.logs import job_context
 from shared.models import Document, DocumentVersion, IngestJob, JobState, OutboxOp
 from shared.outbox import repository as outbox_repo
 from shared.parsing import ParsedDocument, parse
-from shared.queue import publish_calibration, publish_ingest_jobs, publish_relay
+from shared.queue import (
+    publish_calibration,
+    publish_ingest_job,
+    publish_ingest_jobs,
+    publish_relay,
+)
 from shared.retry import describe_error, is_retriable
 from shared.settings import Settings, get_settings
 from shared.stores.schemas import ChunkRow, VersionChunks, chunk_id
@@ -138,12 +143,14 @@ def process_jobs(
 
 
 def claim(uow: UnitOfWork, job_id: uuid.UUID, settings: Settings) -> list[Claim] | JobOutcome:
-    """Take ``job_id``'s lease, plus those of up to ``ingest_batch_jobs - 1`` queued jobs
-    whose raw content fits ``ingest_batch_bytes`` with it.
+    """A batch for the message of ``job_id``. The message is a wake-up, not an order: the
+    batch is the next work in fair order over tenants (:func:`fair_batch`), ``job_id``
+    among the candidates like any other. If it is not taken, its message goes to the back of
+    the queue again (after commit), so every queued job keeps a message of its own.
 
     A job already finished, or running under someone else's live lease (a duplicate
     delivery, most often a batch-mate's own message), is left alone: answered by a plain
-    read first, without taking a lock."""
+    read first, without taking a lock. One that lost its worker too often runs alone."""
     session = uow.session
     finished = _duplicate_delivery(uow, job_id)
     if finished:
@@ -156,45 +163,59 @@ def claim(uow: UnitOfWork, job_id: uuid.UUID, settings: Settings) -> list[Claim]
     current = now(session)
     if job.state == JobState.RUNNING and job.lease_expires_at and job.lease_expires_at > current:
         return JobOutcome(str(job_id), job.state, {"leased_elsewhere": True})
-    versions = documents_repo.versions(session, [(job.document_id, job.version)])
-    own = versions.get((job.document_id, job.version))
-    room = settings.ingest_batch_bytes - (len(own.raw or b"") if own else 0)
-    mates = 0 if jobs.runs_alone(job) else settings.ingest_batch_jobs - 1
-    others = jobs_repo.claim_queued_jobs(
-        session, mates, job.id, room, jobs.ISOLATE_AFTER_LOST_ATTEMPTS
-    )
-    versions.update(documents_repo.versions(session, [(o.document_id, o.version) for o in others]))
-    first = _start(uow, job, versions, current, settings)
-    if first is None:  # the batch-mates stay queued, untouched
+    if jobs.runs_alone(job) or job.state == JobState.RUNNING:  # alone, or a lease run out
+        batch = [job]
+    else:
+        batch = list(fair_batch(uow, settings))
+        if job not in batch:
+            uow.after_commit(lambda: publish_ingest_job(job_id))
+            if not batch:  # nothing else claimable either: this one, then
+                batch = [job]
+    claims = _start_all(uow, batch, current, settings)
+    own = next((c for c in claims if c.job_id == job_id), None)
+    if own is None and job in batch:  # its content is gone: failed by _start
         return JobOutcome(str(job_id), job.state, {"error": job.error_message})
-    rest = [_start(uow, other, versions, current, settings) for other in others]
-    return [first, *(c for c in rest if c is not None)]
+    return claims or JobOutcome(str(job_id), job.state, {"waits_its_turn": True})
 
 
 def claim_listed(
     uow: UnitOfWork, job_ids: list[uuid.UUID], settings: Settings
 ) -> tuple[list[Claim], list[uuid.UUID]]:
-    """A batch for a message of ``job_ids``: the first of them still claimable, and queued
-    jobs round-robin over tenants (its other jobs among them, in their turn) within the
-    batch's bounds; and the listed jobs still queued after it, for a message of their own.
-    Those finished or running elsewhere by now are left alone, and so is one that has lost
-    too many attempts (its own message, the sweep's, runs it alone)."""
+    """A batch for a message of ``job_ids``: the next work in fair order over tenants (its
+    jobs among the candidates like any other), and the listed jobs still queued after it,
+    for a message of their own. Those finished or running elsewhere by now are left alone,
+    and so is one that has lost too many attempts (its own message, the sweep's, runs it
+    alone)."""
     session = uow.session
     listed = [job for job in jobs_repo.claimable_jobs(session, job_ids) if not jobs.runs_alone(job)]
     if not listed:
         return [], []
-    first, waiting = listed[0], listed[1:]
-    versions = documents_repo.versions(session, [(first.document_id, first.version)])
-    own = versions.get((first.document_id, first.version))
-    room = settings.ingest_batch_bytes - (len(own.raw or b"") if own else 0)
-    others = jobs_repo.claim_queued_jobs(
-        session, settings.ingest_batch_jobs - 1, first.id, room, jobs.ISOLATE_AFTER_LOST_ATTEMPTS
+    batch = list(fair_batch(uow, settings))
+    claims = _start_all(uow, batch, now(session), settings)
+    taken = {job.id for job in batch}
+    return claims, [j.id for j in listed if j.id not in taken]
+
+
+def fair_batch(uow: UnitOfWork, settings: Settings) -> Sequence[IngestJob]:
+    """The next batch of queued jobs in fair order over tenants, by bytes (see
+    jobs.repository.claim_fair_batch): at most ``ingest_batch_jobs`` of them within
+    ``ingest_batch_bytes`` together, a tenant with ``ingest_tenant_running_jobs`` jobs
+    running already taken after every other one."""
+    return jobs_repo.claim_fair_batch(
+        uow.session,
+        settings.ingest_batch_jobs,
+        settings.ingest_batch_bytes,
+        jobs.ISOLATE_AFTER_LOST_ATTEMPTS,
+        settings.ingest_tenant_running_jobs,
     )
-    versions.update(documents_repo.versions(session, [(o.document_id, o.version) for o in others]))
-    current = now(session)
-    claims = [_start(uow, job, versions, current, settings) for job in [first, *others]]
-    taken = {first.id, *(o.id for o in others)}
-    return [c for c in claims if c is not None], [j.id for j in waiting if j.id not in taken]
+
+
+def _start_all(
+    uow: UnitOfWork, batch: Sequence[IngestJob], at: Any, settings: Settings
+) -> list[Claim]:
+    versions = documents_repo.versions(uow.session, [(j.document_id, j.version) for j in batch])
+    claims = [_start(uow, job, versions, at, settings) for job in batch]
+    return [c for c in claims if c is not None]
 
 
 def _duplicate_delivery(uow: UnitOfWork, job_id: uuid.UUID) -> JobOutcome | None:

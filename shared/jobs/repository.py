@@ -60,11 +60,15 @@ def job_state(session: Session, job_id: uuid.UUID) -> tuple[str, bool] | None:
 # ------------------------------------------------------------------ claims and leases
 
 
-# Queued jobs in round-robin order over tenants: each tenant's oldest, then each one's
-# second oldest, ... Tenants with queued jobs are found by a loose index scan (one probe of
-# ix_ingest_jobs_queued_tenant per tenant, however many jobs each has queued), and each
-# tenant's first jobs by a probe more.
-_ROUND_ROBIN_QUEUED = text(
+# Queued jobs in fair order over tenants, by bytes: each candidate is ordered by how much raw
+# content its tenant has running and queued before it (start tag of byte-weighted fair
+# queuing), so a tenant of small uploads gets as many turns as one whose uploads are large
+# gets bytes, and a tenant with work running waits behind those with none. A tenant with
+# ``tenant_running`` jobs running already comes after every other tenant (but still before
+# nothing: a worker never idles while work is queued). Tenants with queued jobs are found by a
+# loose index scan (one probe of ix_ingest_jobs_queued_tenant per tenant, however many jobs
+# each has queued), and each tenant's first ``limit`` jobs by a probe more.
+_FAIR_QUEUED = text(
     """
     WITH RECURSIVE tenants AS (
       (SELECT tenant_id FROM ingest_jobs WHERE state = 'queued' ORDER BY tenant_id LIMIT 1)
@@ -73,44 +77,58 @@ _ROUND_ROBIN_QUEUED = text(
               WHERE j.state = 'queued' AND j.tenant_id > t.tenant_id
               ORDER BY j.tenant_id LIMIT 1)
       FROM tenants t WHERE t.tenant_id IS NOT NULL
+    ),
+    running AS (
+      SELECT j.tenant_id, count(*) AS jobs, sum(coalesce(octet_length(v.raw), 0)) AS bytes
+      FROM ingest_jobs j
+      JOIN document_versions v ON v.document_id = j.document_id AND v.version = j.version
+      WHERE j.state = 'running' AND j.lease_expires_at > now()
+      GROUP BY j.tenant_id
     )
     SELECT turns.id FROM tenants t
+    LEFT JOIN running r ON r.tenant_id = t.tenant_id
     CROSS JOIN LATERAL (
-      SELECT j.id, j.created_at, row_number() OVER (ORDER BY j.created_at, j.id) AS turn
-      FROM ingest_jobs j
-      WHERE j.state = 'queued' AND j.tenant_id = t.tenant_id
-        AND j.id <> :exclude AND j.attempts_lost < :alone_after_lost
-      ORDER BY j.created_at, j.id
-      LIMIT :limit
+      SELECT q.id, q.created_at, sum(q.size) OVER (ORDER BY q.created_at, q.id) - q.size AS before
+      FROM (
+        SELECT j.id, j.created_at, coalesce(octet_length(v.raw), 0) AS size
+        FROM ingest_jobs j
+        JOIN document_versions v ON v.document_id = j.document_id AND v.version = j.version
+        WHERE j.state = 'queued' AND j.tenant_id = t.tenant_id
+          AND j.attempts_lost < :alone_after_lost
+        ORDER BY j.created_at, j.id
+        LIMIT :limit
+      ) q
     ) turns
     WHERE t.tenant_id IS NOT NULL
-    ORDER BY turns.turn, turns.created_at, turns.id
+    ORDER BY coalesce(r.jobs, 0) >= :tenant_running, coalesce(r.bytes, 0) + turns.before,
+             turns.created_at, turns.id
     LIMIT :limit
     """
 )
 
 
-def claim_queued_jobs(
-    session: Session, limit: int, exclude: uuid.UUID, max_bytes: int, alone_after_lost: int
+def claim_fair_batch(
+    session: Session,
+    limit: int,
+    max_bytes: int,
+    alone_after_lost: int,
+    tenant_running: int,
 ) -> Sequence[IngestJob]:
-    """Queued jobs that no one else is claiming right now (for batching), taken round-robin
-    over tenants (each tenant's oldest first), at most ``limit`` of them and at most
-    ``max_bytes`` of raw content together: a batch is bounded by its work, not only by its
-    job count, and one tenant's backlog never fills the batches while another's upload waits
-    behind it (that upload is in the next batch any worker claims).
-
-    (Newest-first was tried, so that the messages that come next still find their own jobs
-    queued: it let the batches run ahead of the intake events in the same queue, which then
-    ran on their own afterwards, with no encoding beside them; the run took longer.)"""
-    if limit <= 0 or max_bytes <= 0:
+    """Up to ``limit`` queued jobs no one else is claiming right now, in fair order over
+    tenants (``_FAIR_QUEUED``), whose raw content fits ``max_bytes`` together: a candidate
+    that does not fit is skipped, not the end of the batch (a flooding tenant's large next
+    job must not keep another tenant's small one out). The first candidate is taken whatever
+    its size: a document larger than the budget is a batch of its own. Locked."""
+    if limit <= 0:
         return []
     # Twice the batch: candidates another worker locks meanwhile are skipped, not waited for.
     turns = list(
         session.scalars(
-            _ROUND_ROBIN_QUEUED,
-            {"exclude": exclude, "alone_after_lost": alone_after_lost, "limit": 2 * limit},
+            _FAIR_QUEUED,
+            {"alone_after_lost": alone_after_lost, "limit": 2 * limit,
+             "tenant_running": max(1, tenant_running)},
         )
-    )
+    )  # fmt: skip
     if not turns:
         return []
     rows = session.execute(
@@ -127,13 +145,13 @@ def claim_queued_jobs(
     taken: list[IngestJob] = []
     total = 0
     for job_id in turns:
-        if job_id not in locked:
+        if job_id not in locked or len(taken) == limit:
             continue
         job, size = locked[job_id]
-        total += size
-        if total > max_bytes or len(taken) == limit:
-            break
+        if taken and total + size > max_bytes:
+            continue
         taken.append(job)
+        total += size
     return taken
 
 
@@ -357,6 +375,21 @@ def recent_jobs(
     if tenant_id:
         query = query.where(IngestJob.tenant_id == tenant_id)
     return session.scalars(query).all()
+
+
+def queued_bytes(session: Session, tenant_id: str) -> int:
+    """Raw bytes of the tenant's queued jobs' content (ix_ingest_jobs_queued_tenant)."""
+    total = session.scalar(
+        select(func.coalesce(func.sum(func.octet_length(DocumentVersion.raw)), 0))
+        .select_from(IngestJob)
+        .join(
+            DocumentVersion,
+            (DocumentVersion.document_id == IngestJob.document_id)
+            & (DocumentVersion.version == IngestJob.version),
+        )
+        .where(IngestJob.tenant_id == tenant_id, IngestJob.state == JobState.QUEUED)
+    )
+    return int(total or 0)
 
 
 def tenants_with_jobs_in_flight(session: Session) -> set[str]:

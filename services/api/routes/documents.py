@@ -36,7 +36,12 @@ from shared.documents.schemas import (
     UploadResult,
     VersionView,
 )
-from shared.documents.service import accept_upload, delete_document, get_document
+from shared.documents.service import (
+    accept_upload,
+    admit_to_queue,
+    delete_document,
+    get_document,
+)
 from shared.errors import (
     BadRequest,
     PayloadTooLarge,
@@ -207,6 +212,7 @@ async def upload_document(
 
 def _accept(settings: Settings, upload: Upload) -> UploadResult:
     with unit_of_work() as uow:
+        admit_to_queue(uow.session, upload, settings)
         return accept_upload(uow, settings, upload)
 
 

@@ -23,7 +23,7 @@ from shared.db import unit_of_work
 from shared.db.repository import lock_key
 from shared.ingest import pipeline
 from shared.ingest.embedding import get_embedder
-from shared.models import Chunk, DeadLetter, IngestJob
+from shared.models import Chunk, DeadLetter, Document, IngestJob
 from shared.settings import get_settings
 from shared.stores import repository as repo
 from tests.conftest import CeleryProcess, wait_for
@@ -453,3 +453,38 @@ def test_a_page_with_a_long_run_of_spaces_is_parsed_without_holding_its_batch(
     with unit_of_work() as uow:
         texts = uow.session.scalars(select(Chunk.text).where(Chunk.tenant_id == spacer)).all()
     assert list(texts) == ["Tide tables turn twice a day."]
+
+
+def test_a_tenant_past_its_queued_bytes_waits_at_the_door_and_others_do_not(
+    client: TestClient, worker: CeleryProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 49: no per-tenant bound on queued ingest work. A tenant whose queued raw bytes
+    would pass ``ingest_tenant_queued_bytes`` is answered 429 with Retry-After (nothing of
+    that upload is accepted), while another tenant's uploads in the same moment go in, and
+    the first tenant's queued uploads are all indexed."""
+    monkeypatch.setattr(get_settings(), "ingest_tenant_queued_bytes", 20_000)
+    victim, flood = f"v-{uuid.uuid4().hex[:10]}", f"f-{uuid.uuid4().hex[:10]}"
+    flood_auth = key_headers(flood, ["read", "write"])
+    page = "Tide tables turn twice a day along the estuary, and the ferry waits. " * 120
+    accepted, refused = [], []
+    with paused(worker):
+        for i in range(4):
+            response = client.post(
+                "/v1/documents",
+                headers=flood_auth,
+                json={"external_id": f"page-{i}", "text": f"{i} {page}"},
+            )
+            (accepted if response.status_code == 202 else refused).append(response)
+        victim_jobs = _victim_uploads(client, key_headers(victim, ["read", "write"]), n=3)
+    assert len(accepted) == 2 and len(refused) == 2, [r.status_code for r in refused]
+    for response in refused:
+        assert response.status_code == 429 and int(response.headers["Retry-After"]) > 0
+        assert "CONCORD_INGEST_TENANT_QUEUED_BYTES" in response.json()["error"]["message"]
+    _assert_victim_unharmed(victim, victim_jobs)
+    jobs = _wait_finished([r.json()["job_id"] for r in accepted])
+    assert {j.state for j in jobs.values()} == {"indexed"}
+    with unit_of_work() as uow:
+        documents = uow.session.scalars(
+            select(Document.external_id).where(Document.tenant_id == flood)
+        ).all()
+    assert sorted(documents) == ["page-0", "page-1"]  # the refused ones were never accepted
