@@ -44,10 +44,20 @@ _async_clients: weakref.WeakKeyDictionary[
 
 def async_redis_client(timeout_s: float) -> redis.asyncio.Redis:
     """:func:`redis_client` for coroutines on the running event loop (the API answers a
-    request's rate limit without leaving its loop for a thread)."""
+    request's rate limit without leaving its loop for a thread). Its connections are a
+    blocking pool of ``ASYNC_CONNECTIONS``: a burst of requests (200 wrong keys at once) waits
+    up to ``timeout_s`` for a connection instead of failing with "Too many connections"
+    past the default pool's 100, which made the limiters fail open."""
     clients = _async_clients.setdefault(asyncio.get_running_loop(), {})
     if timeout_s not in clients:
-        clients[timeout_s] = redis.asyncio.Redis(
-            **_options(timeout_s), retry=redis.asyncio.retry.Retry(NoBackoff(), 0)
+        pool = redis.asyncio.BlockingConnectionPool(
+            max_connections=ASYNC_CONNECTIONS,
+            timeout=timeout_s,
+            retry=redis.asyncio.retry.Retry(NoBackoff(), 0),
+            **_options(timeout_s),
         )
+        clients[timeout_s] = redis.asyncio.Redis(connection_pool=pool)
     return clients[timeout_s]
+
+
+ASYNC_CONNECTIONS = 32

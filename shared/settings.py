@@ -114,6 +114,9 @@ class Settings(BaseSettings):
     # and burst of its bucket; an empty bucket answers 429 before any key lookup (0: off).
     auth_failures_per_second: float = Field(default=2.0, ge=0)
     auth_failures_burst: int = Field(default=20, ge=1)
+    # Proxies in front of the API whose X-Forwarded-For is believed (comma-separated CIDRs):
+    # behind one, failures are counted per forwarded client, not per proxy. Empty: the peer.
+    trusted_proxies: str = ""
     # Searches one tenant runs at once per API process (0: half the machine's cores, at least
     # one); one beyond waits this long for a slot of its tenant's, then is answered 429.
     search_tenant_concurrency: int = Field(default=0, ge=0)
@@ -353,6 +356,11 @@ class Settings(BaseSettings):
                 f"10.20.0.0/16: {e}"
             ) from e
         return self
+
+    def trusted_proxy_networks(self) -> tuple[IPv4Network | IPv6Network, ...]:
+        """The proxies whose X-Forwarded-For is believed (shared/tenants/admission.py)."""
+        items = self.trusted_proxies.split(",")
+        return tuple(ip_network(item.strip(), strict=False) for item in items if item.strip())
 
     def webhook_allowed(self) -> tuple[IPv4Network | IPv6Network, ...]:
         """The operator's allow-list for tenant-set URLs (shared/egress.py)."""

@@ -42,15 +42,24 @@ async def current_principal(
     ttl_s = settings.auth_cache_seconds
     principal = recently_authenticated(secret, ttl_s)
     if principal is None:
-        client = request.client.host if request.client else "unknown"
-        await admission.failed_auth.check(client, settings)
+        network = admission.client_network(
+            request.client.host if request.client else "unknown",
+            request.headers.get("x-forwarded-for"),
+            settings,
+        )
+        # Counted as a failure before the key is looked at (so concurrent wrong keys cannot
+        # all pass an almost empty bucket), handed back when the key is valid.
+        await admission.failed_auth.reserve(network, settings)
         try:
             if secret:
                 check_key_format(secret)  # on the event loop: no thread, no lookup
             principal = await run_in_threadpool(authenticate_recent, unit_of_work, secret, ttl_s)
         except Unauthorized:
-            admission.failed_auth.failed(client, settings)
             raise
+        except BaseException:
+            await admission.failed_auth.refund(network, settings)  # not the key's failure
+            raise
+        await admission.failed_auth.refund(network, settings)
     await ratelimit.enforce(principal.key_id, principal.tenant_id)
     return principal
 

@@ -6,19 +6,28 @@
   answered 429 with ``Retry-After``. A search's cost varies a hundredfold (a rerank, a large
   k), so a rate limit alone lets a tenant within its rate take every core; a bound on what it
   runs at once leaves the rest to the others, whatever its searches cost.
-- **Failed authentication**: each client address has a bucket of ``auth_failures_per_second``
-  failures (burst ``auth_failures_burst``); an empty one answers 429 before the key is even
-  hashed, a second late (a flood that sends again as soon as it is answered slows to one
-  request a second per connection). A key that is not of Concord's format fails without a
-  database lookup.
+- **Failed authentication**: each client *network* (an IPv4 address; an IPv6 /64, which one
+  subscriber holds whole; behind ``trusted_proxies``, the forwarded address) has a bucket of
+  ``auth_failures_per_second`` failures (burst ``auth_failures_burst``), kept in Redis so
+  that every API process spends the same one. A request whose key is not known from a recent
+  success *reserves* a failure before its key is looked at, in one atomic step (a Lua script:
+  concurrent requests cannot all see the last token), and a key that turns out valid hands
+  it back. So however the wrong keys are spread over connections, processes and the
+  addresses of one /64, at most the burst plus the refill of the time they take are looked
+  up. An empty bucket answers 429 a second late (a flood that sends again as soon as it is
+  answered slows to one request a second per connection). A key that is not of Concord's
+  format fails without a database lookup. If Redis does not answer, each process keeps the
+  buckets in its own memory meanwhile (a limiter outage is no authentication outage).
 
-Both live in the process's memory (the event loop's), so neither costs a round trip: a flood
-is turned away for less than it would cost to look at it.
+Search slots live in the process's memory (the event loop's): a search's admission costs no
+round trip.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import logging
 import math
 import os
 import time
@@ -26,10 +35,14 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import redis
 from prometheus_client import Counter
 
 from shared.errors import TooManyRequests
+from shared.redis_client import async_redis_client
 from shared.settings import Settings
+
+log = logging.getLogger(__name__)
 
 REFUSED = Counter(
     "concord_admission_refused_total",
@@ -124,49 +137,134 @@ class SearchAdmission:
         return 0 if slots is None else search_slots(settings) - slots.free
 
 
+def client_network(peer: str, forwarded_for: str | None, settings: Settings) -> str:
+    """The network a request's failures are counted against: the peer's address, or (when
+    the peer is one of ``trusted_proxies``) the nearest forwarded address that is not; an
+    IPv6 address's /64, an IPv4-mapped one's IPv4 address."""
+    trusted = settings.trusted_proxy_networks()
+    address = _address(peer)
+    if address is not None and trusted and forwarded_for and _within(address, trusted):
+        for hop in reversed(forwarded_for.split(",")):
+            candidate = _address(hop.strip())
+            if candidate is None:
+                break  # a hop no proxy of ours wrote: trust nothing past it
+            address = candidate
+            if not _within(candidate, trusted):
+                break
+    if address is None:
+        return peer[:64] or "unknown"
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def _within(
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address,
+    networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...],
+) -> bool:
+    return any(address in network for network in networks)
+
+
+# KEYS: the network's bucket; ARGV: rate, burst, now (s). Refill, then take one failure if one
+# is there: {1, 0}, else {0, seconds until one is}.
+_RESERVE = """
+local rate, burst, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local held, at = tonumber(state[1]) or burst, tonumber(state[2]) or now
+local tokens = math.min(burst, held + math.max(0, now - at) * rate)
+local allowed, wait = 0, (1 - tokens) / rate
+if tokens >= 1 then allowed, wait, tokens = 1, 0, tokens - 1 end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
+redis.call('EXPIRE', KEYS[1], math.ceil(burst / rate) + 1)
+return {allowed, tostring(wait)}
+"""
+# KEYS: the network's bucket; ARGV: burst. A reserved failure handed back (the key was valid).
+_REFUND = """
+local tokens = tonumber(redis.call('HGET', KEYS[1], 'tokens'))
+if tokens then
+  redis.call('HSET', KEYS[1], 'tokens', tostring(math.min(tonumber(ARGV[1]), tokens + 1)))
+end
+return 1
+"""
+_BUCKET_PREFIX = "concord:auth-failures:"
+
+
 class FailedAuthLimiter:
-    """A token bucket of authentication failures per client address."""
+    """A token bucket of authentication failures per client network, shared by every API
+    process through Redis (each process's own memory while Redis does not answer)."""
 
     def __init__(self) -> None:
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, at
         self._tarpitted = 0
 
-    async def check(self, client: str, settings: Settings) -> None:
-        """Raise TooManyRequests while ``client`` has no failure left to spend, after holding
-        the answer up to a second (a tarpit: a client that sends again as soon as it is
-        answered then sends one request a second, not as many as the API can refuse; at most
-        ``TARPIT_MAX`` requests wait so at once, the rest are answered at once)."""
+    async def reserve(self, network: str, settings: Settings) -> None:
+        """Take one of ``network``'s failures before its key is looked at, or raise
+        TooManyRequests when none is left, after holding the answer up to a second (a
+        tarpit: a client that sends again as soon as it is answered then sends one request
+        a second; at most ``TARPIT_MAX`` requests wait so at once, the rest are answered at
+        once). :meth:`refund` hands it back when the key is valid."""
         rate = settings.auth_failures_per_second
         if rate <= 0:
             return
-        tokens = self._tokens(client, settings)
-        if tokens < 1:
-            REFUSED.labels("auth_failures").inc()
-            retry_after = max(1, math.ceil((1 - tokens) / rate))
-            if self._tarpitted < TARPIT_MAX:
-                self._tarpitted += 1
-                try:
-                    await asyncio.sleep(min(1.0, retry_after))
-                finally:
-                    self._tarpitted -= 1
-            raise TooManyRequests(
-                f"too many failed authentications from this address "
-                f"({rate:g}/s, CONCORD_AUTH_FAILURES_PER_SECOND); retry in {retry_after} s",
-                retry_after=retry_after,
+        burst = max(1, settings.auth_failures_burst)
+        try:
+            allowed, wait = await async_redis_client(0.5).eval(
+                _RESERVE, 1, _BUCKET_PREFIX + network, rate, burst, time.time()
             )
+            refused_for = None if int(allowed) else float(wait)
+        except redis.RedisError as e:
+            log.warning("failed-authentication buckets kept in memory (Redis: %s)", e)
+            refused_for = self._reserve_locally(network, rate, burst)
+        if refused_for is not None:
+            await self._refuse(rate, refused_for)
 
-    def failed(self, client: str, settings: Settings) -> None:
+    async def refund(self, network: str, settings: Settings) -> None:
+        """Hand back the failure :meth:`reserve` took: the key was valid."""
         if settings.auth_failures_per_second <= 0:
             return
-        self._buckets[client] = (self._tokens(client, settings) - 1, time.monotonic())
-        self._buckets.move_to_end(client)
+        burst = max(1, settings.auth_failures_burst)
+        try:
+            await async_redis_client(0.5).eval(_REFUND, 1, _BUCKET_PREFIX + network, burst)
+        except redis.RedisError:
+            held, at = self._buckets.get(network, (float(burst), time.time()))
+            self._buckets[network] = (min(float(burst), held + 1), at)
+
+    async def _refuse(self, rate: float, wait: float) -> None:
+        REFUSED.labels("auth_failures").inc()
+        retry_after = max(1, math.ceil(wait))
+        if self._tarpitted < TARPIT_MAX:
+            self._tarpitted += 1
+            try:
+                await asyncio.sleep(min(1.0, retry_after))
+            finally:
+                self._tarpitted -= 1
+        raise TooManyRequests(
+            f"too many failed authentications from this network ({rate:g}/s, "
+            f"CONCORD_AUTH_FAILURES_PER_SECOND); retry in {retry_after} s",
+            retry_after=retry_after,
+        )
+
+    def _reserve_locally(self, network: str, rate: float, burst: int) -> float | None:
+        """The same bucket in this process's memory: None when a failure was taken, else the
+        seconds until one is back."""
+        now = time.time()
+        held, at = self._buckets.get(network, (float(burst), now))
+        tokens = min(float(burst), held + max(0.0, now - at) * rate)
+        taken = tokens >= 1
+        self._buckets[network] = (tokens - 1 if taken else tokens, now)
+        self._buckets.move_to_end(network)
         while len(self._buckets) > CLIENTS_TRACKED:
             self._buckets.popitem(last=False)
-
-    def _tokens(self, client: str, settings: Settings) -> float:
-        burst = float(max(1, settings.auth_failures_burst))
-        held, at = self._buckets.get(client, (burst, time.monotonic()))
-        return min(burst, held + (time.monotonic() - at) * settings.auth_failures_per_second)
+        return None if taken else (1 - tokens) / rate
 
 
 search_admission = SearchAdmission()

@@ -4,7 +4,11 @@ authentication is turned away before any key lookup."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import ipaddress
+import random
+import uuid
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
 
+from shared.errors import TooManyRequests
 from shared.settings import Settings
 
 
@@ -47,8 +52,8 @@ def test_a_wrong_key_flood_is_refused_before_any_lookup_and_others_are_served(
         monkeypatch.setattr(get_settings(), name, shipped[name].default)
     # The bucket's clock stands still unless the test moves it: a slow machine refills nothing.
     now = [1000.0]
-    monkeypatch.setattr(admission, "time", SimpleNamespace(monotonic=lambda: now[0]))
-    flooder = TestClient(client.app, client=("203.0.113.77", 40000))
+    monkeypatch.setattr(admission, "time", SimpleNamespace(time=lambda: now[0]))
+    flooder = TestClient(client.app, client=(f"203.0.113.{random.randint(1, 254)}", 40000))
     victim = TestClient(client.app, client=("198.51.100.20", 40001))
     burst = get_settings().auth_failures_burst
     rate = get_settings().auth_failures_per_second
@@ -75,3 +80,44 @@ def test_a_wrong_key_flood_is_refused_before_any_lookup_and_others_are_served(
     now[0] += 1.0  # a second later the bucket holds `rate` failures again, and no more
     assert flood(int(rate) + 1) == [401] * int(rate) + [429]
     assert len(lookups) == burst - 1 + int(rate)
+
+
+def test_concurrent_wrong_keys_over_two_processes_and_one_ipv6_network_share_one_bucket(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 49: the limiter keyed on the exact address (a client rotating through its /64
+    was never limited) and lived in each API process (N processes allowed N times the
+    budget), and its check and its record were two steps around the lookup (concurrent
+    wrong keys all passed a nearly empty bucket). 200 reservations at once, from 200
+    addresses of one /64, through the limiters of two processes (each its own instance, as
+    in another process): exactly the burst get through, the rest are refused."""
+    from shared.settings import get_settings
+    from shared.tenants import admission
+
+    settings = get_settings().model_copy(
+        update={"auth_failures_per_second": 2.0, "auth_failures_burst": 20}
+    )
+    monkeypatch.setattr(admission, "time", SimpleNamespace(time=lambda: 5000.0))
+    monkeypatch.setattr(admission, "TARPIT_MAX", 0)  # refused at once: the test needs no wait
+    network = ipaddress.IPv6Network(f"2001:db8:{random.randint(1, 0xFFFF):x}::/64")
+    processes = [admission.FailedAuthLimiter(), admission.FailedAuthLimiter()]
+
+    async def flood() -> list[bool]:
+        async def one(i: int) -> bool:
+            address = str(network[random.randint(1, 2**63)])
+            try:
+                await processes[i % 2].reserve(
+                    admission.client_network(address, None, settings), settings
+                )
+                return True
+            except TooManyRequests:
+                return False
+
+        return await asyncio.gather(*(one(i) for i in range(200)))
+
+    passed = asyncio.run(flood())
+    assert sum(passed) == settings.auth_failures_burst
+    assert all(not p._buckets for p in processes)  # kept in Redis, not in either process
+    # another network's bucket is its own
+    other = f"198.51.100.{random.randint(1, 254)}-{uuid.uuid4().hex[:4]}"
+    asyncio.run(processes[0].reserve(other, settings))
