@@ -220,7 +220,7 @@ async def _exchange(http: httpx.AsyncClient, url: str, body: bytes, headers: dic
 def classify(error: Exception) -> str:
     """Concord's own words for a failed attempt: what went wrong on our side of the
     connection, never text the receiver chose."""
-    if isinstance(error, EgressRefused):
+    if isinstance(error, EgressRefused):  # its message says no address and no name
         return f"refused_destination: {error}"
     if isinstance(error, httpx.TimeoutException):
         return "timeout: the receiver did not answer in time"

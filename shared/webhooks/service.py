@@ -75,8 +75,8 @@ def check_url(url: str, allowed: Sequence[Network] = ()) -> None:
         check_destination_url(parsed, allowed)
     except EgressRefused as e:
         raise InvalidRequest(
-            f"the webhook URL may not be sent to: {e} (only public addresses, or the "
-            "networks an operator allows with CONCORD_WEBHOOK_ALLOWED_NETWORKS)"
+            f"the webhook URL may not be sent to, a refused destination ({e}): only public "
+            "addresses, or the networks an operator allows with CONCORD_WEBHOOK_ALLOWED_NETWORKS"
         ) from e
 
 

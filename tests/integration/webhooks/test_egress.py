@@ -122,7 +122,7 @@ def test_the_worker_refuses_at_delivery_an_address_that_slipped_past_registratio
     delivery = wait_for(lambda: next((d for d in _log(tenant, endpoint) if d.attempts), None),
                         60, what="the delivery's first attempt")  # fmt: skip
     assert delivery.state == "pending" and delivery.last_status is None
-    assert delivery.last_error.startswith("refused_destination: 127.0.0.2 is a loopback")
+    assert delivery.last_error == "refused_destination: the address is loopback"
     assert forbidden_listener.connections == 0
 
 
@@ -161,8 +161,21 @@ def test_a_name_that_resolves_to_loopback_is_refused_at_delivery_without_a_conne
         listener.close()
     assert answers == [name]  # resolved once
     assert delivery.attempts == 1 and delivery.last_status is None
+    # Issue 49: the log said "NAME resolves only to refused addresses (127.0.0.1 ...)", so
+    # a tenant admin learnt which internal names exist and what they resolve to. It says
+    # neither now, and the same as for a name that does not resolve at all.
     assert delivery.last_error == (
-        f"refused_destination: {name} resolves only to refused addresses "
-        "(127.0.0.1 is a loopback address)"
+        "refused_destination: the name resolves to no address a webhook may reach"
     )
+    assert name not in delivery.last_error and "127.0.0.1" not in delivery.last_error
     assert listener.connections == 0
+
+    async def nothing(host: str, port: int, **kwargs: Any) -> list[Any]:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(anyio, "getaddrinfo", nothing)
+    with paused(webhook_worker):
+        missing = _endpoint_stored_as_is(tenant, f"http://nowhere-{name}/hook")
+        deliver_due(unit_of_work, no_allow_list)
+        (unresolved,) = _log(tenant, missing)
+    assert unresolved.last_error == delivery.last_error

@@ -38,6 +38,18 @@ REFUSED_HOSTS = {
     "[fe80::1]": "fe80::1",
     "[fc00::1]": "fc00::1",
     "[ff02::1]": "ff02::1",
+    # Issue 49: these passed (site-local IPv6, IETF protocol assignments), and the rest of
+    # IANA's special-purpose blocks that are not globally reachable
+    "[fec0::1]": "fec0::1",
+    "192.0.0.9": "192.0.0.9",
+    "192.0.0.170": "192.0.0.170",
+    "198.18.0.1": "198.18.0.1",
+    "192.88.99.1": "192.88.99.1",
+    "[64:ff9b:1::1]": "64:ff9b:1::1",
+    "[100::1]": "100::1",
+    "[2001:2::1]": "2001:2::1",
+    "[3fff::1]": "3fff::1",
+    "[5f00::1]": "5f00::1",
 }
 # Forms that mean 127.0.0.1 exactly: the allow-list 127.0.0.1/32 lets these through.
 MEANS_127_0_0_1 = {"127.0.0.1", "localhost", "LOCALHOST.", "api.localhost", "2130706433",
@@ -77,3 +89,23 @@ def ipaddress(text: str) -> Any:
     import ipaddress as ip
 
     return ip.ip_address(text)
+
+
+def test_a_refusal_names_the_rules_class_and_nothing_of_what_it_resolved() -> None:
+    with pytest.raises(EgressRefused) as refused:
+        check_destination_url(httpx.URL("http://[fec0::1]/hook"), ())
+    assert str(refused.value) == "the address is site-local"
+    assert refusal(ipaddress("192.0.0.9")) == "ietf-protocol-assignments"
+    assert refusal(ipaddress("::ffff:10.0.0.1")) == "private-use (carried in an IPv6 address)"
+
+
+def test_the_refused_blocks_are_one_table_of_valid_networks() -> None:
+    import ipaddress as ip
+
+    from shared.egress import NOT_GLOBALLY_REACHABLE
+
+    networks = [ip.ip_network(block) for block, _ in NOT_GLOBALLY_REACHABLE]
+    assert len(networks) == len(set(networks))
+    # every block is refused, at its first and last address
+    for network in networks:
+        assert refusal(network[0]) is not None and refusal(network[-1]) is not None
