@@ -5,10 +5,11 @@ profiles alike)."""
 from __future__ import annotations
 
 import re
+import unicodedata
 from datetime import UTC, datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
 
 # Postgres text and JSONB cannot hold NUL: a string with one is invalid input, not a 500.
 NO_NUL = r"^[^\x00]*$"
@@ -36,3 +37,31 @@ def parse_iso_date(value: str) -> datetime:
         return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
     except OverflowError as e:
         raise ValueError(f"{value!r} is out of the range of dates in UTC") from e
+
+
+# What a name shown in listings, logs and terminals may not hold: controls (Cc: C0, DEL, C1),
+# format characters (Cf: a right-to-left override shows "evil\u202etxt.exe" as
+# "evilexe.txt", a zero-width space makes two ids look the same) and line and paragraph
+# separators (Zl, Zp): each rewrites or hides what a person reads.
+INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
+def invisible_character(value: str) -> str | None:
+    """Why ``value`` is not a name a person can read ("U+202E RIGHT-TO-LEFT OVERRIDE at
+    position 4"), or None."""
+    for position, character in enumerate(value):
+        if unicodedata.category(character) in INVISIBLE_CATEGORIES:
+            name = unicodedata.name(character, "a control character")
+            return f"U+{ord(character):04X} {name} at position {position}"
+    return None
+
+
+def _readable(value: str) -> str:
+    found = invisible_character(value)
+    if found:
+        raise ValueError(f"it must not contain control or format characters (found {found})")
+    return value
+
+
+# A name (an id, a title) a person reads: no control, format or separator character.
+ReadableName = Annotated[str, AfterValidator(_readable)]

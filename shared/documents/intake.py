@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from shared.documents.schemas import (
-    CONTROL_CHARACTERS,
     MAX_EXACT_INT,
     MAX_EXTERNAL_ID_CHARS,
     MAX_METADATA_BYTES,
@@ -33,8 +32,8 @@ from shared.documents.schemas import (
     Upload,
 )
 from shared.documents.screening import screen_upload
-from shared.errors import BadRequest, ParseError, PayloadTooLarge
-from shared.fields import ISO_DATE, METADATA_KEY, parse_iso_date
+from shared.errors import InvalidRequest, ParseError, PayloadTooLarge
+from shared.fields import ISO_DATE, METADATA_KEY, invisible_character, parse_iso_date
 from shared.parsing import MAX_JSON_RECORDS, SUPPORTED_TYPES, jsonl_line_count
 from shared.settings import Settings
 
@@ -50,7 +49,6 @@ _BRACKETS = bytes(range(256)).translate(None, b"[]{}")  # every byte but the bra
 _DEPTH_STEP = np.zeros(256, dtype=np.int8)
 _DEPTH_STEP[[ord("["), ord("{")]] = 1
 _DEPTH_STEP[[ord("]"), ord("}")]] = -1
-_CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
 
 
 def check_upload(upload: Upload, settings: Settings) -> None:
@@ -91,19 +89,18 @@ def check_upload_fields(external_id: str, title: str, metadata: dict[str, Any]) 
     came in (JSON, multipart form or upload event; each has made sure there is an
     external_id)."""
     if len(external_id) > MAX_EXTERNAL_ID_CHARS:
-        raise BadRequest(
+        raise InvalidRequest(
             f"external_id is {len(external_id)} characters; the limit is {MAX_EXTERNAL_ID_CHARS}"
         )
     if len(title) > MAX_TITLE_CHARS:
-        raise BadRequest(f"title is {len(title)} characters; the limit is {MAX_TITLE_CHARS}")
+        raise InvalidRequest(f"title is {len(title)} characters; the limit is {MAX_TITLE_CHARS}")
     refuse_unstorable(external_id, "external_id")
     refuse_unstorable(title, "title")
     for name, value in (("external_id", external_id), ("title", title)):
-        control = _CONTROL.search(value)
-        if control:
-            raise BadRequest(
-                f"{name} must not contain control characters (found {control.group()!r} at "
-                f"{control.start()})"
+        found = invisible_character(value)
+        if found:
+            raise InvalidRequest(
+                f"{name} must not contain control or format characters (found {found})"
             )
     refuse_unstorable(metadata, "metadata")
     check_metadata(metadata)
@@ -114,36 +111,38 @@ def check_metadata(metadata: dict[str, Any]) -> None:
     string, number, boolean or null, or a list of those; a string that looks like a date must
     be a real one (it becomes a date range term). The error names the field at fault."""
     if len(metadata) > MAX_METADATA_KEYS:
-        raise BadRequest(f"metadata has {len(metadata)} keys; the limit is {MAX_METADATA_KEYS}")
+        raise InvalidRequest(f"metadata has {len(metadata)} keys; the limit is {MAX_METADATA_KEYS}")
     for key, value in metadata.items():
         if not isinstance(key, str) or not METADATA_KEY.fullmatch(key):
-            raise BadRequest(
+            raise InvalidRequest(
                 f"metadata key {key!r} is not allowed: 1-64 characters, letters, digits, "
                 "'_', '-' and '.', not starting with '.' or '-'"
             )
         items = value if isinstance(value, list) else [value]
         if isinstance(value, list) and len(value) > MAX_METADATA_LIST:
-            raise BadRequest(
+            raise InvalidRequest(
                 f"metadata.{key} holds {len(value)} values; the limit is {MAX_METADATA_LIST}"
             )
         for item in items:
             if item is not None and not isinstance(item, str | int | float | bool):
-                raise BadRequest(
+                raise InvalidRequest(
                     f"metadata.{key} must be a string, number, boolean or null, or a list of "
                     "those (metadata is a flat object)"
                 )
             if isinstance(item, int) and not isinstance(item, bool) and abs(item) > MAX_EXACT_INT:
-                raise BadRequest(
+                raise InvalidRequest(
                     f"metadata.{key}: integers beyond ±2^53 are not kept exactly by both stores"
                 )
             if isinstance(item, str) and ISO_DATE.match(item):
                 try:
                     parse_iso_date(item)
                 except ValueError as e:
-                    raise BadRequest(f"metadata.{key}: {item!r} is not a valid date ({e})") from e
+                    raise InvalidRequest(
+                        f"metadata.{key}: {item!r} is not a valid date ({e})"
+                    ) from e
     size = len(json.dumps(metadata, separators=(",", ":"), ensure_ascii=False).encode())
     if size > MAX_METADATA_BYTES:
-        raise BadRequest(
+        raise InvalidRequest(
             f"metadata is {size} bytes as JSON; the limit is {MAX_METADATA_BYTES} (it is "
             "copied into every chunk)"
         )
@@ -154,12 +153,12 @@ def refuse_unstorable(value: Any, where: str) -> None:
     surrogates in text (text and JSONB), NaN and infinities in JSONB."""
     if isinstance(value, str):
         if "\x00" in value:
-            raise BadRequest(f"{where} must not contain NUL characters")
+            raise InvalidRequest(f"{where} must not contain NUL characters")
         if not value.isascii() and not _encodes(value):
-            raise BadRequest(f"{where} must be valid Unicode (it holds a lone surrogate)")
+            raise InvalidRequest(f"{where} must be valid Unicode (it holds a lone surrogate)")
     elif isinstance(value, float):
         if not math.isfinite(value):
-            raise BadRequest(f"{where} must not hold NaN or infinite numbers")
+            raise InvalidRequest(f"{where} must not hold NaN or infinite numbers")
     elif isinstance(value, dict):
         for key, item in value.items():
             refuse_unstorable(key, where)

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.fields import METADATA_KEY
+from shared.fields import METADATA_KEY, ReadableName
 from shared.jobs.schemas import IngestJobView
 from shared.schemas import Timestamp
 
@@ -21,10 +21,6 @@ MAX_METADATA_KEYS = 64
 MAX_METADATA_BYTES = 16 * 1024  # as compact JSON
 MAX_METADATA_LIST = 100  # values in one list
 MAX_EXACT_INT = 2**53  # what a double (Elasticsearch's number) holds exactly
-# Names shown in listings, logs and terminals: no control characters (C0, DEL, C1), which
-# could rewrite what an operator's terminal shows.
-CONTROL_CHARACTERS = "\x00-\x1f\x7f-\x9f"
-NO_CONTROL = f"^[^{CONTROL_CHARACTERS}]*$"
 
 
 @dataclass(frozen=True)
@@ -62,15 +58,14 @@ class TextDocument(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    external_id: str = Field(
+    external_id: ReadableName = Field(
         min_length=1,
         max_length=MAX_EXTERNAL_ID_CHARS,
-        pattern=NO_CONTROL,
         description="the caller's name for the document: the same id again is a new version",
     )
     text: str = Field(min_length=1, description="the content")
-    title: str = Field(
-        default="", max_length=MAX_TITLE_CHARS, pattern=NO_CONTROL, description="shown in results"
+    title: ReadableName = Field(
+        default="", max_length=MAX_TITLE_CHARS, description="shown in results"
     )
     content_type: str = Field(
         default="text/plain",

@@ -95,7 +95,7 @@ def test_bad_input_is_rejected_and_nothing_is_written(client: TestClient, auth, 
     assert too_big.json()["error"]["code"] == "payload_too_large"
 
     missing_field = client.post("/v1/documents", headers=auth, json={"text": "no id"})
-    assert missing_field.status_code == 400
+    assert missing_field.status_code == 422  # as every body that fails its schema
     assert "external_id" in missing_field.json()["error"]["message"]
 
     assert document_count(tenant) == 0

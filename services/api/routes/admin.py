@@ -159,7 +159,9 @@ def list_keys_route(principal: Admin) -> list[KeyView]:
 
 @router.delete("/keys/{key_id}", status_code=204)
 def revoke_key_route(key_id: uuid.UUID, principal: Admin) -> None:
-    """Revoke a key: refused from then on by every API process."""
+    """Revoke a key. The API process that answers refuses it at once; every other API
+    process within ``CONCORD_AUTH_CACHE_SECONDS`` (5 s by default), the time it may answer a
+    key it verified from memory (a key revoked with `concord keys revoke` the same)."""
     with unit_of_work() as uow:
         if not revoke_key(uow.session, key_id, principal.tenant_id):
             raise NotFound(f"no key {key_id}")

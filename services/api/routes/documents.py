@@ -44,6 +44,7 @@ from shared.documents.service import (
 )
 from shared.errors import (
     BadRequest,
+    InvalidRequest,
     PayloadTooLarge,
     StoreError,
     UnsupportedMediaType,
@@ -75,6 +76,10 @@ async def _read_body_limited(request: Request, limit: int) -> bytes:
     return bytes(received)
 
 
+# The form fields of a multipart upload: any other is refused, never ignored.
+FORM_FIELDS = frozenset({"file", "external_id", "title", "metadata"})
+
+
 async def _upload_from_request(request: Request, tenant_id: str, settings: Settings) -> Upload:
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     limit = settings.max_upload_bytes
@@ -84,8 +89,8 @@ async def _upload_from_request(request: Request, tenant_id: str, settings: Setti
             raise BadRequest("empty request body")
         try:
             doc = TextDocument.model_validate_json(body)
-        except ValidationError as e:
-            raise BadRequest(describe_validation_errors(e.errors())) from e
+        except ValidationError as e:  # the same status and words as any other body's schema
+            raise InvalidRequest(describe_validation_errors(e.errors())) from e
         refuse_unstorable(doc.text, "text")
         raw = doc.text.encode()
         upload = Upload(
@@ -101,6 +106,12 @@ async def _upload_from_request(request: Request, tenant_id: str, settings: Setti
     if media_type == "multipart/form-data":
         request._body = await _read_body_limited(request, limit + MULTIPART_OVERHEAD)
         form = await request.form()
+        unknown = sorted(set(form.keys()) - FORM_FIELDS)
+        if unknown:  # a misspelt "extrnal_id" would have named the document after the file
+            raise InvalidRequest(
+                f"unknown form field(s) {', '.join(map(repr, unknown))}; an upload's fields "
+                f"are {', '.join(sorted(FORM_FIELDS))}"
+            )
         file = form.get("file")
         if not isinstance(file, UploadFile):
             raise BadRequest("multipart upload needs a 'file' part")

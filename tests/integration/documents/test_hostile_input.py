@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.helpers import document_count, upload_text, wait_job
+from tests.helpers import document_count, key_headers, upload_text, wait_job
 
 
 def _zip_bomb() -> bytes:
@@ -153,9 +153,17 @@ def test_oversized_uploads_are_refused_while_streaming(
     assert document_count(tenant) == 0
 
 
-# Form fields and JSON fields that break a published limit or that Postgres cannot store: each
-# refused with 400 and its reason, whichever way the upload comes in.
+# Form fields and JSON fields that break a published limit, that Postgres cannot store, or
+# that would rewrite what a person reads (issue 49: "evil\u202etxt.exe" was accepted, and the
+# console showed it reversed): each refused with 422 and its reason, whichever way the upload
+# comes in.
 BAD_FIELDS = [
+    ({"external_id": "evil\u202etxt.exe"}, "U+202E RIGHT-TO-LEFT OVERRIDE at position 4"),
+    ({"external_id": "report\u200b.pdf"}, "U+200B ZERO WIDTH SPACE"),
+    ({"title": "two\u2028lines"}, "U+2028 LINE SEPARATOR"),
+    ({"title": "para\u2029graph"}, "U+2029 PARAGRAPH SEPARATOR"),
+    ({"title": "bell\x07"}, "U+0007"),
+    ({"external_id": "bom\ufeff"}, "U+FEFF ZERO WIDTH NO-BREAK SPACE"),
     ({"title": "t" * 1001}, "title is 1001 characters"),
     ({"external_id": "e" * 513}, "external_id is 513 characters"),
     ({"title": "a\x00b"}, "title must not contain NUL"),
@@ -176,11 +184,32 @@ def test_bad_fields_are_refused_in_forms_and_in_json(
     multipart = client.post(
         "/v1/documents", headers=auth, data=form, files={"file": ("x.txt", TEXT, "text/plain")}
     )
-    assert multipart.status_code == 400, multipart.text
+    assert multipart.status_code == 422, multipart.text
     assert reason in multipart.json()["error"]["message"]
     body = json.dumps({"text": "Some text.", **fields})  # NaN as JSON's NaN
     as_json = client.post(
         "/v1/documents", headers={**auth, "Content-Type": "application/json"}, content=body
     )
-    assert as_json.status_code == 400, as_json.text
+    assert as_json.status_code == 422, as_json.text
+    assert document_count(tenant) == 0
+
+
+def test_an_unknown_form_field_is_refused_and_another_tenants_upload_goes_in(
+    client: TestClient, auth: dict[str, str], tenant: str, worker: Any
+) -> None:
+    """Issue 49: a misspelt ``extrnal_id`` was ignored, and the file's name became the
+    document's id: a different document than the one the client meant."""
+    misspelt = client.post(
+        "/v1/documents",
+        headers=auth,
+        data={"extrnal_id": "handbook"},
+        files={"file": ("handbook-v2.txt", TEXT, "text/plain")},
+    )
+    assert misspelt.status_code == 422, misspelt.text
+    message = misspelt.json()["error"]["message"]
+    assert "'extrnal_id'" in message and "external_id, file, metadata, title" in message
+    other = upload_text(
+        client, key_headers(f"{tenant}-other", ["read", "write"]), "n", TEXT.decode()
+    )
+    assert wait_job(client, key_headers(f"{tenant}-other", ["read", "write"]), other["job_id"])
     assert document_count(tenant) == 0
