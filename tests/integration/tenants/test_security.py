@@ -184,3 +184,61 @@ def test_admin_key_endpoints_create_list_and_revoke_for_their_own_tenant(
     # Naming a tenant is not a field any more: unknown fields are errors, not ignored.
     smuggled = client.post("/v1/admin/keys", headers=admin, json={"tenant": other})
     assert smuggled.status_code == 422
+
+
+# A valid body of every JSON write route (issue 49: "JSON bodies with extra fields on every
+# write route"), each of which must refuse a field it does not name.
+WRITE_ROUTES = [
+    ("POST", "/v1/documents", {"external_id": "x", "text": "Some text."}),
+    ("POST", "/v1/search", {"query": "lighthouses"}),
+    ("POST", "/v1/search/next", {"cursor": "Zm9vOjE"}),
+    ("PUT", "/v1/profiles/strict-one", {"top_k": 3}),
+    ("POST", "/v1/admin/reconcile", {"repair": False}),
+    ("POST", "/v1/admin/keys", {"scopes": ["read"]}),
+    (
+        "POST",
+        "/v1/admin/webhooks",
+        {"url": "https://hooks.example.com/x", "events": ["job.indexed"]},
+    ),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body"), WRITE_ROUTES, ids=[r[1] for r in WRITE_ROUTES])
+def test_every_write_route_refuses_a_field_it_does_not_name(
+    client: TestClient, method: str, path: str, body: dict[str, object]
+) -> None:
+    tenant = f"t-{uuid.uuid4().hex[:10]}"
+    headers = key_headers(tenant, ["read", "write", "admin"])
+    answer = client.request(method, path, headers=headers, json={**body, "surprise_field": 1})
+    assert answer.status_code == 422, (path, answer.status_code, answer.text)
+    assert "surprise_field" in answer.json()["error"]["message"]
+
+
+def test_every_openapi_write_route_is_in_the_table() -> None:
+    from services.api.app import create_app
+
+    spec = create_app().openapi()
+    routes = {
+        (method.upper(), path.replace("{name}", "strict-one"))
+        for path, operations in spec["paths"].items()
+        for method, operation in operations.items()
+        if "application/json" in operation.get("requestBody", {}).get("content", {})
+    }
+    assert routes == {(m, p) for m, p, _ in WRITE_ROUTES}
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "bm90LWEtY3Vyc29y",  # base64 of something that is no cursor
+        "QUFBQUFBQUFBQUFBQUFBQUFBQUFBQTo5OTk",  # a well-formed id never issued
+        "Y29uY29yZDpzZWFyY2gtY3Vyc29yOnRlbmFudDp4OjA",  # a forged id naming another key
+    ],
+)
+def test_forged_cursor_ids_are_refused_without_reading_another_key(
+    client: TestClient, cursor: str
+) -> None:
+    headers = key_headers(f"t-{uuid.uuid4().hex[:10]}", ["read"])
+    answer = client.post("/v1/search/next", headers=headers, json={"cursor": cursor})
+    assert answer.status_code in (400, 404), answer.text
+    assert "Redis" not in answer.text and "WRONGTYPE" not in answer.text
