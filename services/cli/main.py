@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
+import uuid
 from datetime import datetime
 from pathlib import Path
 
@@ -13,11 +13,15 @@ from rich.markup import escape
 from rich.progress import Progress
 
 from services.cli import admin, answerability, evaluate, reranker, stack_commands
+from services.cli.errors import api_error, main, set_debug, usage
 from services.cli.output import cli_console, print_error
 from shared.settings import get_settings
 
 app = typer.Typer(
-    help="Concord: hybrid retrieval over Postgres/pgvector and Elasticsearch.", no_args_is_help=True
+    help="Concord: hybrid retrieval over Postgres/pgvector and Elasticsearch.",
+    no_args_is_help=True,
+    # errors are services/cli/errors.py's to print: one line each, tracebacks with --debug
+    pretty_exceptions_enable=False,
 )
 app.add_typer(stack_commands.app, name="stack")
 keys_app = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
@@ -36,6 +40,16 @@ app.command("eval")(evaluate.eval_command)
 app.command("eval-docs")(evaluate.eval_docs_command)
 app.command("tune")(evaluate.tune_command)
 console = cli_console()
+
+
+@app.callback()
+def options(
+    debug: bool = typer.Option(
+        False, "--debug", help="Print the traceback of an error after its one-line message."
+    ),
+) -> None:
+    """Concord: hybrid retrieval over Postgres/pgvector and Elasticsearch."""
+    set_debug(debug)
 
 
 @app.command()
@@ -76,18 +90,16 @@ def keys_list() -> None:
 
 
 @keys_app.command("revoke")
-def keys_revoke(key_id: str) -> None:
+def keys_revoke(key_id: uuid.UUID = typer.Argument(..., help="The id `keys list` shows.")) -> None:
     """Revoke a key by id."""
-    import uuid
-
     from shared.db import unit_of_work
+    from shared.errors import NotFound
     from shared.tenants.service import revoke_key
 
     with unit_of_work() as uow:
-        found = revoke_key(uow.session, uuid.UUID(key_id))
+        found = revoke_key(uow.session, key_id)
     if not found:
-        print_error(console, f"no key {key_id}")
-        raise typer.Exit(1)
+        raise NotFound(f"no key {key_id} (concord keys list shows the keys)")
     console.print(f"revoked {key_id}")
 
 
@@ -344,15 +356,22 @@ def search(
     query: str,
     top_k: int = typer.Option(5, "--top-k", "-k"),
     mode: str = typer.Option("hybrid", help="dense, lexical or hybrid"),
-    api_key: str = typer.Option(
-        os.environ.get("CONCORD_API_KEY", ""), "--api-key", help="Defaults to $CONCORD_API_KEY."
+    # From the environment without ever showing it: no default the help would print.
+    api_key: str | None = typer.Option(
+        None,
+        "--api-key",
+        envvar="CONCORD_API_KEY",
+        show_envvar=False,
+        help="The tenant's key (from CONCORD_API_KEY when not given).",
     ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Search through the API and print the results."""
     if not api_key:
-        console.print("[red]an API key is needed:[/] pass --api-key or set CONCORD_API_KEY")
-        raise typer.Exit(2)
+        raise usage(
+            "an API key is needed: pass --api-key or set CONCORD_API_KEY "
+            "(concord keys create --tenant T makes one)"
+        )
     settings = get_settings()
     response = httpx.post(
         f"{settings.api_url()}/v1/search",
@@ -361,8 +380,7 @@ def search(
         json={"query": query, "top_k": top_k, "mode": mode},
     )
     if response.status_code != 200:
-        print_error(console, response.text, label=str(response.status_code))
-        raise typer.Exit(1)
+        raise api_error(response.status_code, response.text)
     body = response.json()
     if as_json:
         typer.echo(json.dumps(body, indent=2))
@@ -381,4 +399,4 @@ def search(
 
 
 if __name__ == "__main__":
-    app()
+    main()
