@@ -26,6 +26,14 @@ def reconcile(
     deep: bool = typer.Option(
         False, "--deep", help="Compare every chunk, not only buckets whose sums differ."
     ),
+    wait: bool = typer.Option(
+        True,
+        "--wait/--no-wait",
+        help="With --repair: wait for the repairs to land before comparing again (default).",
+    ),
+    timeout: float = typer.Option(
+        120, help="Seconds to wait for repairs (Elasticsearch may hold one up to 60 s)."
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Compare Postgres and Elasticsearch; exit 1 while drift remains."""
@@ -42,7 +50,26 @@ def reconcile(
         body: dict[str, Any] = {"mode": "dry-run", **report.as_dict()}
         remaining = report.total()
     else:
-        found, after = reconcile_and_verify(unit_of_work, tenant, deep=deep, progress=progress)
+
+        printed = [-5.0]
+
+        def waiting(pending: int, total: int, seconds: float) -> None:
+            if seconds - printed[0] >= 5:  # a line every 5 s, on stderr
+                printed[0] = seconds
+                typer.echo(
+                    f"{pending} of {total} repairs not landed yet ({seconds:.0f} s; "
+                    "Elasticsearch holds a repair of a chunk deleted behind its back)",
+                    err=True,
+                )
+
+        found, after = reconcile_and_verify(
+            unit_of_work,
+            tenant,
+            deep=deep,
+            progress=progress,
+            wait_s=timeout if wait else 0.0,
+            waiting=waiting,
+        )
         body = {"mode": "repair", **found.as_dict(), "after_repair": after.as_dict()}
         remaining = after.total()
     if as_json:

@@ -118,6 +118,11 @@ def due_outbox_rows_for(session: Session, chunk_ids: Sequence[str]) -> int:
     )
 
 
+def outbox_rows_for(session: Session, chunk_ids: Sequence[str]) -> int:
+    """Rows of these chunks still in the outbox, due or postponed."""
+    return count_rows(session, EsOutbox, None, any_of(EsOutbox.chunk_id, chunk_ids))
+
+
 def chunks_with_queued_writes(
     session: Session, ids: Sequence[str], tenant_id: str | None = None
 ) -> set[str]:

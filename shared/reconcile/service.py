@@ -176,36 +176,54 @@ def reconcile_and_verify(
     tenant: str | None = None,
     deep: bool = False,
     progress: Progress | None = None,
+    wait_s: float = 30.0,
+    waiting: RepairProgress | None = None,
 ) -> tuple[ReconcileReport, ReconcileReport]:
-    """Repair, drain the outbox now, and compare again: the second report shows what remains."""
+    """Repair, drain the outbox now (waiting up to ``wait_s`` for repairs Elasticsearch
+    postpones), and compare again: the second report shows what remains."""
     first = reconcile(transactions, tenant, repair=True, deep=deep, progress=progress)
     drained = first.repaired_ids | first.in_flight
     if drained:
-        drain_repairs(transactions, drained)
+        drain_repairs(transactions, drained, wait_s, waiting)
         ElasticsearchChunkIndex().refresh(tenant)
     after = reconcile(transactions, tenant, repair=False)
     after.count_as_drift(drained)  # what the drain did not get applied still differs
     return first, after
 
 
-def drain_repairs(transactions: Transactions, chunk_ids: set[str], wait_s: float = 30.0) -> None:
-    """Send the queued repairs and wait until they have left the outbox.
+# Called while repairs wait: (repairs still in the outbox, of how many, seconds waited).
+RepairProgress = Callable[[int, int, float], None]
+
+
+def drain_repairs(
+    transactions: Transactions,
+    chunk_ids: set[str],
+    wait_s: float = 30.0,
+    waiting: RepairProgress | None = None,
+) -> None:
+    """Send the queued repairs and wait until they have left the outbox, or ``wait_s``.
 
     A running relay worker may have claimed some of them first (claims skip locked rows), so an
     empty drain here does not mean they were sent: wait for the other relay's transaction too.
-    Rows postponed because Elasticsearch is unreachable are not waited for; the second report
-    then shows their drift as remaining. The outbox holds every tenant's rows, so draining it
-    here (an admin's API request may be what runs this) stops at the deadline too.
+    Rows postponed are waited for as well, and sent as they come due: a repair of a chunk
+    deleted out of band meets Elasticsearch's tombstone of a newer version, which blocks it
+    until Elasticsearch forgets the tombstone (``index.gc_deletes``, 60 s: the command
+    reported drift and exited 1 while its repairs landed 20-30 s later). The outbox holds
+    every tenant's rows, so draining it here (an admin's API request may be what runs this)
+    stops at the deadline too; what is left then shows as drift in the second report.
     """
-    deadline = time.monotonic() + wait_s
+    started = time.monotonic()
+    deadline = started + wait_s
     ids = sorted(chunk_ids)
     while True:
         relay.drain(transactions, max_batches=10_000, deadline=deadline)
         with transactions() as uow:
-            pending = outbox_repo.due_outbox_rows_for(uow.session, ids)
+            pending = outbox_repo.outbox_rows_for(uow.session, ids)
         if not pending or time.monotonic() >= deadline:
             return
-        time.sleep(0.1)
+        if waiting is not None:
+            waiting(pending, len(ids), time.monotonic() - started)
+        time.sleep(0.5)
 
 
 def _bucket_ranges(buckets: list[int], sizes: dict[int, int]) -> Iterator[list[int]]:
