@@ -190,6 +190,10 @@ class Settings(BaseSettings):
     # running comes after every other tenant with work queued (work-conserving: alone, it
     # runs as fast as ever): two processes' full batches, which one tenant alone never notices.
     ingest_tenant_running_jobs: int = Field(default=64, ge=1)
+    # Chunks a batch encodes in one turn: a document with more goes back to the queue with
+    # what it has encoded cached, and takes its next turn in its tenant's fair order (256
+    # chunks: about 256 KB of text, a few seconds of one process's encoding).
+    ingest_turn_chunks: int = Field(default=256, ge=16)
     # Raw bytes a tenant may have queued for ingest: an upload past it is answered 429 with
     # Retry-After (nothing accepted is lost; the client sends it again later). 0: no limit.
     ingest_tenant_queued_bytes: int = Field(default=1024 * 1024 * 1024, ge=0)

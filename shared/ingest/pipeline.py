@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -87,6 +88,9 @@ class Claim:
     hashes: list[str] = field(default_factory=list)
     vectors: list[np.ndarray] = field(default_factory=list)
     cache_hits: int = 0
+    # Chunks left to encode after this turn (embed_batch's budget ran out): the job waits
+    # for its next turn, its encoded chunks kept in the embedding cache.
+    left_to_encode: int = 0
 
     def drop_content(self) -> None:
         """Let go of what the steps made of the document (a failed job's parsed text may be
@@ -285,9 +289,15 @@ def run(
                 ready,
                 "embed",
                 lambda g: embed_batch(
-                    g, embedder, transactions, settings.embed_commit_chunks, settings.chunk_context
+                    g,
+                    embedder,
+                    transactions,
+                    min(settings.embed_commit_chunks, settings.ingest_turn_chunks),
+                    settings.chunk_context,
+                    turn_chunks=settings.ingest_turn_chunks,
                 ),
             )
+            ready = steps.wait_their_turn(ready, settings)
             steps.together(ready, "write", steps.write_in_own_transaction)
         except Exception as e:
             unfinished = [c.job_id for c in claims if c.job_id not in steps.outcomes]
@@ -310,6 +320,25 @@ class _Steps:
 
     transactions: Transactions
     outcomes: dict[uuid.UUID, JobOutcome]
+
+    def wait_their_turn(self, claims: list[Claim], settings: Settings) -> list[Claim]:
+        """The claims whose chunks are all encoded; the others (a large document, more chunks
+        than a turn encodes) go back to the queue, their encoded chunks cached, and come back
+        in their tenant's next turn: one upload of 10 MiB holds a worker for turns of
+        ``ingest_turn_chunks`` chunks, with other tenants' work between them, not for minutes."""
+        waiting = [c for c in claims if c.left_to_encode]
+        if not waiting:
+            return claims
+        with self.transactions() as uow:
+            jobs.wait_next_turn(uow, [c.job_id for c in waiting], settings)
+        for claim in waiting:
+            self.outcomes[claim.job_id] = JobOutcome(
+                str(claim.job_id),
+                JobState.QUEUED,
+                {"chunks": len(claim.hashes), "left_to_encode": claim.left_to_encode},
+            )
+            claim.drop_content()
+        return [c for c in claims if not c.left_to_encode]
 
     def each_alone(
         self, claims: list[Claim], stage: str, step: Callable[[Claim], object]
@@ -428,19 +457,26 @@ def chunk_job(claim: Claim, chunker: Chunker, max_chunks: int) -> None:
         claim.hashes = [text_hash(p.text) for p in pieces]
 
 
+MAX_TURNS = 8
+
+
 def embed_batch(
     claims: list[Claim],
     embedder: Embedder,
     transactions: Transactions,
     commit_every: int,
     context: ChunkContext = "none",
+    turn_chunks: int | None = None,
 ) -> None:
     """Encode every chunk of the batch that this model has never embedded (as what
     ``context`` makes of it: the chunk alone, or after its document's title and its section
     path); each job is charged its share of the time by chunk count. The vectors are cached
     by a hash of exactly what was encoded, ``commit_every`` chunks at a time, each part in a
     transaction of its own, so that an attempt cut short (a time limit, a crash) leaves its
-    work for the next one: a document of any size gets through in the end."""
+    work for the next one: a document of any size gets through in the end.
+
+    At most ``turn_chunks`` chunks are encoded (claims in batch order): a claim with chunks
+    left after that gets ``left_to_encode`` instead of its vectors, for its next turn."""
     started = time.perf_counter()
     # Before any transaction opens: the first call in a process may load the model and
     # export it to ONNX, which must not hold a transaction (and its locks) meanwhile.
@@ -474,6 +510,10 @@ def embed_batch(
         k: p.token_count for c in claims for k, p in zip(keys[c.job_id], c.pieces, strict=True)
     }
     missing = [k for k in dict.fromkeys(all_keys) if k not in cached]
+    if turn_chunks is not None:
+        # Each turn parses and chunks its documents again: a very large one takes at most
+        # MAX_TURNS turns, larger ones then (8,000 chunks: 1,000 a turn).
+        missing = missing[: max(turn_chunks, math.ceil(len(all_keys) / MAX_TURNS))]
     fresh: dict[str, np.ndarray] = {}
     for start in range(0, len(missing), commit_every):
         part = missing[start : start + commit_every]
@@ -489,6 +529,9 @@ def embed_batch(
     elapsed = time.perf_counter() - started
     for claim in claims:
         own = keys[claim.job_id]
+        claim.left_to_encode = sum(1 for k in own if k not in cached and k not in fresh)
+        if claim.left_to_encode:
+            continue
         claim.vectors = [cached[k] if k in cached else fresh[k] for k in own]
         claim.cache_hits = sum(1 for k in own if k in cached)
         share = len(claim.hashes) / max(len(all_keys), 1)

@@ -134,6 +134,19 @@ def release(
             publish_again(uow, job, current, settings)
 
 
+def wait_next_turn(uow: UnitOfWork, job_ids: Sequence[uuid.UUID], settings: Settings) -> None:
+    """Running jobs whose turn is over before they are done (a large document's chunks are
+    encoded a turn at a time): queued again with a message each, the turn not counted as an
+    attempt (a document of 10,000 chunks takes forty turns, not forty of its attempts)."""
+    current = now(uow.session)
+    for job in repo.lock_jobs(uow.session, job_ids).values():
+        if job.state != JobState.RUNNING:
+            continue
+        job.attempts = max(0, job.attempts - 1)
+        job.state = JobState.QUEUED
+        publish_again(uow, job, current, settings)
+
+
 def publish_again(uow: UnitOfWork, job: IngestJob, at: datetime, settings: Settings) -> str:
     """A fresh lease for a queued job, and its message again once the lease is committed."""
     extend_lease(job, at, settings.queued_republish_seconds)

@@ -318,3 +318,42 @@ def test_a_document_of_too_many_chunks_fails_alone_and_its_batch_mates_are_index
     assert outcomes[jobs["tables"]].detail["chunks"] == 1
     wait_converged(tenant)
     assert len(wait_converged(other)) == 1
+
+
+def test_a_document_larger_than_a_turn_is_encoded_a_turn_at_a_time_with_others_between(
+    client: TestClient, auth: dict[str, str], tenant: str, worker: Any
+) -> None:
+    """Issue 49: a document over the batch's budget was a batch of its own that held a worker
+    for as long as it took (30 documents of 600 KB kept another tenant's upload out for 130 s).
+    A turn encodes at most ``ingest_turn_chunks`` chunks; a document with more goes back to
+    the queue with those cached, and another tenant's job is claimed before its next turn.
+    Its turns are not attempts, and the document is indexed whole, once."""
+    from shared.jobs.repository import job_by_id
+
+    settings = get_settings().model_copy(update={"ingest_turn_chunks": 16})
+    text = " ".join(f"Sentence {i} of the long survey of tidal estuaries and ferries." * 4
+                    for i in range(200))  # fmt: skip
+    with paused(worker):
+        big = upload_text(client, auth, "survey.txt", text)["job_id"]
+        other = upload_text(
+            client, key_headers(f"{tenant}-other", ["read", "write"]), "n.txt", "Tides turn."
+        )["job_id"]
+        turns, claimed_between = 0, False
+        while True:
+            turns += 1
+            with unit_of_work() as uow:
+                claims = pipeline.claim(uow, uuid.UUID(big), settings)
+            assert not isinstance(claims, pipeline.JobOutcome), claims
+            claimed_between |= uuid.UUID(other) in {c.job_id for c in claims}
+            outcomes = pipeline.run(claims, unit_of_work, settings)
+            state = outcomes[uuid.UUID(big)].state if uuid.UUID(big) in outcomes else None
+            if state == "indexed":
+                break
+            assert state == "queued" and outcomes[uuid.UUID(big)].detail["left_to_encode"] > 0
+            assert turns < 20
+        with unit_of_work() as uow:
+            job = job_by_id(uow.session, uuid.UUID(big))
+            assert job is not None and job.attempts == 1
+    assert turns >= 3 and claimed_between
+    chunks = wait_converged(tenant)
+    assert len(chunks) == outcomes[uuid.UUID(big)].detail["chunks"]
