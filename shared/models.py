@@ -258,6 +258,9 @@ class DeadLetter(Base):
     attempts: Mapped[int] = mapped_column(Integer, nullable=False)
     payload: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, default=dict)
     created_at: Mapped[datetime] = _now()
+    # Discarded by an operator: hidden from lists and counts, kept for what it refused (the
+    # content digest sync holds back).
+    discarded_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 # Outbox dead letters are looked up by chunk id (reconcile); other refs may be long.

@@ -50,7 +50,6 @@ def reconcile(
         body: dict[str, Any] = {"mode": "dry-run", **report.as_dict()}
         remaining = report.total()
     else:
-
         printed = [-5.0]
 
         def waiting(pending: int, total: int, seconds: float) -> None:
@@ -276,8 +275,10 @@ def dlq_list(
 
     with unit_of_work() as uow:
         rows = list_dead_letters(uow.session, tenant_id=tenant, limit=limit)
-    table = Table("id", "tenant", "source", "ref", "stage", "error", "attempts")
-    for d in rows:
+    from shared.jobs.service import dead_letter_view
+
+    table = Table("id", "tenant", "source", "ref", "stage", "error", "attempts", "what to do")
+    for d in (dead_letter_view(row) for row in rows):
         table.add_row(
             str(d.id),
             d.tenant_id,
@@ -286,6 +287,7 @@ def dlq_list(
             d.stage,
             f"{d.error_class}: {d.message[:200]}",
             str(d.attempts),
+            f"concord dlq replay {d.id}" if d.replayable else "corrected upload, or discard",
         )
     console.print(table)
 
@@ -304,7 +306,8 @@ def dlq_show(letter_id: int = typer.Argument(..., help="The id `dlq list` shows.
 
 @dlq_app.command("replay")
 def dlq_replay(letter_id: int = typer.Argument(..., help="The id `dlq list` shows.")) -> None:
-    """Re-run the dead-lettered job (or re-queue the Elasticsearch write) after a fix."""
+    """Re-run the dead-lettered job (or re-queue the Elasticsearch write) after a fix; an
+    upload refused at intake cannot be replayed (its fix is a corrected upload)."""
     from shared.admin.service import replay_dead_letter
     from shared.db import unit_of_work
 
@@ -315,7 +318,8 @@ def dlq_replay(letter_id: int = typer.Argument(..., help="The id `dlq list` show
 
 @dlq_app.command("discard")
 def dlq_discard(letter_id: int = typer.Argument(..., help="The id `dlq list` shows.")) -> None:
-    """Forget a dead letter without running it again (its cause will not be fixed)."""
+    """Put a dead letter away without running it again: hidden from lists and counts, and
+    a refused file is not sent again by sync until it changes."""
     from shared.admin.service import discard_dead_letter
     from shared.db import unit_of_work
 

@@ -99,16 +99,19 @@ def replay_dead_letter(uow: UnitOfWork, letter_id: int, tenant_id: str | None = 
         what = f"Elasticsearch {op} of {letter.ref} queued again"
     else:
         raise BadRequest(
-            f"a {letter.source} dead letter cannot be replayed; the producer must "
-            "publish a corrected event"
+            f"dead letter {letter.id} cannot be replayed: it is an upload refused at intake "
+            f"({letter.message}); send a corrected upload (sync sends a file again once it "
+            "changes), or discard the letter"
         )
     jobs_repo.delete_dead_letter(session, letter.id)
     return what
 
 
 def discard_dead_letter(session: Session, letter_id: int, tenant_id: str | None = None) -> None:
+    """Hide the letter for good. It is kept, not deleted: a refused upload's content digest
+    in it is what keeps ``concord sync`` from sending the same file again until it changes."""
     get_dead_letter(session, letter_id, tenant_id)
-    jobs_repo.delete_dead_letter(session, letter_id)
+    jobs_repo.discard_dead_letter(session, letter_id)
 
 
 def system_stats(transactions: Transactions, tenant_id: str | None = None) -> Stats:

@@ -473,13 +473,20 @@ def add_dead_letter(
 
 
 def dead_letter(session: Session, letter_id: int) -> DeadLetter | None:
-    return session.get(DeadLetter, letter_id)
+    """The letter, unless it was discarded."""
+    letter = session.get(DeadLetter, letter_id)
+    return None if letter is None or letter.discarded_at is not None else letter
 
 
 def recent_dead_letters(
     session: Session, *, tenant_id: str | None, limit: int
 ) -> Sequence[DeadLetter]:
-    query = select(DeadLetter).order_by(DeadLetter.id.desc()).limit(limit)
+    query = (
+        select(DeadLetter)
+        .where(DeadLetter.discarded_at.is_(None))
+        .order_by(DeadLetter.id.desc())
+        .limit(limit)
+    )
     if tenant_id:
         query = query.where(DeadLetter.tenant_id == tenant_id)
     return session.scalars(query).all()
@@ -489,8 +496,15 @@ def delete_dead_letter(session: Session, letter_id: int) -> None:
     session.execute(delete(DeadLetter).where(DeadLetter.id == letter_id))
 
 
+def discard_dead_letter(session: Session, letter_id: int) -> None:
+    """Hidden from now on, kept for what it refused (see the migration 0018)."""
+    session.execute(
+        update(DeadLetter).where(DeadLetter.id == letter_id).values(discarded_at=func.now())
+    )
+
+
 def dead_letter_count(session: Session, tenant_id: str | None = None) -> int:
-    return count_rows(session, DeadLetter, tenant_id)
+    return count_rows(session, DeadLetter, tenant_id, DeadLetter.discarded_at.is_(None))
 
 
 def dead_lettered_versions(session: Session, ids: Sequence[str]) -> dict[str, int]:
@@ -501,7 +515,11 @@ def dead_lettered_versions(session: Session, ids: Sequence[str]) -> dict[str, in
     version = cast(DeadLetter.payload["version"].astext, Integer)
     rows = session.execute(
         select(DeadLetter.ref, func.max(version))
-        .where(DeadLetter.source == "outbox", any_of(DeadLetter.ref, ids))
+        .where(
+            DeadLetter.source == "outbox",
+            any_of(DeadLetter.ref, ids),
+            DeadLetter.discarded_at.is_(None),
+        )
         .group_by(DeadLetter.ref)
     )
     return {ref: int(v) for ref, v in rows if v is not None}

@@ -83,3 +83,8 @@ class DeadLetterView(BaseModel):
     attempts: int
     payload: dict[str, Any]
     created_at: Timestamp
+    replayable: bool = Field(
+        description="whether replay can run it again: a job or an Elasticsearch write; an "
+        "upload refused at intake is fixed by a corrected upload instead"
+    )
+    remedy: str = Field(description="what an operator can do about it, in a sentence")

@@ -287,5 +287,28 @@ def job_row(job: IngestJob, document: Document | None) -> JobRow:
     )
 
 
+# What can be done about a dead letter, by its source.
+REMEDIES = {
+    "job": "fix the cause (the error says it), then replay it: the job runs again with a "
+    "fresh set of attempts",
+    "outbox": "replay it once Elasticsearch accepts the write again (reconcile repairs it too)",
+    "event": "not replayable: the upload was refused at intake; send a corrected upload (sync "
+    "sends the file again once it changes), or discard the letter",
+}
+
+
 def dead_letter_view(letter: DeadLetter) -> DeadLetterView:
-    return DeadLetterView.model_validate(letter, from_attributes=True)
+    return DeadLetterView(
+        id=letter.id,
+        tenant_id=letter.tenant_id,
+        source=letter.source,
+        ref=letter.ref,
+        stage=letter.stage,
+        error_class=letter.error_class,
+        message=letter.message,
+        attempts=letter.attempts,
+        payload=letter.payload,
+        created_at=letter.created_at,
+        replayable=letter.source in ("job", "outbox"),
+        remedy=REMEDIES.get(letter.source, "discard it once its cause is understood"),
+    )

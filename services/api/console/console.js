@@ -188,8 +188,10 @@ async function loadJobs() {
       { label: "stage", value: (d) => d.stage },
       { label: "reason", value: (d) => `${d.error_class}: ${d.message}` },
       { label: "attempts", value: (d) => d.attempts },
-    ], letters, (d) => `<button type="button" class="replay" data-id="${d.id}">Replay</button>
-        <button type="button" class="discard" data-id="${d.id}">Discard</button>`);
+      { label: "what to do", value: (d) => d.remedy },
+    ], letters, (d) => (d.replayable
+        ? `<button type="button" class="replay" data-id="${d.id}">Replay</button>`
+        : "") + ` <button type="button" class="discard" data-id="${d.id}">Discard</button>`);
   });
 }
 

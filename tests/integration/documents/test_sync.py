@@ -151,3 +151,39 @@ def test_a_prefix_must_name_a_directory_of_external_ids(tmp_path: Path, tenant: 
         app, ["sync", str(tmp_path), "--tenant", tenant, "--prefix", "team1", "--prune"]
     )
     assert result.exit_code == 2 and "must end with '/'" in " ".join(result.output.split())
+
+
+def test_a_discarded_refusal_is_remembered_and_only_job_letters_offer_replay(
+    tmp_path: Path, tenant: str, worker: Any
+) -> None:
+    """Issue 52: after `concord dlq discard 1`, the next sync planned the same broken file as
+    new, sent it again, and it was dead-lettered again under a new id; and every intake
+    letter offered a Replay that could only fail."""
+    import pytest
+
+    from shared.admin import service as ops
+    from shared.errors import BadRequest, NotFound
+    from shared.jobs.service import dead_letter_view
+
+    (tmp_path / "ok.txt").write_text("Glaciers carve valleys.")
+    (tmp_path / "fake.pdf").write_bytes(b"MZ\x90\x00" + bytes(range(200)))  # refused at intake
+    result = CliRunner().invoke(app, ["sync", str(tmp_path), "--tenant", tenant, "--wait"])
+    assert result.exit_code == 1, result.output
+    with unit_of_work() as uow:
+        (letter,) = ops.list_dead_letters(uow.session, tenant_id=tenant, limit=10)
+        view = dead_letter_view(letter)
+    assert view.source == "event" and not view.replayable
+    assert "corrected upload" in view.remedy
+    with pytest.raises(BadRequest, match="corrected upload"), unit_of_work() as uow:
+        ops.replay_dead_letter(uow, view.id, tenant)
+    with unit_of_work() as uow:
+        ops.discard_dead_letter(uow.session, view.id, tenant)
+    with unit_of_work() as uow:
+        assert ops.list_dead_letters(uow.session, tenant_id=tenant, limit=10) == []
+    with pytest.raises(NotFound), unit_of_work() as uow:
+        ops.get_dead_letter(uow.session, view.id, tenant)
+    again = _sync(tmp_path, tenant)
+    assert "0 new, 0 changed, 0 to retry, 1 unchanged, 1 failed before" in again
+    assert "in sync: nothing to send" in again
+    with unit_of_work() as uow:  # nothing was sent: no new letter
+        assert ops.list_dead_letters(uow.session, tenant_id=tenant, limit=10) == []
