@@ -12,6 +12,9 @@ The loads:
 - ``hanging``: 20 webhook endpoints of the noisy tenant that accept a connection and never
   answer, with deliveries kept coming (the noisy tenant uploads a document a second);
 - ``backlog``: the noisy tenant's queued ingest of ~20,000 chunks (``--backlog-chunks``);
+- ``flood-150k`` and ``flood-600k``: the noisy tenant uploads a folder of ordinary documents
+  through the API, 160 of about 150 KB, or 30 of about 600 KB (each over a whole batch's
+  bytes), as fast as it is answered, while the victim uploads its probe;
 - ``search-flood``: 6 threads of the noisy tenant searching as fast as they are answered;
 - ``wrong-keys``: 4 threads sending well-formed wrong keys as fast as answered, from another
   client address (``X-Forwarded-For``: uvicorn takes it from 127.0.0.1, as from a proxy).
@@ -263,6 +266,30 @@ def ingest_backlog(http: httpx.Client, noisy: Tenant, chunks: int) -> Iterator[N
         settle(noisy)
 
 
+@contextmanager
+def document_flood(http: httpx.Client, noisy: Tenant, count: int, size: int) -> Iterator[None]:
+    """``count`` documents of about ``size`` bytes uploaded by the noisy tenant through the
+    API, one after another as fast as answered (a folder synced), then the victim measured
+    while they are queued; a 429 (the tenant's queued bytes) is waited out as asked."""
+    sentences = max(1, size // 85)  # prose() writes about 85 bytes a sentence
+    sent = 0
+    while sent < count:
+        answer = http.post(
+            "/v1/documents",
+            headers=noisy.headers,
+            json={"external_id": f"flood-{size}-{sent}", "text": prose(sent + 500, sentences)},
+        )
+        if answer.status_code == 429:
+            time.sleep(float(answer.headers.get("retry-after", "1")))
+            continue
+        answer.raise_for_status()
+        sent += 1
+    try:
+        yield
+    finally:
+        settle(noisy)
+
+
 def settle(noisy: Tenant, timeout_s: float = 900) -> None:
     """Wait until the noisy tenant's ingest has finished (jobs and outbox), so that the next
     load is measured alone."""
@@ -311,7 +338,9 @@ def main() -> None:
     parser.add_argument("--uploads", type=int, default=3, help="probes per figure")
     parser.add_argument("--searches", type=int, default=60, help="victim searches per figure")
     parser.add_argument("--backlog-chunks", type=int, default=20_000)
-    parser.add_argument("--loads", default="hanging,backlog,search-flood,wrong-keys")
+    parser.add_argument(
+        "--loads", default="hanging,backlog,flood-150k,flood-600k,search-flood,wrong-keys"
+    )
     args = parser.parse_args()
 
     http = httpx.Client(base_url=get_settings().api_url(), timeout=120)
@@ -326,6 +355,8 @@ def main() -> None:
         loads: dict[str, Callable[[], Any]] = {
             "hanging": lambda: hanging_endpoints(http, noisy),
             "backlog": lambda: ingest_backlog(http, noisy, args.backlog_chunks),
+            "flood-150k": lambda: document_flood(http, noisy, 160, 150_000),
+            "flood-600k": lambda: document_flood(http, noisy, 30, 600_000),
             "search-flood": search_flood(http, noisy),
             "wrong-keys": wrong_key_flood(http),
         }
