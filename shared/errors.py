@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -15,6 +16,8 @@ class ConcordError(Exception):
         super().__init__(message)
         self.message = message
         self.headers: dict[str, str] = {}
+        # For a request that fails its schema: each field at fault (path, message).
+        self.fields: list[dict[str, str]] = []
 
 
 class BadRequest(ConcordError):
@@ -110,5 +113,76 @@ class ParseError(ConcordError):
 
 
 def describe_validation_errors(errors: Iterable[Mapping[str, Any]]) -> str:
-    """Pydantic's validation errors as one line: ``field.path: message; ...``."""
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors)
+    """Pydantic's validation errors as one line: ``field.path message; ...``."""
+    return "; ".join(f"{_path(e['loc'])} {_in_words(e)}" for e in errors)
+
+
+def validation_error(errors: Iterable[Mapping[str, Any]]) -> ConcordError:
+    """The one error a request that fails its schema gets, on every route: 422, a sentence
+    per field at fault (the constraint in words, never a regular expression), and the fields
+    one by one in ``fields``; or, for a body that is not JSON at all, 400 saying where it
+    stopped parsing."""
+    listed = list(errors)
+    broken = next((e for e in listed if e.get("type") == "json_invalid"), None)
+    if broken is not None:
+        return BadRequest(f"the request body is not valid JSON: {_json_position(broken)}")
+    error = InvalidRequest(
+        "the request does not fit its schema: " + describe_validation_errors(listed)
+    )
+    error.fields = [{"path": _path(e["loc"]), "message": _in_words(e)} for e in listed]
+    return error
+
+
+def _path(loc: Iterable[Any]) -> str:
+    """``body.policy.min_score``, ``query.limit``; list positions as ``[2]``."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
+# Pydantic's messages where they quote a pattern or read as code.
+_WORDS = {
+    "missing": "is required",
+    "extra_forbidden": "is not a field this request takes",
+    "string_pattern_mismatch": "is not in the allowed form",
+    "string_too_short": "is too short",
+    "string_too_long": "is too long",
+    "literal_error": "must be one of {expected}",
+    "enum": "must be one of {expected}",
+    "less_than_equal": "must be at most {le}",
+    "greater_than_equal": "must be at least {ge}",
+    "less_than": "must be below {lt}",
+    "greater_than": "must be above {gt}",
+}
+
+
+def _in_words(error: Mapping[str, Any]) -> str:
+    template = _WORDS.get(str(error.get("type")))
+    if template is not None:
+        try:
+            return template.format(**(error.get("ctx") or {}))
+        except (KeyError, IndexError):
+            pass
+    message = str(error.get("msg", "is not valid"))
+    message = message.removeprefix("Value error, ")
+    return message[:1].lower() + message[1:]
+
+
+def _json_position(error: Mapping[str, Any]) -> str:
+    """Where a body stopped parsing, in words: "it stops parsing at character 12: expecting
+    property name enclosed in double quotes" (FastAPI's error has the position in its
+    location, pydantic's own the line and column in its text)."""
+    detail = str((error.get("ctx") or {}).get("error") or error.get("msg") or "")
+    detail = detail.removeprefix("Invalid JSON: ")
+    at = [part for part in error.get("loc", ()) if isinstance(part, int)]
+    found = re.search(r"(?::)? ?(?:at )?line (\d+),? column (\d+)(?: \(char \d+\))?", detail)
+    if found is not None:
+        detail = detail[: found.start()].rstrip(" :,")
+        where = f"line {found.group(1)}, column {found.group(2)}"
+    elif at:
+        where = f"character {at[-1]}"
+    else:
+        return "it does not parse"
+    what = detail[:1].lower() + detail[1:]
+    return f"it stops parsing at {where}" + (f": {what}" if what else "")

@@ -30,7 +30,7 @@ from services.api.readiness import readiness_checks
 from services.api.routes import admin, documents, jobs, search
 from services.api.warm_up import WarmUp
 from shared.db import unit_of_work
-from shared.errors import ConcordError, describe_validation_errors
+from shared.errors import ConcordError, validation_error
 from shared.logs import configure_json_logging, new_request_id, request_id_var
 from shared.metrics import API_REQUEST_SECONDS, SystemCollector
 from shared.settings import get_settings
@@ -76,8 +76,14 @@ def _store_unavailable(store: str) -> Callable[[Request, Exception], Awaitable[R
     return handler
 
 
-def error_body(code: str, message: str, status: int) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+def error_body(
+    code: str, message: str, status: int, fields: list[dict[str, str]] | None = None
+) -> JSONResponse:
+    """Every error's body: ``{"error": {"code", "message"[, "fields"]}}``."""
+    error: dict[str, object] = {"code": code, "message": message}
+    if fields:
+        error["fields"] = fields
+    return JSONResponse({"error": error}, status_code=status)
 
 
 @lru_cache(maxsize=1)
@@ -165,7 +171,7 @@ def create_app(warm_up: WarmUp | None = None) -> FastAPI:
 
     @app.exception_handler(ConcordError)
     async def _concord_error(_: Request, exc: ConcordError) -> JSONResponse:
-        response = error_body(exc.code, exc.message, exc.status_code)
+        response = error_body(exc.code, exc.message, exc.status_code, exc.fields)
         response.headers.update(exc.headers)
         return response
 
@@ -187,7 +193,8 @@ def create_app(warm_up: WarmUp | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_body("invalid_request", describe_validation_errors(exc.errors()), 422)
+        error = validation_error(exc.errors())
+        return error_body(error.code, error.message, error.status_code, error.fields)
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:

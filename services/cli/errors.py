@@ -11,7 +11,6 @@ permission); 5 unavailable (Postgres, Redis, Elasticsearch or the API does not a
 from __future__ import annotations
 
 import os
-import sys
 import traceback
 
 import typer
@@ -139,14 +138,3 @@ def _unavailable(error: Exception) -> str | None:
 def _first_line(error: object) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
-
-
-def main() -> None:
-    """The `concord` console script."""
-    sys.exit(run(_app()))
-
-
-def _app() -> typer.Typer:
-    from services.cli.main import app
-
-    return app

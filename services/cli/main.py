@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from datetime import datetime
 from pathlib import Path
@@ -13,7 +14,7 @@ from rich.markup import escape
 from rich.progress import Progress
 
 from services.cli import admin, answerability, evaluate, reranker, stack_commands
-from services.cli.errors import api_error, main, set_debug, usage
+from services.cli.errors import api_error, run, set_debug, usage
 from services.cli.output import cli_console, print_error
 from shared.settings import get_settings
 
@@ -396,6 +397,11 @@ def search(
             f" {i}. [cyan]{hit['score']:.4f}[/] {arms} "
             f"{escape(hit['title'] or hit['external_id'])}: {escape(snippet)}"
         )
+
+
+def main() -> None:
+    """The `concord` console script: every error one line (services/cli/errors.py)."""
+    sys.exit(run(app))
 
 
 if __name__ == "__main__":

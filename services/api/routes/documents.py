@@ -48,7 +48,7 @@ from shared.errors import (
     PayloadTooLarge,
     StoreError,
     UnsupportedMediaType,
-    describe_validation_errors,
+    validation_error,
 )
 from shared.fields import NO_NUL
 from shared.jobs import repository as jobs_repo
@@ -90,7 +90,9 @@ async def _upload_from_request(request: Request, tenant_id: str, settings: Setti
         try:
             doc = TextDocument.model_validate_json(body)
         except ValidationError as e:  # the same status and words as any other body's schema
-            raise InvalidRequest(describe_validation_errors(e.errors())) from e
+            # located as FastAPI locates a body's fields, so every route says "body.title"
+            located = ({**err, "loc": ("body", *err["loc"])} for err in e.errors())
+            raise validation_error(located) from e
         refuse_unstorable(doc.text, "text")
         raw = doc.text.encode()
         upload = Upload(

@@ -335,12 +335,20 @@ def test_bad_search_input_is_a_422_with_a_message(client, auth, payload):
     assert error["code"] == "invalid_request" and error["message"]
 
 
-def test_malformed_json_body_is_a_422(client, auth):
-    response = client.post(
-        "/v1/search", headers={**auth, "content-type": "application/json"}, content=b'{"query": '
-    )
-    assert response.status_code == 422
-    assert "json" in response.json()["error"]["message"].lower()
+def test_malformed_json_is_a_400_that_says_where_the_body_stopped_parsing(client, auth):
+    """Issue 52: it was a 422 saying "body.16: JSON decode error"; on the upload route and
+    this one alike it is now a 400 in words."""
+    for path in ("/v1/search", "/v1/documents"):
+        response = client.post(
+            path, headers={**auth, "content-type": "application/json"}, content=b'{"query": 1,,}'
+        )
+        assert response.status_code == 400, (path, response.text)
+        message = response.json()["error"]["message"]
+        assert message.startswith("the request body is not valid JSON: it stops parsing at "), (
+            message
+        )
+        assert "character 12" in message or "line 1, column 13" in message, message
+        assert "body.12" not in message and "decode error" not in message
 
 
 def test_convex_fusion_and_mmr_and_per_document_cap(client, auth, corpus):

@@ -192,7 +192,7 @@ WRITE_ROUTES = [
     ("POST", "/v1/documents", {"external_id": "x", "text": "Some text."}),
     ("POST", "/v1/search", {"query": "lighthouses"}),
     ("POST", "/v1/search/next", {"cursor": "Zm9vOjE"}),
-    ("PUT", "/v1/profiles/strict-one", {"top_k": 3}),
+    ("PUT", "/v1/profiles/strict-one", {"settings": {"top_k": 3}}),
     ("POST", "/v1/admin/reconcile", {"repair": False}),
     ("POST", "/v1/admin/keys", {"scopes": ["read"]}),
     (
@@ -211,7 +211,13 @@ def test_every_write_route_refuses_a_field_it_does_not_name(
     headers = key_headers(tenant, ["read", "write", "admin"])
     answer = client.request(method, path, headers=headers, json={**body, "surprise_field": 1})
     assert answer.status_code == 422, (path, answer.status_code, answer.text)
-    assert "surprise_field" in answer.json()["error"]["message"]
+    # Issue 52: one shape everywhere (the upload route said 400 bad_request, search 422)
+    error = answer.json()["error"]
+    assert error["code"] == "invalid_request"
+    assert error["fields"] == [
+        {"path": "body.surprise_field", "message": "is not a field this request takes"}
+    ], error
+    assert "surprise_field is not a field this request takes" in error["message"]
 
 
 def test_every_openapi_write_route_is_in_the_table() -> None:
