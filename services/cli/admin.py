@@ -9,6 +9,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from services.cli import tenants
 from services.cli.output import cli_console, print_error
 
 console = cli_console()
@@ -134,13 +135,14 @@ def reindex() -> None:
 
 
 def reembed(
-    tenant: str = typer.Option(..., help="Tenant whose documents to run through again."),
+    tenant: str | None = tenants.option(),
     wait: bool = typer.Option(False, "--wait", help="Wait until every job is indexed again."),
     timeout: float = typer.Option(3600, help="Seconds to wait with --wait."),
 ) -> None:
     """Run the tenant's live documents through the pipeline again (after a change to
     CONCORD_CHUNK_CONTEXT, the chunking or the model): chunks are rewritten at their version;
     what is unchanged comes from the embedding cache."""
+    tenant = tenants.resolve(tenant)
     import time
 
     from shared.db import unit_of_work
@@ -172,11 +174,12 @@ def reembed(
 
 
 def calibrate(
-    tenant: str = typer.Option(..., help="Tenant whose decision threshold to set."),
+    tenant: str | None = tenants.option(),
 ) -> None:
     """Set the tenant's dense-score threshold for the default decision from its own corpus:
     between questions drawn from its chunks and everyday questions far from it (beat does
     this by itself for tenants whose corpus changed)."""
+    tenant = tenants.resolve(tenant)
     from shared.db import unit_of_work
     from shared.search.calibration import MIN_SAMPLES, calibrate
     from shared.settings import get_settings

@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from evaluation.beir import DatasetError
+from services.cli import tenants
 from services.cli.evaluate import stage_progress
 from services.cli.output import cli_console, print_error
 from shared.errors import NotFound
@@ -49,8 +50,9 @@ def train(
 
 
 @app.command("list")
-def list_(tenant: str = typer.Option(..., help="Tenant whose models to list.")) -> None:
+def list_(tenant: str | None = tenants.option()) -> None:
     """Registered answerability models of a tenant, with their thresholds and model cards."""
+    tenant = tenants.resolve(tenant)
     from shared.answerability import service as registry
     from shared.db import unit_of_work
 
@@ -61,8 +63,9 @@ def list_(tenant: str = typer.Option(..., help="Tenant whose models to list.")) 
 
 
 @app.command("delete")
-def delete(name: str, tenant: str = typer.Option(..., help="Tenant the model belongs to.")) -> None:
+def delete(name: str, tenant: str | None = tenants.option()) -> None:
     """Unregister an answerability model."""
+    tenant = tenants.resolve(tenant)
     from shared.answerability import service as registry
     from shared.db import unit_of_work
 

@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.progress import Progress
 
-from services.cli import admin, answerability, evaluate, reranker, stack_commands
+from services.cli import admin, answerability, evaluate, reranker, stack_commands, tenants
 from services.cli.errors import api_error, run, set_debug, usage
 from services.cli.output import cli_console, print_error
 from shared.settings import get_settings
@@ -107,7 +107,7 @@ def keys_revoke(key_id: uuid.UUID = typer.Argument(..., help="The id `keys list`
 @app.command()
 def ingest(
     paths: list[Path] = typer.Argument(..., help="Files or directories to publish."),
-    tenant: str = typer.Option(..., help="Tenant the documents belong to."),
+    tenant: str | None = tenants.option(),
     prefix: str = typer.Option("", help="External ids are PREFIX + the path under each DIR."),
     wait: bool = typer.Option(
         False, "--wait", help="Wait until every document is indexed or has failed."
@@ -118,6 +118,7 @@ def ingest(
     under a directory given is named PREFIX + its path relative to that directory (as sync
     names it), a file given itself PREFIX + its name: the same file is the same document
     whatever the directory the command runs from."""
+    tenant = tenants.resolve(tenant)
     from shared.documents.events import EventBatcher, build_upload_event
     from shared.queue import publish_upload_events
 
@@ -163,7 +164,7 @@ def ingest(
 @app.command()
 def sync(
     directory: Path = typer.Argument(..., help="The directory whose files the tenant should hold."),
-    tenant: str = typer.Option(..., help="Tenant the documents belong to."),
+    tenant: str | None = tenants.option(),
     prefix: str = typer.Option("", help="External ids are PREFIX + the path under DIRECTORY."),
     prune: bool = typer.Option(False, "--prune", help="Delete documents whose file is gone."),
     force: bool = typer.Option(
@@ -194,6 +195,7 @@ def sync(
     (by content hash), and with --prune delete those whose file is gone. Idempotent: a second
     run sends nothing; an interrupted one resumes when run again. A file whose content already
     failed is not sent again until it changes (or with --retry-failed)."""
+    tenant = tenants.resolve(tenant)
     from shared.db import unit_of_work
     from shared.db.repository import now
     from shared.documents import sync as syncing

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from evaluation.beir import DatasetError
+from services.cli import tenants
 from services.cli.evaluate import stage_progress
 from services.cli.output import cli_console, print_error
 from shared.errors import NotFound
@@ -94,8 +95,9 @@ def validate_command(
 
 
 @app.command("list")
-def list_(tenant: str = typer.Option(..., help="Tenant whose rerankers to list.")) -> None:
+def list_(tenant: str | None = tenants.option()) -> None:
     """Registered rerankers of a tenant, with their model cards."""
+    tenant = tenants.resolve(tenant)
     from shared.db import unit_of_work
     from shared.rerankers import service as rerankers
 
@@ -106,10 +108,9 @@ def list_(tenant: str = typer.Option(..., help="Tenant whose rerankers to list."
 
 
 @app.command("delete")
-def delete(
-    name: str, tenant: str = typer.Option(..., help="Tenant the reranker belongs to.")
-) -> None:
+def delete(name: str, tenant: str | None = tenants.option()) -> None:
     """Unregister a reranker and remove its files."""
+    tenant = tenants.resolve(tenant)
     from shared.db import unit_of_work
     from shared.rerankers import service as rerankers
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from fastapi.testclient import TestClient
 from sqlalchemy import select
@@ -119,3 +120,24 @@ def test_piped_cli_tables_are_whole_and_dlq_commands_say_what_they_do(tenant: st
     ):
         assert command in helps
         assert words in " ".join(concord("dlq", command, "--help").split())
+
+
+def test_every_one_tenant_command_takes_its_tenant_from_the_key_or_tenant_alike(
+    tenant: str, api_key: str, capsys: Any, monkeypatch: Any
+) -> None:
+    """Issue 52: `search` took the tenant from the key while `sync` and `ingest` needed
+    --tenant. Every command that acts on one tenant's data takes --tenant, or else the key's
+    tenant; neither is a one-line usage error, a wrong key a refusal."""
+    from services.cli.errors import EXIT_REFUSED, EXIT_USAGE, run
+    from services.cli.main import app
+
+    monkeypatch.delenv("CONCORD_API_KEY", raising=False)
+    assert run(app, ["reranker", "list"]) == EXIT_USAGE
+    assert "pass --tenant T, or set CONCORD_API_KEY" in capsys.readouterr().err
+    monkeypatch.setenv("CONCORD_API_KEY", api_key)
+    assert run(app, ["reranker", "list"]) == 0
+    from_key = capsys.readouterr().out
+    assert run(app, ["reranker", "list", "--tenant", tenant]) == 0
+    assert capsys.readouterr().out == from_key
+    monkeypatch.setenv("CONCORD_API_KEY", "ck_" + "0" * 43)
+    assert run(app, ["reranker", "list"]) == EXIT_REFUSED
