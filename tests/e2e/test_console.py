@@ -72,6 +72,12 @@ def test_console_upload_search_trace_reconcile_and_replay(
 ) -> None:
     auth = {"Authorization": f"Bearer {admin_key}"}
     page.goto(f"{live_api}/console/#ingestion")
+    # Issue 52: the page was blank until a key was entered, a placeholder the only hint.
+    page.evaluate("sessionStorage.clear()")
+    page.reload()
+    welcome = page.inner_text("#welcome")
+    assert "concord keys create --tenant" in welcome and "admin" in welcome
+    shot(page, "welcome")
     page.fill("#api-key", admin_key)
     page.click("#key-form button")
     page.wait_for_selector("#key-state:has-text('key set')")
@@ -111,6 +117,10 @@ def test_console_upload_search_trace_reconcile_and_replay(
     assert first.locator(".result-name").inner_text() == "Island marsupials § Rottnest Island"
     assert first.locator("mark").count() >= 2
     assert "answerable" in page.inner_text("#decision")
+    # the count sits under the form with its results, not above the page's title
+    count = page.locator("#result-count")
+    assert "result(s)" in count.inner_text()
+    assert count.bounding_box()["y"] > page.locator("#page-search h1").bounding_box()["y"]
     first.locator(".show-trace").click()
     trace = first.locator(".trace")
     assert trace.is_visible()
@@ -156,12 +166,17 @@ def test_console_upload_search_trace_reconcile_and_replay(
     shot(page, "webhooks")
 
     page.goto(f"{live_api}/console/#stats")
-    page.wait_for_selector("#stats td:has-text('chunks_postgres')")
-    assert "queue_depth" in page.inner_text("#stats")
+    page.wait_for_selector("#stats td:has-text('chunks postgres')")
+    stats = page.inner_text("#stats")
+    # Issue 52: jobs and queue depths were raw JSON strings; now tables of their own
+    assert "queue depth" in stats and "{" not in stats
+    assert page.locator("#stats table.nested").count() >= 2
+    assert page.is_hidden("#welcome")
     shot(page, "stats")
 
     assert page.console_errors == []
     for name in (
+        "welcome",
         "ingestion",
         "search",
         "search-phone",

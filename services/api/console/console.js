@@ -131,7 +131,8 @@ async function runSearch(event) {
         <button type="button" class="show-trace" data-index="${i}">Show trace</button>
         <div class="trace-box" id="trace-${i}" hidden>${traceTable(r.trace)}</div>
       </li>`).join("") || "<li class='muted'>no results</li>";
-    showMessage(`${result.results.length} result(s)`);
+    // under the search form, with the results it counts (it sat above the page's title)
+    $("result-count").textContent = `${result.results.length} result(s)`;
   });
 }
 
@@ -303,11 +304,21 @@ async function loadDeliveries(event) {
 async function loadStats() {
   await guarded(async () => {
     const stats = await api("GET", "/v1/admin/stats");
+    // A figure that is a set of counts (jobs per state, queue depths) is a table of its own,
+    // not a JSON string.
     table($("stats"), [
-      { label: "figure", value: (row) => row[0] },
-      { label: "value", value: (row) => (typeof row[1] === "object" && row[1] !== null ? JSON.stringify(row[1]) : row[1]) },
+      { label: "figure", value: (row) => row[0].replaceAll("_", " ") },
+      { label: "value", html: (row) => statValue(row[1]) },
     ], Object.entries(stats));
   });
+}
+
+function statValue(value) {
+  if (value === null || value === undefined) return "–";
+  if (typeof value !== "object") return escapeHtml(String(value));
+  const rows = Object.entries(value);
+  if (!rows.length) return "none";
+  return `<table class="nested">${rows.map(([k, v]) => `<tr><th>${escapeHtml(k.replaceAll("_", " "))}</th><td>${statValue(v)}</td></tr>`).join("")}</table>`;
 }
 
 // --- navigation -------------------------------------------------------------------------
@@ -318,6 +329,8 @@ const LOADERS = {
 
 function showPage() {
   showMessage("");
+  // Without a key nothing can be shown: the first screen says which key and how to make one.
+  $("welcome").hidden = Boolean(apiKey());
   const page = (location.hash || "#search").slice(1);
   document.querySelectorAll(".page").forEach((p) => p.classList.toggle("active", p.id === `page-${page}`));
   document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.page === page));
