@@ -86,17 +86,18 @@ def _holder_of(candidate: _Shingled, kept: list[_Shingled]) -> Candidate | None:
 
 # A result of fewer words than this (with a letter or digit) is a crumb: a "SEE ALSO" line, a
 # two-line code fragment, a rule of dashes. No answer is said in so few words, so crumbs go
-# after the other results of the page, whatever the format that made them.
+# after the other results of the page, whatever the format that made them. A document short
+# enough to be one such chunk is not a crumb: it is all there is to say.
 CRUMB_WORDS = 8
 _WORDISH = re.compile(r"\S*\w\S*")
 
 
 def crumbs_last(candidates: list[Candidate]) -> list[Candidate]:
-    """``candidates`` with the crumbs (fewer than ``CRUMB_WORDS`` words) after the rest,
-    each part in its order."""
+    """``candidates`` with the crumbs (pieces of longer documents, of fewer than
+    ``CRUMB_WORDS`` words) after the rest, each part in its order."""
 
     def is_crumb(c: Candidate) -> bool:
-        return len(_WORDISH.findall(c.text, 0, 400)) < CRUMB_WORDS
+        return not c.whole_document and len(_WORDISH.findall(c.text, 0, 400)) < CRUMB_WORDS
 
     crumbs = [c for c in candidates if is_crumb(c)]
     if not crumbs:

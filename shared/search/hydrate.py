@@ -119,6 +119,7 @@ def hydrate(
                 scores={"dense_cosine": round(float(cosines[cid] if known else row.cosine), 6)},
                 flags=list(row.flags),
                 first_sentence_tokens=row.first_sentence_tokens,
+                whole_document=bool(row.whole_document),
             )
         )
     stale = [cid for cid in ids if cid not in live]

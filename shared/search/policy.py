@@ -117,6 +117,7 @@ class Candidate:
     # How well its text answers the question (passages.PassageMatch.proximity), when the
     # decision measured it: the per-document cap keeps a document's best-matching chunks.
     answer_match: float | None = None
+    whole_document: bool = False  # its document's only chunk: never a crumb of a longer one
 
 
 @dataclass

@@ -14,15 +14,17 @@ from sqlalchemy import (
     ColumnElement,
     String,
     Table,
+    and_,
     any_,
     case,
+    exists,
     func,
     literal,
     select,
     text,
 )
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.orm import Session, defer
+from sqlalchemy.orm import Session, aliased, defer
 
 from shared.db import any_of
 from shared.db.repository import run_unlock, try_run_lock
@@ -303,6 +305,20 @@ def live_chunks(
         Document.external_id,
         Document.title,
     ]
+    # Whether the chunk is its document's only one (no second chunk at its version): a short
+    # whole document is its own answer, not a crumb of a longer one.
+    second = aliased(Chunk)
+    columns.append(
+        and_(
+            Chunk.ordinal == 0,
+            ~exists().where(
+                second.tenant_id == Chunk.tenant_id,
+                second.document_id == Chunk.document_id,
+                second.version == Chunk.version,
+                second.ordinal == 1,
+            ),
+        ).label("whole_document")
+    )
     if vector is not None:
         columns.append((1 - Chunk.embedding.cosine_distance(_binary(vector))).label("cosine"))
     # NULL except for ``embeddings_for`` (an empty list matches no id).

@@ -116,7 +116,7 @@ def test_piped_cli_tables_are_whole_and_dlq_commands_say_what_they_do(tenant: st
     for command, words in (
         ("list", "newest dead letters"),
         ("show", "whole"),
-        ("discard", "Forget"),
+        ("discard", "without running it again"),
     ):
         assert command in helps
         assert words in " ".join(concord("dlq", command, "--help").split())

@@ -75,7 +75,7 @@ def test_request_bodies_are_bounded_before_the_key_is_checked(
         content=b'{"external_id": "a", "text": "\\u0000' + b"y" * (limit + 1) + b'"}',
         headers={**auth, "content-type": "application/json"},
     )
-    assert upload.status_code == 400, upload.text
+    assert upload.status_code == 422, upload.text
     # An ordinary search is untouched by the limit.
     assert client.post("/v1/search", json={"query": "okapi"}, headers=auth).status_code == 200
 

@@ -23,3 +23,17 @@ def test_crumbs_follow_the_other_results_in_their_order() -> None:
     assert [c.text for c in ordered] == [texts[1], texts[3], texts[0], texts[2], texts[4]]
     assert all(len(c.text.split()) >= CRUMB_WORDS for c in ordered[:2])
     assert crumbs_last(ordered[:2]) == ordered[:2]
+
+
+def test_a_whole_short_document_is_not_a_crumb() -> None:
+    """A document of one short sentence is its own answer: it keeps its place, while a crumb
+    of a longer document of the same length still goes last."""
+    texts = [
+        "Glaciers grind rock into fine silt.",
+        "Rivers carry the silt that glaciers leave behind them down to the sea each spring.",
+        "See also: moraine, till.",
+    ]
+    candidates = [replace(c, text=t) for c, t in zip(_candidates(3, 3), texts, strict=True)]
+    candidates[0] = replace(candidates[0], whole_document=True)
+    ordered = crumbs_last(candidates)
+    assert [c.text for c in ordered] == [texts[0], texts[1], texts[2]]
