@@ -82,6 +82,7 @@ class Claim:
     raw: bytes
     content_type: str
     request_id: str | None = None  # of the upload that created the job, for the logs
+    attempt: int = 0  # the job's attempts when claimed: which claim of it this one is
     timings: dict[str, float] = field(default_factory=dict)
     parsed: ParsedDocument | None = None
     pieces: list[TextChunk] = field(default_factory=list)
@@ -119,11 +120,16 @@ def process_job(
     error a retry may fix, the batch-mates go back to the queue and the error propagates:
     the caller (the task) retries ``job_id``."""
     settings = settings or get_settings()
+    settle_owed_releases(transactions, settings)
     with transactions() as uow:
         claimed = claim(uow, job_id, settings)
     if isinstance(claimed, JobOutcome):
         return claimed
-    return run(claimed, transactions, settings, retried_by_task=job_id)[job_id]
+    outcomes = run(claimed, transactions, settings, retried_by_task=job_id)
+    # The batch is the next work in fair order: ``job_id`` may not be in it (its message is
+    # at the back of the queue again, see claim), and then it simply waits its turn.
+    waits = JobOutcome(str(job_id), JobState.QUEUED, {"waits_its_turn": True})
+    return outcomes.get(job_id, waits)
 
 
 def process_jobs(
@@ -136,6 +142,7 @@ def process_jobs(
     tenant's upload waits behind. On failure every job of the batch goes back to the queue
     with a message of its own."""
     settings = settings or get_settings()
+    settle_owed_releases(transactions, settings)
     with transactions() as uow:
         claims, rest = claim_listed(uow, job_ids, settings)
         if rest:
@@ -254,6 +261,7 @@ def _start(
         version.raw,
         version.content_type,
         request_id=(job.detail or {}).get("request_id"),
+        attempt=job.attempts,
     )
 
 
@@ -300,7 +308,7 @@ def run(
             ready = steps.wait_their_turn(ready, settings)
             steps.together(ready, "write", steps.write_in_own_transaction)
         except Exception as e:
-            unfinished = [c.job_id for c in claims if c.job_id not in steps.outcomes]
+            unfinished = {c.job_id: c.attempt for c in claims if c.job_id not in steps.outcomes}
             # Out of time or of memory: no job's own outcome, and any of them may be the
             # reason.
             lost = isinstance(e, (SoftTimeLimitExceeded, MemoryError))
@@ -416,23 +424,53 @@ class _Steps:
         )
 
 
+# Jobs this process gave up while Postgres was out of reach (so it could not hand them back),
+# by id: (the attempt it claimed, whether that attempt was lost). Their leases would keep
+# them from anyone for up to job_lease_seconds after Postgres returns; instead the process's
+# next task hands them back first (the attempt tells a job since claimed again by another
+# worker, which is left alone). Should the process die first, the leases run out as before.
+_owed_releases: dict[uuid.UUID, tuple[int, bool]] = {}
+
+
 def _release(
     transactions: Transactions,
-    job_ids: list[uuid.UUID],
+    attempts: dict[uuid.UUID, int],
     settings: Settings,
     retried_by_task: uuid.UUID | None,
     lost: bool,
 ) -> None:
-    """Hand unfinished jobs back to the queue (shared/jobs/service.release). Best effort: if
-    Postgres is out of reach too, the jobs' leases (no longer renewed) run out and the sweep
-    takes them."""
-    if not job_ids:
+    """Hand unfinished jobs (``attempts``: the attempt of each this batch claimed) back to
+    the queue (shared/jobs/service.release). If Postgres is out of reach too, they are owed:
+    handed back by this process's next task (:func:`settle_owed_releases`)."""
+    if not attempts:
         return
     try:
         with transactions() as uow:
-            jobs.release(uow, job_ids, settings, retried_by_task, lost)
+            jobs.release(uow, attempts, settings, retried_by_task, lost)
     except Exception as e:
-        log.warning("could not release %d jobs (%s); their leases will run out", len(job_ids), e)
+        log.warning("could not release %d jobs (%s); the next task will", len(attempts), e)
+        _owed_releases.update({job_id: (n, lost) for job_id, n in attempts.items()})
+
+
+def settle_owed_releases(transactions: Transactions, settings: Settings) -> None:
+    """Hand back the jobs this process owes (see ``_owed_releases``), each with a message of
+    its own. If Postgres is still out of reach, they stay owed and the task's own error
+    (the same one) follows."""
+    if not _owed_releases:
+        return
+    owed = dict(_owed_releases)
+    try:
+        with transactions() as uow:
+            for lost in (False, True):
+                attempts = {j: n for j, (n, was_lost) in owed.items() if was_lost is lost}
+                if attempts:
+                    jobs.release(uow, attempts, settings, None, lost)
+    except Exception as e:
+        log.warning("could not hand back %d jobs yet (%s)", len(owed), e)
+        return
+    for job_id in owed:
+        _owed_releases.pop(job_id, None)
+    log.info("handed back %d jobs a batch gave up while Postgres was out of reach", len(owed))
 
 
 # ------------------------------------------------------------------ the steps

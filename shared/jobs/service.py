@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -112,18 +112,20 @@ def record_failure(uow: UnitOfWork, job_id: uuid.UUID, error: BaseException) -> 
 
 def release(
     uow: UnitOfWork,
-    job_ids: Sequence[uuid.UUID],
+    attempts: Mapping[uuid.UUID, int],
     settings: Settings,
     retried_by_task: uuid.UUID | None,
     lost: bool = False,
 ) -> None:
     """Hand unfinished jobs back to the queue at once, each with a message of its own, except
     ``retried_by_task``: its task's retry brings it back, and should that message be lost,
-    its lease (expired now) lets the next sweep publish it. ``lost``: the attempt ended with
-    no outcome of the jobs' own (the batch ran out of time), counted as such."""
+    its lease (expired now) lets the next sweep publish it. ``attempts``: the attempt of each
+    job that the releasing batch claimed; a job claimed again since (by a worker that took
+    it over once its lease ran out) is not the batch's to release. ``lost``: the attempt
+    ended with no outcome of the jobs' own (the batch ran out of time), counted as such."""
     current = now(uow.session)
-    for job in repo.lock_jobs(uow.session, job_ids).values():
-        if job.state != JobState.RUNNING:
+    for job in repo.lock_jobs(uow.session, list(attempts)).values():
+        if job.state != JobState.RUNNING or job.attempts != attempts[job.id]:
             continue
         if lost:
             lose_attempt(job)

@@ -208,6 +208,81 @@ def test_a_delivery_for_a_job_running_under_a_live_lease_leaves_it_alone(
     assert len(wait_converged(tenant)) > 0
 
 
+def test_a_delivery_whose_job_is_not_next_in_fair_order_leaves_it_queued_for_its_turn(
+    client: TestClient, auth, tenant, worker
+):
+    """A message is a wake-up: its batch is the next work in fair order, which need not
+    hold the message's own job. That job waits its turn, queued (its message at the back of
+    the queue again); the task once failed on it with a KeyError and dead-lettered it."""
+    small_batches = get_settings().model_copy(update={"ingest_batch_bytes": 1000})
+    with paused(worker):
+        first, second = (
+            upload_text(client, auth, f"{word}.txt", long_text(word, 20))["job_id"]
+            for word in ("alder", "birch")
+        )  # about 1,600 bytes each: one is a batch of its own
+        outcome = pipeline.process_job(unit_of_work, uuid.UUID(second), small_batches)
+        assert (outcome.state, outcome.detail) == ("queued", {"waits_its_turn": True})
+        assert job_state(second)[0] == "queued"
+        assert job_state(first)[0] == "indexed"  # the older one, first in fair order
+    wait_job(client, auth, second)
+    assert job_state(second)[0] == "indexed"
+
+
+def test_a_batch_given_up_while_postgres_is_away_is_handed_back_when_it_returns(
+    client: TestClient, auth, tenant, worker, monkeypatch
+):
+    """Postgres goes away after a batch is claimed: the batch cannot hand its jobs back, so
+    they are owed, and the process's next task hands them back first once Postgres is there
+    again, instead of every job waiting out its lease (job_lease_seconds, 20 s: after a 10 s
+    outage under the defaults that wait was most of the recovery). A job claimed again since
+    by another worker is not the owing batch's to hand back."""
+    from contextlib import contextmanager
+
+    from sqlalchemy import update
+    from sqlalchemy.exc import OperationalError
+
+    from shared.models import IngestJob
+
+    monkeypatch.setattr(pipeline, "_owed_releases", {})
+    calls = {"n": 0}
+
+    @contextmanager
+    def postgres_away_after_the_claim():  # the first transaction (the claim) goes through
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise OperationalError("connect", {}, Exception("connection refused"))
+        with unit_of_work() as uow:
+            yield uow
+
+    with paused(worker):
+        ids = [
+            upload_text(client, auth, f"owed-{i}.txt", long_text(word, 3))["job_id"]
+            for i, word in enumerate(("heron", "egret", "bittern"))
+        ]
+        try:
+            pipeline.process_job(postgres_away_after_the_claim, uuid.UUID(ids[0]))
+            raise AssertionError("the batch went on without Postgres")
+        except OperationalError:
+            pass
+        states = {j: job_state(j)[0] for j in ids}
+        assert states == {j: "running" for j in ids}  # leased still, and owed
+        assert set(pipeline._owed_releases) == {uuid.UUID(j) for j in ids}
+        with unit_of_work() as uow:  # the third taken over meanwhile by another worker
+            uow.session.execute(
+                update(IngestJob)
+                .where(IngestJob.id == uuid.UUID(ids[2]))
+                .values(attempts=IngestJob.attempts + 1)
+            )
+        # Postgres is back: the next task (here a delivery of the first job) hands the
+        # owed jobs back before it claims, and runs the first one at once.
+        outcome = pipeline.process_job(unit_of_work, uuid.UUID(ids[0]))
+        assert outcome.state == "indexed"
+        assert pipeline._owed_releases == {}
+        assert job_state(ids[2])[0] == "running"  # the other worker's, left alone
+    wait_job(client, auth, ids[1])  # handed back with a message of its own
+    assert job_state(ids[1])[0] == "indexed"
+
+
 def test_unparseable_files_fail_with_a_reason_and_others_proceed(
     client: TestClient, auth, tenant, worker
 ):
