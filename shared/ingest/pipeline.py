@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -82,7 +83,8 @@ class Claim:
     raw: bytes
     content_type: str
     request_id: str | None = None  # of the upload that created the job, for the logs
-    attempt: int = 0  # the job's attempts when claimed: which claim of it this one is
+    # When this claim of the job began (its started_at): which claim of it this one is.
+    claimed_at: datetime | None = None
     timings: dict[str, float] = field(default_factory=dict)
     parsed: ParsedDocument | None = None
     pieces: list[TextChunk] = field(default_factory=list)
@@ -118,18 +120,28 @@ def process_job(
     """``job_id`` (and a batch of other queued jobs): claimed in one transaction, then
     parsed, chunked, embedded and written (:func:`run`); returns ``job_id``'s outcome. On an
     error a retry may fix, the batch-mates go back to the queue and the error propagates:
-    the caller (the task) retries ``job_id``."""
+    the caller (the task) retries ``job_id``; unless ``job_id`` was not in the batch (it
+    waits its turn), when the error is not its own."""
     settings = settings or get_settings()
     settle_owed_releases(transactions, settings)
     with transactions() as uow:
         claimed = claim(uow, job_id, settings)
     if isinstance(claimed, JobOutcome):
         return claimed
-    outcomes = run(claimed, transactions, settings, retried_by_task=job_id)
     # The batch is the next work in fair order: ``job_id`` may not be in it (its message is
     # at the back of the queue again, see claim), and then it simply waits its turn.
     waits = JobOutcome(str(job_id), JobState.QUEUED, {"waits_its_turn": True})
-    return outcomes.get(job_id, waits)
+    if any(c.job_id == job_id for c in claimed):
+        return run(claimed, transactions, settings, retried_by_task=job_id)[job_id]
+    try:
+        return run(claimed, transactions, settings).get(job_id, waits)
+    except Exception:
+        # The batch's own jobs are back in the queue (or owed, see _release); the error is
+        # not ``job_id``'s, whose task would otherwise retry it and, its retries spent,
+        # dead-letter a job that never ran.
+        log.warning("a batch run for job %s's message failed; it waits its turn", job_id,
+                    exc_info=True)  # fmt: skip
+        return waits
 
 
 def process_jobs(
@@ -261,7 +273,7 @@ def _start(
         version.raw,
         version.content_type,
         request_id=(job.detail or {}).get("request_id"),
-        attempt=job.attempts,
+        claimed_at=job.started_at,
     )
 
 
@@ -316,7 +328,7 @@ def run(
                 group = steps.wait_their_turn(group, settings)
                 steps.together(group, "write", steps.write_in_own_transaction)
         except Exception as e:
-            unfinished = {c.job_id: c.attempt for c in claims if c.job_id not in steps.outcomes}
+            unfinished = {c.job_id: c.claimed_at for c in claims if c.job_id not in steps.outcomes}
             # Out of time or of memory: no job's own outcome, and any of them may be the
             # reason.
             lost = isinstance(e, (SoftTimeLimitExceeded, MemoryError))
@@ -433,31 +445,31 @@ class _Steps:
 
 
 # Jobs this process gave up while Postgres was out of reach (so it could not hand them back),
-# by id: (the attempt it claimed, whether that attempt was lost). Their leases would keep
+# by id: (when its claim began, whether that attempt was lost). Their leases would keep
 # them from anyone for up to job_lease_seconds after Postgres returns; instead the process's
-# next task hands them back first (the attempt tells a job since claimed again by another
+# next task hands them back first (the claim's start tells a job since claimed again by another
 # worker, which is left alone). Should the process die first, the leases run out as before.
-_owed_releases: dict[uuid.UUID, tuple[int, bool]] = {}
+_owed_releases: dict[uuid.UUID, tuple[datetime | None, bool]] = {}
 
 
 def _release(
     transactions: Transactions,
-    attempts: dict[uuid.UUID, int],
+    claims: dict[uuid.UUID, datetime | None],
     settings: Settings,
     retried_by_task: uuid.UUID | None,
     lost: bool,
 ) -> None:
-    """Hand unfinished jobs (``attempts``: the attempt of each this batch claimed) back to
+    """Hand unfinished jobs (``claims``: when this batch's claim of each began) back to
     the queue (shared/jobs/service.release). If Postgres is out of reach too, they are owed:
     handed back by this process's next task (:func:`settle_owed_releases`)."""
-    if not attempts:
+    if not claims:
         return
     try:
         with transactions() as uow:
-            jobs.release(uow, attempts, settings, retried_by_task, lost)
+            jobs.release(uow, claims, settings, retried_by_task, lost)
     except Exception as e:
-        log.warning("could not release %d jobs (%s); the next task will", len(attempts), e)
-        _owed_releases.update({job_id: (n, lost) for job_id, n in attempts.items()})
+        log.warning("could not release %d jobs (%s); the next task will", len(claims), e)
+        _owed_releases.update({job_id: (at, lost) for job_id, at in claims.items()})
 
 
 def settle_owed_releases(transactions: Transactions, settings: Settings) -> None:
@@ -470,9 +482,9 @@ def settle_owed_releases(transactions: Transactions, settings: Settings) -> None
     try:
         with transactions() as uow:
             for lost in (False, True):
-                attempts = {j: n for j, (n, was_lost) in owed.items() if was_lost is lost}
-                if attempts:
-                    jobs.release(uow, attempts, settings, None, lost)
+                claims = {j: at for j, (at, was_lost) in owed.items() if was_lost is lost}
+                if claims:
+                    jobs.release(uow, claims, settings, None, lost)
     except Exception as e:
         log.warning("could not hand back %d jobs yet (%s)", len(owed), e)
         return

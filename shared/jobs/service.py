@@ -112,20 +112,21 @@ def record_failure(uow: UnitOfWork, job_id: uuid.UUID, error: BaseException) -> 
 
 def release(
     uow: UnitOfWork,
-    attempts: Mapping[uuid.UUID, int],
+    claims: Mapping[uuid.UUID, datetime | None],
     settings: Settings,
     retried_by_task: uuid.UUID | None,
     lost: bool = False,
 ) -> None:
     """Hand unfinished jobs back to the queue at once, each with a message of its own, except
     ``retried_by_task``: its task's retry brings it back, and should that message be lost,
-    its lease (expired now) lets the next sweep publish it. ``attempts``: the attempt of each
-    job that the releasing batch claimed; a job claimed again since (by a worker that took
-    it over once its lease ran out) is not the batch's to release. ``lost``: the attempt
+    its lease (expired now) lets the next sweep publish it. ``claims``: when the releasing
+    batch's claim of each job began (its ``started_at``, which only a claim sets); a job
+    claimed again since (by a worker that took it over once its lease ran out) is not the
+    batch's to release. ``lost``: the attempt
     ended with no outcome of the jobs' own (the batch ran out of time), counted as such."""
     current = now(uow.session)
-    for job in repo.lock_jobs(uow.session, list(attempts)).values():
-        if job.state != JobState.RUNNING or job.attempts != attempts[job.id]:
+    for job in repo.lock_jobs(uow.session, list(claims)).values():
+        if job.state != JobState.RUNNING or job.started_at != claims[job.id]:
             continue
         if lost:
             lose_attempt(job)

@@ -228,6 +228,34 @@ def test_a_delivery_whose_job_is_not_next_in_fair_order_leaves_it_queued_for_its
     assert job_state(second)[0] == "indexed"
 
 
+def test_a_failed_batch_run_for_another_jobs_message_leaves_that_job_queued(
+    client: TestClient, auth, tenant, worker, monkeypatch
+):
+    """The batch a message's task runs need not hold the message's job; when that batch
+    fails for a reason a retry may fix, the error is not the job's: its task raised it, was
+    retried, and with its retries spent dead-lettered a job that never ran."""
+    from sqlalchemy.exc import OperationalError
+
+    def store_away(*args, **kwargs):
+        raise OperationalError("embed", {}, Exception("connection refused"))
+
+    small_batches = get_settings().model_copy(update={"ingest_batch_bytes": 1000})
+    with paused(worker):
+        first, second = (
+            upload_text(client, auth, f"{word}.txt", long_text(word, 20))["job_id"]
+            for word in ("rowan", "aspen")
+        )
+        monkeypatch.setattr(pipeline, "embed_batch", store_away)
+        outcome = pipeline.process_job(unit_of_work, uuid.UUID(second), small_batches)
+        monkeypatch.undo()
+        assert (outcome.state, outcome.detail) == ("queued", {"waits_its_turn": True})
+        assert job_state(second)[0] == "queued"
+        assert job_state(first)[0] == "queued"  # the batch's own job, handed back
+    for job in (first, second):
+        wait_job(client, auth, job)
+        assert job_state(job)[0] == "indexed"
+
+
 def test_a_batch_given_up_while_postgres_is_away_is_handed_back_when_it_returns(
     client: TestClient, auth, tenant, worker, monkeypatch
 ):
@@ -238,7 +266,7 @@ def test_a_batch_given_up_while_postgres_is_away_is_handed_back_when_it_returns(
     by another worker is not the owing batch's to hand back."""
     from contextlib import contextmanager
 
-    from sqlalchemy import update
+    from sqlalchemy import func, update
     from sqlalchemy.exc import OperationalError
 
     from shared.models import IngestJob
@@ -268,10 +296,10 @@ def test_a_batch_given_up_while_postgres_is_away_is_handed_back_when_it_returns(
         assert states == {j: "running" for j in ids}  # leased still, and owed
         assert set(pipeline._owed_releases) == {uuid.UUID(j) for j in ids}
         with unit_of_work() as uow:  # the third taken over meanwhile by another worker
-            uow.session.execute(
+            uow.session.execute(  # (a replay resets attempts: the claim's start tells)
                 update(IngestJob)
                 .where(IngestJob.id == uuid.UUID(ids[2]))
-                .values(attempts=IngestJob.attempts + 1)
+                .values(started_at=func.now())
             )
         # Postgres is back: the next task (here a delivery of the first job) hands the
         # owed jobs back before it claims, and runs the first one at once.
