@@ -101,17 +101,27 @@ def _print_report(body: dict[str, Any]) -> None:
         )
 
 
-def reindex() -> None:
+def reindex(
+    tenant: str | None = typer.Option(
+        None, help="Rebuild one tenant's index only (default: every tenant's)."
+    ),
+) -> None:
     """Rebuild the Elasticsearch index from Postgres behind the alias and switch atomically
     (resumes an interrupted run); then report any drift."""
     from rich.progress import Progress
 
     from shared.db import unit_of_work
+    from shared.errors import NotFound
     from shared.reconcile.reindex import ReindexRunning
     from shared.reconcile.reindex import reindex as run
     from shared.reconcile.service import reconcile as check
     from shared.stores.chunk_index import ReindexCopyRefused
+    from shared.tenants.repository import tenant_exists
 
+    if tenant is not None:
+        with unit_of_work() as uow:
+            if not tenant_exists(uow.session, tenant):
+                raise NotFound(f"there is no tenant {tenant!r}; check the name")
     try:
         with Progress(console=console) as bar:
             task = bar.add_task("copying chunks", total=None)
@@ -119,16 +129,17 @@ def reindex() -> None:
                 unit_of_work,
                 lambda done, total: bar.update(task, completed=done, total=total),
                 notice=console.print,
+                tenant_id=tenant,
             )
     except (ReindexRunning, ReindexCopyRefused) as e:
         print_error(console, e, label="error:")
         raise typer.Exit(1) from e
     console.print(
-        f"{'resumed and ' if result.resumed else ''}copied {result.copied} chunks into "
-        f"generation {result.new_index} in {result.seconds:.1f}s; removed "
-        f"{len(result.old_indices)} indices"
+        f"{'resumed and ' if result.resumed else ''}copied {result.copied} chunks"
+        f"{f' of tenant {tenant}' if tenant else ''} into generation {result.new_index} in "
+        f"{result.seconds:.1f}s; removed {len(result.old_indices)} indices"
     )
-    drift = check(unit_of_work, repair=False)
+    drift = check(unit_of_work, tenant, repair=False)
     console.print(f"drift after the switch: {drift.total()}")
     if drift.total():
         raise typer.Exit(1)

@@ -14,6 +14,12 @@
    ``update_aliases`` call; the old indices are deleted. Searches use the live aliases
    throughout and never see a half-built index.
 
+``tenant_id`` rebuilds one tenant's index the same way (a generation of that index alone,
+only its chunks copied, only its changes dual-written, only its aliases switched): after an
+incident in one tenant's index, or to give one tenant new shards, without copying every other
+tenant's chunks. It needs the per-tenant layout; an interrupted reindex of other tenants is
+finished first (shared/stores/chunk_index.py, ``start_reindex``).
+
 The same run moves a deployment from the shared layout (one index for every tenant) to an
 index per tenant (shared/stores/es_index.py), online and resumable.
 
@@ -64,9 +70,11 @@ def reindex(
     page_size: int = PAGE,
     index: IndexReindex | None = None,
     notice: Callable[[str], None] | None = None,
+    tenant_id: str | None = None,
 ) -> ReindexResult:
-    """One run at a time (ReindexRunning otherwise); ``notice`` hears at the start why a
-    generation in progress was discarded, where one was."""
+    """One run at a time (ReindexRunning otherwise), of every tenant or of ``tenant_id``;
+    ``notice`` hears at the start why a generation in progress was discarded, where one
+    was."""
     # The guard's connection is in autocommit: it holds the lock between statements without
     # holding a transaction open, and a run that dies releases it with its connection.
     with transactions() as guard:
@@ -76,7 +84,7 @@ def reindex(
                 "whose process died has ended: this one resumes it)"
             )
         try:
-            return _reindex(transactions, progress, page_size, index, notice)
+            return _reindex(transactions, progress, page_size, index, notice, tenant_id)
         finally:
             run_unlock(guard.session, _REINDEX_LOCK)
 
@@ -87,21 +95,23 @@ def _reindex(
     page_size: int,
     index: IndexReindex | None,
     notice: Callable[[str], None] | None,
+    tenant_id: str | None,
 ) -> ReindexResult:
     settings = get_settings()
     index = index or ElasticsearchChunkIndex(settings=settings)
     started = time.monotonic()
-    start = index.start_reindex()
+    start = index.start_reindex(tenant_id)
     if start.started_again_because and notice:
         notice(f"started again: {start.started_again_because}")
     target, last_id = start.generation, start.last_id  # target: the generation built
     with transactions() as uow:
         store = PgVectorStore(uow.session, settings)
-        total = store.count_of_tenant(None)
-        done = store.count_up_to(last_id) if last_id else 0
+        total = store.count_of_tenant(tenant_id)
+        done = store.count_up_to(last_id, tenant_id) if last_id else 0
     while True:
         with transactions() as uow:
-            page = PgVectorStore(uow.session, settings).page_after(last_id, page_size)
+            store = PgVectorStore(uow.session, settings)
+            page = store.page_after(last_id, page_size, tenant_id)
         if not page:
             break
         index.copy_to(target, page)

@@ -10,8 +10,9 @@ as the rest of Concord uses it:
   text into anything but a ``multi_match``;
 * reads for reconciliation: which tenants it holds, per-bucket sums of each tenant's copies,
   and the copies with their fingerprints recomputed from their fields;
-* reindex: the next generation of indices built beside the live one, its progress stored in
-  its anchor's ``_meta``, and the atomic switch of every alias;
+* reindex: the next generation of indices built beside the live one (every tenant's, or one
+  tenant's index), its progress and scope stored in its anchor's ``_meta``, and the atomic
+  switch of the aliases;
 * counts and the cluster's health.
 
 Every request for chunks goes to Elasticsearch through this class; the contract it keeps is
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from elasticsearch import ApiError, BadRequestError, Elasticsearch, NotFoundError, helpers
 
+from shared.errors import Conflict
 from shared.metrics import LEXICAL_ANALYSIS_FALLBACKS
 from shared.models import Chunk, Document
 from shared.settings import LexicalAnalysis, Settings, get_settings
@@ -88,6 +90,8 @@ COPIED_FIELDS = [
     "fingerprint",
 ]
 REINDEX_PROGRESS = "reindex_last_id"  # in the target generation's anchor's _meta
+# Also there: the one tenant a generation rebuilds (absent: it rebuilds every tenant).
+REINDEX_TENANT = "reindex_tenant"
 # How long a process trusts what it read of the live layout: a reindex's switch is seen
 # within this (the relay's writes to a tenant's alias are right either side of it).
 LAYOUT_TTL_S = 2.0
@@ -104,6 +108,9 @@ _found_analysis: dict[str, LexicalAnalysis] = {}
 # Per process: the settings each generation's indices are made under (its anchor's shape; a
 # generation's shape never changes, a discarded one's name is never used again).
 _generation_settings: dict[tuple[str, str], Settings] = {}
+# Per process: the tenant each generation being built rebuilds, None for every tenant (fixed
+# when the generation starts, like its shape).
+_generation_tenant: dict[tuple[str, str], str | None] = {}
 
 # What of a generation's shape its anchor records, as the settings name them.
 GENERATION_SHAPE = ("es_shards", "es_replicas", "lexical_analysis", "es_text_analyzer")
@@ -130,6 +137,12 @@ def _shape_of(anchor: dict[str, Any]) -> dict[str, Any]:
 # A reindex page's copies that Elasticsearch answers 429 or 5xx are sent again this often.
 COPY_ATTEMPTS = 4
 COPY_BACKOFF_S = 1.0
+
+
+class ReindexOfAnotherScope(Conflict):
+    """A reindex of other tenants than asked for was interrupted and waits to be resumed:
+    one generation is built at a time (the relay dual-writes to one), so it is finished
+    first."""
 
 
 class ReindexCopyRefused(Exception):
@@ -230,6 +243,15 @@ class ElasticsearchChunkIndex:
             _generation_settings[key] = self.settings.model_copy(update=shape)
         return _generation_settings[key]
 
+    def _generation_tenant(self, generation: str) -> str | None:
+        """The one tenant ``generation`` rebuilds (its anchor's ``_meta`` says), or None when
+        it rebuilds every tenant."""
+        key = (self.alias, generation)
+        if key not in _generation_tenant:
+            meta = self._anchor(generation)["mappings"].get("_meta", {})
+            _generation_tenant[key] = meta.get(REINDEX_TENANT)
+        return _generation_tenant[key]
+
     def _anchor(self, generation: str) -> dict[str, Any]:
         """The generation's anchor index as Elasticsearch describes it: settings and mappings
         (its shape, and in ``_meta`` the reindex's progress)."""
@@ -237,9 +259,15 @@ class ElasticsearchChunkIndex:
         return dict(self.es.indices.get(index=anchor)[anchor])
 
     def _create(
-        self, name: str, aliases: dict[str, Any], made_under: Settings | None = None
+        self,
+        name: str,
+        aliases: dict[str, Any],
+        made_under: Settings | None = None,
+        meta: dict[str, Any] | None = None,
     ) -> None:
         body = index_body(made_under or self.settings)
+        if meta:  # made with the index: no index is ever seen without it
+            body["mappings"]["_meta"] = {**body["mappings"]["_meta"], **meta}
         try:
             self.es.indices.create(
                 index=name, settings=body["settings"], mappings=body["mappings"], aliases=aliases
@@ -298,7 +326,13 @@ class ElasticsearchChunkIndex:
         return reindex_target(self.es, self.settings)
 
     def bulk_to(self, generation: str, requests: Sequence[TenantLines]) -> Any:
-        """The same lines to the tenants' indices of ``generation`` (a reindex's dual write)."""
+        """The same lines to the tenants' indices of ``generation`` (a reindex's dual write);
+        of a generation that rebuilds one tenant, that tenant's lines only."""
+        rebuilt = self._generation_tenant(generation)
+        if rebuilt is not None:
+            requests = [(tenant, lines) for tenant, lines in requests if tenant == rebuilt]
+        if not requests:
+            return {"errors": False, "items": []}
         for tenant_id in {t for t, _ in requests}:
             self._ensure_generation_index(generation, tenant_id)
         lines = self._addressed(
@@ -621,12 +655,17 @@ class ElasticsearchChunkIndex:
 
     # -- reindex
 
-    def start_reindex(self) -> ReindexStart:
+    def start_reindex(self, tenant_id: str | None = None) -> ReindexStart:
         """The generation a reindex in progress is building, or a new one marked as being
         built (from then on the relay dual-writes to it), with the last chunk id copied into
         it. Leftovers of an earlier run are deleted first: chunk indices behind no alias (a
         switch that stopped before it deleted the old indices) and the half-built index of a
         shared-layout reindex.
+
+        With ``tenant_id`` the generation rebuilds that tenant's index only (its anchor
+        records the tenant; the relay dual-writes that tenant's changes only). That needs the
+        per-tenant layout, and a generation in progress for other tenants (every tenant, or
+        another one) is finished first: ReindexOfAnotherScope otherwise.
 
         A generation in progress whose anchor records another shape than this process is
         configured with (CONCORD_ES_SHARDS, CONCORD_ES_REPLICAS, CONCORD_LEXICAL_ANALYSIS or
@@ -635,10 +674,21 @@ class ElasticsearchChunkIndex:
         copying done so far is lost; Postgres holds every chunk. The caller holds the
         reindex lock (shared/reconcile/reindex.py): no other run switches to the generation
         discarded here."""
+        if tenant_id is not None and not self.layout(fresh=True).per_tenant:
+            raise ReindexOfAnotherScope(
+                "the chunk index is still in the shared layout (one index for every tenant); "
+                "run `concord reindex` without --tenant once to give each tenant its own index"
+            )
         generation = self.reindex_target()
         discarded = None
         if generation is not None:
             anchor = self._anchor(generation)
+            building = anchor["mappings"].get("_meta", {}).get(REINDEX_TENANT)
+            if building != tenant_id:
+                raise ReindexOfAnotherScope(
+                    f"an interrupted reindex of {_scope(building)} waits to be resumed; run "
+                    f"`concord reindex{_scope_option(building)}` to finish it first"
+                )
             differences = self._differences_from_configured(_shape_of(anchor))
             if not differences:
                 self._delete_dead_indices(keep=generation)
@@ -648,7 +698,11 @@ class ElasticsearchChunkIndex:
             log.warning("reindex: %s; discarded, starting again", discarded)
         self._delete_dead_indices(keep=None)  # a discarded generation is behind no read alias
         generation = new_generation()
-        self._create(anchor_index(self.settings, generation), {reindexing_alias(self.settings): {}})
+        self._create(
+            anchor_index(self.settings, generation),
+            {reindexing_alias(self.settings): {}},
+            meta={REINDEX_TENANT: tenant_id} if tenant_id is not None else None,
+        )
         return ReindexStart(generation, "", resumed=False, started_again_because=discarded)
 
     def _differences_from_configured(self, made: dict[str, Any]) -> list[str]:
@@ -719,10 +773,18 @@ class ElasticsearchChunkIndex:
         indices of the generations before; returns their names. A tenant whose live index
         has no counterpart in ``generation`` (it holds no chunk now) gets an empty one, so
         no tenant's alias ever disappears. A tenant's first index, created in the old
-        generation while this ran, makes the switch fail: it is computed again, once."""
+        generation while this ran, makes the switch fail: it is computed again, once.
+
+        A generation that rebuilds one tenant moves that tenant's aliases only; its anchor,
+        which no alias reads, goes with the tenant's old index."""
+        rebuilt = self._generation_tenant(generation)
         for attempt in (1, 2):
             try:
-                old = self._switch_to(generation)
+                old = (
+                    self._switch_to(generation)
+                    if rebuilt is None
+                    else self._switch_tenant_to(generation, rebuilt)
+                )
                 break
             except BadRequestError:
                 if attempt == 2:
@@ -769,6 +831,40 @@ class ElasticsearchChunkIndex:
         )
         self.es.indices.update_aliases(actions=actions)
         return list(live)
+
+    def _switch_tenant_to(self, generation: str, tenant_id: str) -> list[str]:
+        alias = tenant_alias(self.settings, tenant_id)
+        built = self._ensure_generation_index(generation, tenant_id)  # made even if empty
+        try:
+            live = list(self.es.indices.get_alias(name=alias))
+        except NotFoundError:
+            live = []  # the tenant had no index yet: it gets the rebuilt one
+        self.es.indices.refresh(index=built)
+        actions: list[dict[str, Any]] = [
+            {"remove": {"index": index, "alias": name}}
+            for index in live
+            for name in (alias, self.alias)
+        ]
+        actions += [
+            {"add": {"index": built, "alias": self.alias}},
+            {"add": {"index": built, "alias": alias, "is_write_index": True}},
+            {
+                "remove": {
+                    "index": anchor_index(self.settings, generation),
+                    "alias": reindexing_alias(self.settings),
+                }
+            },
+        ]
+        self.es.indices.update_aliases(actions=actions)
+        return live
+
+
+def _scope(tenant_id: str | None) -> str:
+    return "every tenant" if tenant_id is None else f"tenant {tenant_id}"
+
+
+def _scope_option(tenant_id: str | None) -> str:
+    return "" if tenant_id is None else f" --tenant {tenant_id}"
 
 
 if TYPE_CHECKING:  # mypy proves the adapter implements every port

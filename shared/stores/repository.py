@@ -407,12 +407,16 @@ def fingerprints(session: Session, tenant_id: str, condition: ColumnElement[bool
 # ------------------------------------------------------------------ reindex
 
 
-def chunks_after(session: Session, last_id: str, limit: int) -> list[tuple[Chunk, Document]]:
-    """The next page of chunks in id order (keyset pagination), with their documents."""
+def chunks_after(
+    session: Session, last_id: str, limit: int, tenant_id: str | None = None
+) -> list[tuple[Chunk, Document]]:
+    """The next page of chunks in id order (keyset pagination), with their documents: every
+    tenant's, or ``tenant_id``'s only."""
+    of_tenant = [Chunk.tenant_id == tenant_id] if tenant_id is not None else []
     rows = session.execute(
         select(Chunk, Document)
         .join(Document, Document.id == Chunk.document_id)
-        .where(Chunk.id > last_id)
+        .where(Chunk.id > last_id, *of_tenant)
         .order_by(Chunk.id)
         .limit(limit)
     )

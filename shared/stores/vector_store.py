@@ -181,13 +181,18 @@ class PgVectorStore:
 
     # -- reindex
 
-    def count_up_to(self, last_id: str) -> int:
-        """Chunks whose id sorts at or before ``last_id`` (what a resumed reindex has done)."""
-        return repo.count_chunks(self.session, Chunk.id <= last_id)
+    def count_up_to(self, last_id: str, tenant_id: str | None = None) -> int:
+        """Chunks (every tenant's, or ``tenant_id``'s) whose id sorts at or before
+        ``last_id``: what a resumed reindex has done."""
+        of_tenant = [Chunk.tenant_id == tenant_id] if tenant_id is not None else []
+        return repo.count_chunks(self.session, Chunk.id <= last_id, *of_tenant)
 
-    def page_after(self, last_id: str, size: int) -> list[tuple[Chunk, Document]]:
-        """The next ``size`` chunks in id order after ``last_id``, with their documents."""
-        return repo.chunks_after(self.session, last_id, size)
+    def page_after(
+        self, last_id: str, size: int, tenant_id: str | None = None
+    ) -> list[tuple[Chunk, Document]]:
+        """The next ``size`` chunks (every tenant's, or ``tenant_id``'s) in id order after
+        ``last_id``, with their documents."""
+        return repo.chunks_after(self.session, last_id, size, tenant_id)
 
 
 if TYPE_CHECKING:  # mypy proves the adapter implements every port

@@ -19,9 +19,9 @@ from shared.db import unit_of_work
 from shared.settings import get_settings
 from shared.stores import ports
 from shared.stores.chunk_document import es_document
-from shared.stores.chunk_index import ElasticsearchChunkIndex
+from shared.stores.chunk_index import ElasticsearchChunkIndex, ReindexOfAnotherScope
 from shared.stores.elastic import get_es
-from shared.stores.es_index import ensure_index, tenant_alias
+from shared.stores.es_index import anchor_index, ensure_index, tenant_alias, tenant_index
 from shared.stores.schemas import ReindexStart
 from shared.stores.vector_store import PgVectorStore
 from tests.contract import test_stores
@@ -100,6 +100,61 @@ class TestChunkWriterPort:
         stats, unbucketed = index.bucket_stats(tenant)
         assert unbucketed == 0
         assert set(index.fingerprints_in_buckets(tenant, list(stats))) == {first.id, during.id}
+
+    def test_a_reindex_of_one_tenant_dual_writes_and_switches_that_tenant_alone(
+        self, own_index: ElasticsearchChunkIndex
+    ) -> None:
+        """A generation that rebuilds one tenant: only that tenant's dual writes reach it,
+        its switch moves only that tenant's aliases, and while it waits to be resumed no
+        reindex of other tenants starts."""
+        index, tenant, other = own_index, _tenant(), _tenant()
+        ours = Record(tenant, _doc(), "Puffins nest in burrows.")
+        theirs = Record(other, _doc(), "Gannets dive from thirty metres.")
+        assert index.write([ElasticsearchHarness._copy(r) for r in (ours, theirs)], "external")
+        es = get_es()
+        [their_index] = es.indices.get_alias(name=tenant_alias(index.settings, other))
+        [our_old_index] = es.indices.get_alias(name=tenant_alias(index.settings, tenant))
+        start = index.start_reindex(tenant)
+        assert (start.last_id, start.resumed) == ("", False)
+        assert index.reindex_target() == start.generation
+        for elsewhere in (None, other):
+            with pytest.raises(ReindexOfAnotherScope, match=f"--tenant {tenant}"):
+                index.start_reindex(elsewhere)
+        index.copy_to(start.generation, [ElasticsearchHarness._copy(ours)])
+        index.mark_reindex_progress(start.generation, ours.id)
+        assert index.start_reindex(tenant) == ReindexStart(start.generation, ours.id, True)
+        during = [Record(t, _doc(), "Written while it is rebuilt.") for t in (tenant, other)]
+        lines = [(record.tenant_id, _lines(record)) for record in during]
+        index.bulk(lines)
+        [item] = index.bulk_to(start.generation, lines)["items"]  # ours only
+        assert item["index"]["_id"] == during[0].id
+        assert not es.indices.exists(index=tenant_index(index.settings, start.generation, other))
+        old = index.finish_reindex(start.generation)
+        assert our_old_index in old and their_index not in old
+        assert index.reindex_target() is None
+        assert list(es.indices.get_alias(name=tenant_alias(index.settings, other))) == [their_index]
+        [rebuilt] = es.indices.get_alias(name=tenant_alias(index.settings, tenant))
+        assert start.generation in rebuilt
+        assert index.layout(fresh=True).generation not in (None, start.generation)
+        for t, expected in ((tenant, {ours.id, during[0].id}), (other, {theirs.id, during[1].id})):
+            index.refresh(t)
+            stats, _ = index.bucket_stats(t)
+            assert set(index.fingerprints_in_buckets(t, list(stats))) == expected
+        assert not es.indices.exists(index=anchor_index(index.settings, start.generation))
+
+    def test_a_reindex_of_one_tenant_needs_the_per_tenant_layout(self) -> None:
+        """On the shared layout (one index for every tenant) only a reindex of every tenant
+        can run: it is the one that gives each tenant its own index."""
+        prefix = f"contract-{uuid.uuid4().hex[:8]}"
+        settings = get_settings().model_copy(update={"es_index_prefix": prefix})
+        es = get_es()
+        es.indices.create(index=f"{prefix}-chunks-v1", aliases={f"{prefix}-chunks": {}})
+        try:
+            with pytest.raises(ReindexOfAnotherScope, match="shared layout"):
+                ElasticsearchChunkIndex(settings=settings).start_reindex(_tenant())
+            assert not es.indices.exists_alias(name=f"{prefix}-chunks-reindexing")
+        finally:
+            es.indices.delete(index=f"{prefix}-*", allow_no_indices=True)
 
 
 class TestLexicalSearchPort:
@@ -208,6 +263,19 @@ class TestReindexSourcePort:
         assert page_ids == sorted(page_ids) and page_ids[0] > ids[0]
         assert set(ids[1:]) <= set(page_ids)
         assert all(doc.id == chunk.document_id for chunk, doc in page)
+
+    def test_a_tenants_pages_and_counts_hold_its_chunks_only(
+        self, written: tuple[str, str, list[Record]]
+    ) -> None:
+        tenant, other, records = written
+        ours = sorted(r.id for r in records if r.tenant_id == tenant)
+        with unit_of_work() as uow:
+            store = PgVectorStore(uow.session)
+            assert store.count_up_to(ours[-1], tenant) == len(ours)
+            assert store.count_up_to(ours[0], tenant) == 1
+            pages = [store.page_after("", 2, tenant), store.page_after(ours[1], 2, tenant)]
+            assert store.page_after("", 10, other)[0][0].tenant_id == other
+        assert [[chunk.id for chunk, _ in page] for page in pages] == [ours[:2], ours[2:]]
 
 
 class TestVectorReadsPort:

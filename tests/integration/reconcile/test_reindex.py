@@ -17,6 +17,7 @@ from shared.settings import get_settings
 from shared.stores.elastic import get_es
 from tests.helpers import (
     es_chunks,
+    key_headers,
     pg_chunks,
     search,
     tenant_index,
@@ -43,6 +44,53 @@ def test_reindex_switches_atomically_while_searches_keep_answering(client, auth,
     up = upload_text(client, auth, "atlas-new", "Atlas page nine: river crossings.")
     wait_job(client, auth, up["job_id"])
     assert len(wait_converged(tenant)) == 9
+
+
+def test_a_reindex_of_one_tenant_rebuilds_its_index_alone(client, auth, tenant, worker):
+    """`concord reindex --tenant T`: T's index is rebuilt from T's chunks alone and switched
+    while T's searches keep answering; another tenant's index is not touched."""
+    other = f"t-{uuid.uuid4().hex[:12]}"
+    other_auth = key_headers(other, ["read", "write"])
+    for i in range(5):
+        upload_text(client, auth, f"atlas-{i}", f"Atlas page {i}: maps of mountain passes.")
+        upload_text(client, other_auth, f"reef-{i}", f"Reef survey {i}: coral and sponges.")
+    wait_converged(tenant)
+    wait_converged(other)
+    es = get_es()
+    [old_index] = es.indices.get_alias(name=tenant_index(tenant))
+    [their_index] = es.indices.get_alias(name=tenant_index(other))
+    result, failures = _reindex_while_searching(
+        client, auth, "mountain passes", args=["--tenant", tenant]
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"copied {len(pg_chunks(tenant))} chunks of tenant {tenant}" in result.stdout
+    assert "drift after the switch: 0" in result.stdout
+    assert failures == []
+    [new_index] = es.indices.get_alias(name=tenant_index(tenant))
+    assert new_index != old_index and not es.indices.exists(index=old_index)
+    assert list(es.indices.get_alias(name=tenant_index(other))) == [their_index]
+    assert es_chunks(tenant) == pg_chunks(tenant)
+    assert es_chunks(other) == pg_chunks(other)
+    assert search(client, other_auth, "coral sponges", mode="lexical")["results"]
+    up = upload_text(client, auth, "atlas-new", "Atlas page nine: river crossings.")
+    wait_job(client, auth, up["job_id"])
+    assert len(wait_converged(tenant)) == 6
+
+
+def test_a_reindex_of_a_tenant_that_does_not_exist_is_one_line_and_starts_nothing():
+    from shared.stores.es_index import reindex_target
+
+    result = subprocess.run(
+        [sys.executable, "-m", "services.cli.main", "reindex", "--tenant", "no-such-tenant"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 3, result.stdout + result.stderr  # not found
+    said = " ".join(result.stderr.split())
+    assert said == "not found: there is no tenant 'no-such-tenant'; check the name", said
+    assert reindex_target(get_es(), get_settings()) is None
 
 
 def test_reindex_changes_the_shard_count_online_and_bm25_scores_stay_the_same(
@@ -255,7 +303,11 @@ def test_a_reindex_whose_copies_are_refused_stops_before_switching_and_resumes(
 
 
 def _reindex_while_searching(
-    client: TestClient, auth: dict[str, str], query: str, env: dict[str, str] | None = None
+    client: TestClient,
+    auth: dict[str, str],
+    query: str,
+    env: dict[str, str] | None = None,
+    args: list[str] | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """`concord reindex` as an operator runs it (with ``env`` added), while lexical searches
     for ``query`` keep going: the command's result, and every search that failed or found
@@ -275,7 +327,7 @@ def _reindex_while_searching(
     searcher.start()
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "services.cli.main", "reindex"],
+            [sys.executable, "-m", "services.cli.main", "reindex", *(args or [])],
             env={**os.environ, **(env or {})},
             capture_output=True,
             text=True,
