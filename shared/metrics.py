@@ -69,6 +69,8 @@ class _SystemFigures:
     jobs: dict[str, int]
     stages: dict[str, tuple[int, float]]
     last: Any  # the last reconcile run, or None
+    # (content type, job state, jobs, parse seconds, jobs that recorded a parse)
+    formats: list[tuple[str, str, int, float, int]]
 
 
 class SystemCollector(Collector):
@@ -98,6 +100,7 @@ class SystemCollector(Collector):
                     jobs_repo.job_state_counts(uow.session),
                     jobs_repo.stage_time_totals(uow.session),
                     reconcile_repo.last_run(uow.session),
+                    jobs_repo.format_figures(uow.session),
                 )
         except Exception as e:  # a scrape must not fail because a store is down
             log.warning("system metrics unavailable: %s: %s", type(e).__name__, e)
@@ -131,6 +134,7 @@ class SystemCollector(Collector):
         for stage, (count, total) in figures.stages.items():
             summary.add_metric([stage], count_value=count, sum_value=total)
         yield summary
+        yield from _format_families(figures.formats)
         last = figures.last  # the last reconcile run
         if last is not None:
             drift = GaugeMetricFamily(
@@ -159,3 +163,33 @@ class SystemCollector(Collector):
                 "Repairs the last reconcile queued",
                 value=last.report.get("repairs_queued", 0),
             )
+
+
+def _format_families(
+    rows: list[tuple[str, str, int, float, int]],
+) -> Iterator[GaugeMetricFamily | SummaryMetricFamily]:
+    """Ingest jobs per document format and state (``failed`` ones are the format's
+    failures), and the time their parse took, per format."""
+    from shared.parsing import SUPPORTED_TYPES
+
+    jobs: dict[tuple[str, str], int] = {}
+    parse: dict[str, tuple[int, float]] = {}
+    for content_type, state, count, seconds, timed in rows:
+        kind = SUPPORTED_TYPES.get(content_type, "other")
+        jobs[kind, state] = jobs.get((kind, state), 0) + count
+        before = parse.get(kind, (0, 0.0))
+        parse[kind] = (before[0] + timed, before[1] + seconds)
+    family = GaugeMetricFamily(
+        "concord_jobs_by_format",
+        "Ingest jobs by document format and state",
+        labels=["format", "state"],
+    )
+    for (kind, state), count in sorted(jobs.items()):
+        family.add_metric([kind, state], count)
+    yield family
+    parse_family = SummaryMetricFamily(
+        "concord_parse_seconds", "Time spent parsing, per document format", labels=["format"]
+    )
+    for kind, (count, total) in sorted(parse.items()):
+        parse_family.add_metric([kind], count_value=count, sum_value=total)
+    yield parse_family

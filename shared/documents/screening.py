@@ -1,9 +1,12 @@
 """Intake screening: refuse at the door what can never be parsed safely, before it is stored.
 
 The content type is decided by the bytes, not by the client's header or file name: known binary
-formats (archives, images, executables, Office files) are refused whatever they claim to be, text
-kinds must be text (no NUL bytes), a PDF must start with ``%PDF-`` and open as a PDF, and
-documents that declare XML entities (the "billion laughs" expansion) are refused. A file name is
+formats (archives, images, executables, old binary Office files) are refused whatever they claim
+to be, text kinds must be text (no NUL bytes), a PDF must start with ``%PDF-`` and open as a PDF,
+and documents that declare XML entities (the "billion laughs" expansion) are refused. The
+document formats that are ZIP archives (Office Open XML, OpenDocument, EPUB) pass the archive's
+checks instead (shared/parsing/containers.py: zip bombs, paths out of the archive, encryption,
+entities in any XML member). A file name is
 a name, never a path. What passes here can still fail to parse in the worker; that job then
 fails with its reason."""
 
@@ -13,11 +16,15 @@ import io
 import re
 
 from shared.errors import BadRequest, ParseError, UnsupportedMediaType
-from shared.parsing import SUPPORTED_TYPES
+from shared.parsing import SUPPORTED_TYPES, containers
+from shared.parsing.registry import BY_CONTENT_TYPE
 
 # (signature at offset 0, what it is)
 BINARY_SIGNATURES: tuple[tuple[bytes, str], ...] = (
-    (b"PK\x03\x04", "a ZIP archive (or a docx/xlsx/jar)"),
+    (
+        b"PK\x03\x04",
+        "a ZIP archive that is no Word, PowerPoint, Excel, OpenDocument or EPUB document",
+    ),
     (b"PK\x05\x06", "an empty ZIP archive"),
     (b"\x1f\x8b", "a gzip file"),
     (b"BZh", "a bzip2 file"),
@@ -29,7 +36,11 @@ BINARY_SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"GIF87a", "a GIF image"),
     (b"GIF89a", "a GIF image"),
     (b"\x7fELF", "an ELF executable"),
-    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "an OLE (old Office) file"),
+    (
+        b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1",
+        "an OLE file (an old binary .doc, .xls or .ppt: save it as .docx, .xlsx or .pptx; or "
+        "an Outlook .msg: save the message as .eml)",
+    ),
     (b"\xca\xfe\xba\xbe", "a Java class or Mach-O file"),
 )
 _ENTITY_DECLARATION = re.compile(rb"<!ENTITY", re.IGNORECASE)
@@ -45,6 +56,16 @@ def check_filename(filename: str | None) -> None:
 
 def screen_upload(raw: bytes, content_type: str, filename: str | None = None) -> None:
     check_filename(filename)
+    container = BY_CONTENT_TYPE[content_type].container if content_type in BY_CONTENT_TYPE else None
+    if container == "zip" and raw.startswith(containers.ZIP_SIGNATURE):
+        containers.check_zip(raw)
+        return
+    if container is not None:
+        named = SUPPORTED_TYPES[content_type]
+        raise UnsupportedMediaType(
+            f"declared as {named}, but the file is not the {container.upper()} container every "
+            f"{named} file is"
+        )
     head = raw[:16]
     for signature, what in BINARY_SIGNATURES:
         if head.startswith(signature):

@@ -418,6 +418,25 @@ def stage_time_totals(session: Session) -> dict[str, tuple[int, float]]:
     return {stage: (int(count), float(total)) for stage, count, total in rows}
 
 
+def format_figures(session: Session) -> list[tuple[str, str, int, float, int]]:
+    """Per content type and job state: jobs, total parse seconds and jobs that recorded a
+    parse (the parse stage of a job's timings)."""
+    rows = session.execute(
+        text(
+            "SELECT v.content_type, j.state, count(*), "
+            "coalesce(sum((j.stage_timings->>'parse')::float), 0), "
+            "count(j.stage_timings->>'parse') "
+            "FROM ingest_jobs j JOIN document_versions v "
+            "ON v.document_id = j.document_id AND v.version = j.version "
+            "GROUP BY v.content_type, j.state"
+        )
+    )
+    return [
+        (str(ct), str(state), int(n), float(seconds), int(timed))
+        for ct, state, n, seconds, timed in rows
+    ]
+
+
 def silent_training_jobs(
     session: Session, running_before: datetime | None, queued_before: datetime, limit: int
 ) -> Sequence[TrainingJob]:

@@ -420,7 +420,7 @@ def test_underlined_headings_in_plain_text_are_sections_by_style() -> None:
 
 
 def test_pdf_text_is_normalized_and_running_lines_dropped() -> None:
-    from shared.parsing import _pdf_text, _running_lines, _without_running_lines
+    from shared.parsing.pdf import _pdf_text, _running_lines, _without_running_lines
 
     assert _pdf_text("e\ufb03cient de\ufb01nition of the manip-\nulation in GPL-\n3") == (
         "efficient definition of the manipulation in GPL-\n3"

@@ -1,0 +1,110 @@
+"""E-mail: RFC 822 messages (.eml), read by the standard ``email`` package. (Outlook's .msg is
+not read: extract-msg reads it, but no tool here writes one to test the parser with.)
+
+A message reads as a header block (Subject, From, To, Cc, Date), under the subject as its
+section, then its body: the plain-text part, or the HTML part through the HTML parser where
+there is no plain one. Each attachment of a supported type is parsed by its own parser and kept
+as a section of its own ("Attachment: report.docx"); the others are listed by name. Attached
+messages are read the same way, ``MAX_DEPTH`` deep."""
+
+from __future__ import annotations
+
+import email
+import email.policy
+from email.message import EmailMessage
+from typing import Any
+
+from shared.errors import ConcordError, ParseError
+from shared.parsing.document import ParsedDocument, ParseOptions, TextBuilder
+from shared.parsing.html import parse_html
+
+MAX_DEPTH = 3  # messages attached to messages
+MAX_ATTACHMENTS = 100
+HEADERS = ("Subject", "From", "To", "Cc", "Date")
+
+
+def parse_eml(raw: bytes, options: ParseOptions) -> ParsedDocument:
+    return _eml(raw, options, depth=0)
+
+
+def _eml(raw: bytes, options: ParseOptions, depth: int) -> ParsedDocument:
+    message = email.message_from_bytes(raw, policy=email.policy.default)
+    if not isinstance(message, EmailMessage) or not message.keys():
+        raise ParseError("the file is not an e-mail message (it has no headers)")
+    out = TextBuilder()
+    headers = {name: str(message.get(name, "") or "") for name in HEADERS}
+    body = message.get_body(preferencelist=("plain", "html"))
+    text, html = "", None
+    if body is not None:
+        content = _text_of(body)
+        if body.get_content_subtype() == "html":
+            html = content
+        else:
+            text = content
+    attachments = [
+        (part.get_filename() or "unnamed", part.get_content_type(), _payload(part))
+        for part in message.iter_attachments()
+    ]
+    _message(out, headers, text, html, attachments, options, depth)
+    return out.build()
+
+
+def _message(
+    out: TextBuilder,
+    headers: dict[str, str],
+    text: str,
+    html: str | None,
+    attachments: list[tuple[str, str, bytes]],
+    options: ParseOptions,
+    depth: int,
+) -> None:
+    subject = " ".join(headers["Subject"].split())
+    out.heading(1, subject or "(no subject)")
+    out.paragraph("\n".join(f"{name}: {value}" for name, value in headers.items() if value))
+    if html is not None:
+        out.include(parse_html(html), 2, "")
+    else:
+        out.paragraph(text)
+    listed: list[str] = []
+    for name, content_type, data in attachments[:MAX_ATTACHMENTS]:
+        parsed = _attachment(name, content_type, data, options, depth)
+        if parsed is None:
+            listed.append(name)
+        else:
+            out.include(parsed, 2, f"Attachment: {name}")
+    listed += [name for name, _, _ in attachments[MAX_ATTACHMENTS:]]
+    if listed:
+        out.heading(2, "Attachments not read")
+        out.paragraph("\n".join(f"- {name}" for name in listed))
+
+
+def _attachment(
+    name: str, content_type: str, data: bytes, options: ParseOptions, depth: int
+) -> ParsedDocument | None:
+    """An attachment's parse, or None where it is of no supported type or cannot be read
+    (it is then listed by name: one bad attachment does not fail the message)."""
+    if not data.strip() or options.parse_part is None:
+        return None
+    try:
+        if content_type == "message/rfc822" or name.lower().endswith(".eml"):
+            return _eml(data, options, depth + 1) if depth < MAX_DEPTH else None
+        return options.parse_part(name, content_type, data)
+    except ConcordError:
+        return None
+
+
+def _payload(part: Any) -> bytes:
+    if part.get_content_type() == "message/rfc822":
+        inner = part.get_payload()
+        inner = inner[0] if isinstance(inner, list) and inner else inner
+        return inner.as_bytes() if hasattr(inner, "as_bytes") else b""
+    data = part.get_payload(decode=True)
+    return data if isinstance(data, bytes) else b""
+
+
+def _text_of(part: Any) -> str:
+    try:
+        return str(part.get_content())
+    except (LookupError, ValueError):  # an unknown charset, a broken encoding
+        data = part.get_payload(decode=True) or b""
+        return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)

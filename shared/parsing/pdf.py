@@ -1,0 +1,132 @@
+"""PDF with a text layer, read by pypdf: a section per page, running headers and footers left
+out, typesetting's broken words joined."""
+
+from __future__ import annotations
+
+import io
+import re
+import unicodedata
+from collections import Counter
+from functools import lru_cache
+
+from shared.errors import ParseError
+from shared.parsing.document import DOUBTFUL_EXTRACTION, ParsedDocument, ParseOptions, Section
+from shared.retry import is_retriable
+
+# A page whose text layer holds fewer letters and digits than this (a scan with a page
+# number, a figure with a caption) or is mostly not letters (a font without a usable encoding
+# extracts as symbols) is text to check before use: its chunks carry DOUBTFUL_EXTRACTION.
+THIN_PAGE_CHARS = 100
+MIN_LETTER_SHARE = 0.5
+
+
+def parse(raw: bytes, options: ParseOptions) -> ParsedDocument:
+    from pypdf import PdfReader
+
+    try:
+        reader = PdfReader(io.BytesIO(raw))
+        pages = [page.extract_text() or "" for page in reader.pages]
+    except Exception as e:  # pypdf raises many kinds (NotImplementedError for a filter it lacks)
+        if is_retriable(e):
+            raise  # the task's time ran out, or the process's memory: not the file's fault
+        raise ParseError(f"the PDF could not be read ({type(e).__name__}: {e})") from e
+    parts: list[str] = []
+    sections: list[Section] = []
+    offset = 0
+    pages = [_pdf_text(page) for page in pages]
+    running = _running_lines(pages)
+    for number, page_text in enumerate(pages, start=1):
+        page_text = _without_running_lines(page_text, running).strip()
+        if not page_text:
+            continue
+        sections.append(Section(offset, f"page {number}", _page_flags(page_text)))
+        parts.append(page_text)
+        offset += len(page_text) + 2
+    if not parts:
+        raise ParseError("the PDF has no text layer (scanned images are not OCRed)")
+    return ParsedDocument("\n\n".join(parts), sections)
+
+
+# A word broken at a line's end by typesetting ("manip-\nulation"): joined again. Only
+# between lowercase letters, so a compound at a line end ("GPL-\n3") keeps its hyphen.
+_LINE_END_HYPHEN = re.compile(r"(?<=[a-z])-\n(?=[a-z])")
+# A page's first and last lines that are the same on this share of the pages (digits aside:
+# "Chapter 4: Function reference 15") are running headers and footers, page numbers among
+# them, not text: they would start and end every chunk.
+RUNNING_LINE_SHARE = 0.3
+RUNNING_LINE_EDGE = 2  # lines at each end of a page that may be running ones
+
+
+def _pdf_text(page_text: str) -> str:
+    """A page's text as a reader sees it: ligatures and other compatibility characters as
+    the letters they stand for (NFKC: "\ufb01" is "fi"), broken words joined."""
+    text = _LINE_END_HYPHEN.sub("", unicodedata.normalize("NFKC", page_text))
+    return _SPLIT_WORD.sub(_rejoined, text)
+
+
+# Two lowercase pieces of one word that the text layer split with a space (justified text set
+# with wide letter spacing: "retrie vals", "ab stract"). Joined where wordfreq's English list
+# says so: the whole is a word and a piece is none ("retrie"), or the whole is a common word
+# far more common than either piece ("infor mation"). Two words that also form one ("in to",
+# "be fore", "some thing") stay apart: each piece is at least as common as the whole.
+# (The second piece is looked ahead at, not taken: it is the first of the next pair.)
+_SPLIT_WORD = re.compile(r"\b([a-z]{2,}) (?=([a-z]{2,})\b)")
+WHOLE_WORD_ZIPF = 3.0  # once in a million words
+WHOLE_WORD_LEAD = 1.0  # ten times as common as either piece
+
+
+def _rejoined(match: re.Match[str]) -> str:
+    """The first piece, and the space after it unless the two make one word."""
+    first, second = match.group(1), match.group(2)
+    whole = _zipf(first + second)
+    if whole == 0.0:
+        return match.group(0)
+    pieces = (_zipf(first), _zipf(second))
+    if min(pieces) == 0.0 or (whole >= WHOLE_WORD_ZIPF and whole >= max(pieces) + WHOLE_WORD_LEAD):
+        return first
+    return match.group(0)
+
+
+@lru_cache(maxsize=65536)
+def _zipf(word: str) -> float:
+    from wordfreq import zipf_frequency
+
+    return float(zipf_frequency(word, "en"))
+
+
+def _line_shape(line: str) -> str:
+    return re.sub(r"\d+", "#", line.strip())
+
+
+def _edge_lines(page_text: str) -> list[str]:
+    lines = [line for line in page_text.strip().splitlines() if line.strip()]
+    if len(lines) <= 2 * RUNNING_LINE_EDGE:  # a short page: its first and last line only
+        return lines[:1] + lines[-1:]
+    return lines[:RUNNING_LINE_EDGE] + lines[-RUNNING_LINE_EDGE:]
+
+
+def _running_lines(pages: list[str]) -> set[str]:
+    shapes = Counter(
+        shape for page in pages for shape in {_line_shape(x) for x in _edge_lines(page)}
+    )
+    needed = max(3, RUNNING_LINE_SHARE * sum(1 for page in pages if page.strip()))
+    return {shape for shape, count in shapes.items() if count >= needed and shape}
+
+
+def _without_running_lines(page_text: str, running: set[str]) -> str:
+    if not running:
+        return page_text
+    lines = page_text.strip().splitlines()
+    edge = set(range(RUNNING_LINE_EDGE)) | set(range(len(lines) - RUNNING_LINE_EDGE, len(lines)))
+    return "\n".join(
+        line for i, line in enumerate(lines) if i not in edge or _line_shape(line) not in running
+    )
+
+
+def _page_flags(page_text: str) -> tuple[str, ...]:
+    visible = [c for c in page_text if not c.isspace()]
+    alphanumeric = sum(1 for c in visible if c.isalnum())
+    letters = sum(1 for c in visible if c.isalpha())
+    if alphanumeric < THIN_PAGE_CHARS or letters < MIN_LETTER_SHARE * len(visible):
+        return (DOUBTFUL_EXTRACTION,)
+    return ()

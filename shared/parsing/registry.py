@@ -1,0 +1,147 @@
+"""The formats Concord reads, one line each, and the two questions asked of them: what an upload
+is (``resolve_content_type``: its bytes first, then what the client declared, then its file
+name's extension), and what text it holds (``parse``).
+
+Adding a format is a module with ``parse(raw, options) -> ParsedDocument`` and a line in
+``FORMATS``; intake, sync, the upload route's errors and the metrics read this table."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+# The format modules by their own names (not through this package, which imports this).
+import shared.parsing.containers as containers
+import shared.parsing.epub as epub
+import shared.parsing.html as html
+import shared.parsing.json_records as json_records
+import shared.parsing.mail as mail
+import shared.parsing.markdown as markdown
+import shared.parsing.opendocument as opendocument
+import shared.parsing.pdf as pdf
+import shared.parsing.rtf as rtf
+import shared.parsing.slides as slides
+import shared.parsing.spreadsheets as spreadsheets
+import shared.parsing.text as text
+import shared.parsing.word as word
+from shared.errors import ParseError, UnsupportedMediaType
+from shared.parsing.document import MAX_SECTION_CHARS, ParsedDocument, ParseOptions, Section
+from shared.text import storable_text
+
+Parser = Callable[[bytes, ParseOptions], ParsedDocument]
+
+
+@dataclass(frozen=True)
+class Format:
+    kind: str  # the short name metrics, errors and docs use
+    content_types: tuple[str, ...]  # the first is the one Concord reports
+    extensions: tuple[str, ...]
+    parse: Parser
+    # What the bytes are underneath: "zip" formats pass containers.check_zip at intake.
+    container: Literal["zip"] | None = None
+
+
+_OOXML = "application/vnd.openxmlformats-officedocument"
+_ODF = "application/vnd.oasis.opendocument"
+
+FORMATS: tuple[Format, ...] = (
+    Format("text", ("text/plain",), (".txt", ".text"), text.parse),
+    Format("markdown", ("text/markdown",), (".md", ".markdown"), markdown.parse),
+    Format("html", ("text/html",), (".html", ".htm"), html.parse),
+    Format("pdf", ("application/pdf",), (".pdf",), pdf.parse),
+    Format("json", ("application/json",), (".json",), json_records.parse_json),
+    Format(
+        "jsonl",
+        ("application/x-ndjson", "application/jsonl"),
+        (".jsonl", ".ndjson"),
+        json_records.parse_jsonl,
+    ),
+    Format("docx", (f"{_OOXML}.wordprocessingml.document",), (".docx",), word.parse, "zip"),
+    Format("pptx", (f"{_OOXML}.presentationml.presentation",), (".pptx",), slides.parse, "zip"),
+    Format("xlsx", (f"{_OOXML}.spreadsheetml.sheet",), (".xlsx",), spreadsheets.parse_xlsx, "zip"),
+    Format("odt", (f"{_ODF}.text",), (".odt",), opendocument.parse, "zip"),
+    Format("odp", (f"{_ODF}.presentation",), (".odp",), opendocument.parse, "zip"),
+    Format("ods", (f"{_ODF}.spreadsheet",), (".ods",), opendocument.parse, "zip"),
+    Format("epub", ("application/epub+zip",), (".epub",), epub.parse, "zip"),
+    Format("rtf", ("application/rtf", "text/rtf"), (".rtf",), rtf.parse),
+    Format("csv", ("text/csv",), (".csv",), spreadsheets.parse_csv),
+    Format("tsv", ("text/tab-separated-values",), (".tsv", ".tab"), spreadsheets.parse_tsv),
+    Format("eml", ("message/rfc822",), (".eml",), mail.parse_eml),
+)
+
+BY_CONTENT_TYPE: dict[str, Format] = {ct: f for f in FORMATS for ct in f.content_types}
+# content type -> kind, for everything that only needs to know which format it is
+SUPPORTED_TYPES: dict[str, str] = {ct: f.kind for ct, f in BY_CONTENT_TYPE.items()}
+EXTENSIONS: dict[str, str] = {ext: f.content_types[0] for f in FORMATS for ext in f.extensions}
+
+
+def supported_list() -> str:
+    """The formats, as a person reads them in an error message."""
+    return ", ".join(f.kind for f in FORMATS)
+
+
+def resolve_content_type(declared: str | None, filename: str | None, raw: bytes) -> str:
+    """The content type we will parse as: magic bytes first (PDF, RTF, and the members of a
+    ZIP container), then a specific declared type, then the file extension; an Office file
+    encrypted as a whole is refused here with what to do."""
+    if raw.startswith(b"%PDF-"):
+        return "application/pdf"
+    if raw.startswith(b"{\\rtf"):
+        return "application/rtf"
+    if raw.startswith(containers.ZIP_SIGNATURE):
+        found = containers.zip_content_type(raw)
+        if found is not None:
+            return found
+    elif raw.startswith(containers.OLE_SIGNATURE):
+        containers.refuse_encrypted_office(raw)
+    base = (declared or "").split(";")[0].strip().lower()
+    if base in SUPPORTED_TYPES:
+        return base
+    if filename:
+        ext = "." + filename.rsplit(".", 1)[-1].lower() if "." in filename else ""
+        if ext in EXTENSIONS:
+            return EXTENSIONS[ext]
+    if base in ("", "application/octet-stream"):
+        return "text/plain"
+    raise UnsupportedMediaType(
+        f"content type {base!r} is not supported; Concord reads {supported_list()}"
+    )
+
+
+def parse(
+    raw: bytes,
+    content_type: str,
+    json_text_fields: tuple[str, ...] = ParseOptions().json_text_fields,
+) -> ParsedDocument:
+    return parse_as(raw, content_type, ParseOptions(json_text_fields=json_text_fields))
+
+
+def parse_as(raw: bytes, content_type: str, options: ParseOptions) -> ParsedDocument:
+    if not raw.strip():
+        raise ParseError("the document is empty (0 bytes or only whitespace)")
+    found = BY_CONTENT_TYPE.get(content_type)
+    if found is None:
+        raise ParseError(f"content type {content_type!r} is not supported")
+    if found.container == "zip":
+        containers.check_zip(raw)  # intake checked it too; an attachment arrives here first
+    parsed = found.parse(raw, dataclasses.replace(options, parse_part=_parse_part))
+    if not parsed.text.strip():
+        raise ParseError(f"no text could be extracted from this {found.kind} document")
+    # Every chunk carries its section's path: capped for every kind (a JSON record's title
+    # is a field of any length), or one upload's chunks would each repeat a megabyte.
+    return ParsedDocument(
+        storable_text(parsed.text),
+        [
+            Section(s.start, storable_text(s.path[:MAX_SECTION_CHARS]), s.flags)
+            for s in parsed.sections
+        ],
+    )
+
+
+def _parse_part(name: str, declared: str, raw: bytes) -> ParsedDocument:
+    """A part of a document (an e-mail's attachment) read as an upload of its own is: its
+    type from its bytes first, an archive's checks in ``parse_as``; bytes that are no text
+    fail to decode, and the caller lists the part by name instead."""
+    return parse_as(raw, resolve_content_type(declared, name, raw), ParseOptions())

@@ -1,0 +1,55 @@
+"""PowerPoint (.pptx), read by python-pptx: a section per slide, its title as the heading
+("Slide 3: Results"), the text of its shapes in their order (groups opened, tables a row at a
+time under their header row), then its speaker notes under "Speaker notes"."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from shared.errors import ParseError
+from shared.parsing.containers import open_zip
+from shared.parsing.document import ParsedDocument, ParseOptions, TextBuilder
+
+# Slides of one deck: a deck of more is refused (each slide is a section; 5,000 of them
+# would be a dump of something, and would hold a worker for minutes).
+MAX_SLIDES = 2000
+
+
+def parse(raw: bytes, options: ParseOptions) -> ParsedDocument:
+    from pptx import Presentation
+
+    open_zip(raw).close()  # checked before python-pptx inflates anything
+    try:
+        deck = Presentation(io.BytesIO(raw))
+    except Exception as e:  # python-pptx raises KeyError, ValueError, lxml errors
+        raise ParseError(f"the slide deck could not be read ({type(e).__name__}: {e})") from e
+    if len(deck.slides) > MAX_SLIDES:
+        raise ParseError(f"the deck has {len(deck.slides)} slides; the limit is {MAX_SLIDES}")
+    out = TextBuilder()
+    for number, slide in enumerate(deck.slides, start=1):
+        title_shape = slide.shapes.title
+        title = " ".join(title_shape.text_frame.text.split()) if title_shape is not None else ""
+        out.heading(1, f"Slide {number}: {title}" if title else f"Slide {number}")
+        for shape in slide.shapes:
+            if title_shape is None or shape.shape_id != title_shape.shape_id:
+                _shape(out, shape)
+        if slide.has_notes_slide:
+            notes = slide.notes_slide.notes_text_frame
+            if notes is not None and notes.text.strip():
+                out.heading(2, "Speaker notes")
+                out.paragraph(notes.text)
+    return out.build()
+
+
+def _shape(out: TextBuilder, shape: Any) -> None:
+    if shape.shape_type is not None and getattr(shape, "shapes", None) is not None:
+        for inner in shape.shapes:  # a group
+            _shape(out, inner)
+    elif getattr(shape, "has_table", False) and shape.has_table:
+        rows = [[cell.text for cell in row.cells] for row in shape.table.rows]
+        if rows:
+            out.table(rows[0], rows[1:])
+    elif getattr(shape, "has_text_frame", False) and shape.has_text_frame:
+        lines = (p.text.replace("\x0b", "\n") for p in shape.text_frame.paragraphs)
+        out.paragraph("\n".join(line for line in lines if line.strip()))

@@ -1,0 +1,98 @@
+"""Word (.docx), read by python-docx: headings from the paragraph styles (Title, Heading 1-9),
+list items as lines starting "- ", tables a row at a time under their header row, footnotes
+at the end under "Footnotes". Comments are left out (they are remarks about the text, in a
+part of their own); tracked insertions are read as text, as Word shows them."""
+
+from __future__ import annotations
+
+import io
+import re
+from typing import Any
+
+from shared.errors import ParseError
+from shared.parsing.containers import open_zip
+from shared.parsing.document import ParsedDocument, ParseOptions, TextBuilder
+
+_HEADING_STYLE = re.compile(r"(?:heading|überschrift|titre|título)\s*(\d)", re.IGNORECASE)
+_W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
+
+
+def parse(raw: bytes, options: ParseOptions) -> ParsedDocument:
+    import docx
+    from docx.table import Table
+
+    open_zip(raw).close()  # checked before python-docx inflates anything
+    try:
+        document = docx.Document(io.BytesIO(raw))
+    except Exception as e:  # python-docx raises ValueError, KeyError, lxml errors
+        raise ParseError(f"the Word document could not be read ({type(e).__name__}: {e})") from e
+    out = TextBuilder()
+    for block in document.iter_inner_content():
+        if isinstance(block, Table):
+            _table(out, block)
+            continue
+        level = _heading_level(block)
+        if level is not None:
+            out.heading(level, block.text)
+        elif _is_list_item(block):
+            out.paragraph(f"- {block.text.strip()}" if block.text.strip() else "")
+        else:
+            out.paragraph(block.text)
+    notes = _footnotes(document)
+    if notes:
+        out.heading(1, "Footnotes")
+        for note in notes:
+            out.paragraph(note)
+    return out.build()
+
+
+def _heading_level(paragraph: Any) -> int | None:
+    name = paragraph.style.name if paragraph.style is not None else ""
+    if name == "Title":
+        return 1
+    found = _HEADING_STYLE.match(name)
+    return int(found.group(1)) + 1 if found else None
+
+
+def _is_list_item(paragraph: Any) -> bool:
+    properties = paragraph._p.pPr  # numbering is a paragraph property python-docx keeps raw
+    return (properties is not None and properties.numPr is not None) or (
+        paragraph.style is not None and paragraph.style.name.startswith("List")
+    )
+
+
+def _table(out: TextBuilder, table: Any) -> None:
+    rows = [_row_cells(row) for row in table.rows]
+    if rows:
+        out.table(rows[0], rows[1:])
+
+
+def _row_cells(row: Any) -> list[str]:
+    cells: list[str] = []
+    seen: set[int] = set()
+    for cell in row.cells:  # a merged cell appears once per grid column it spans
+        if id(cell._tc) not in seen:
+            seen.add(id(cell._tc))
+            cells.append(" ".join(cell.text.split()))
+    return cells
+
+
+def _footnotes(document: Any) -> list[str]:
+    """The footnotes' texts (python-docx has no API for them: read from their part)."""
+    for rel in document.part.rels.values():
+        if rel.reltype.endswith("/footnotes") and not rel.is_external:
+            element = rel.target_part.element if hasattr(rel.target_part, "element") else None
+            if element is None:
+                from lxml import etree
+
+                parser = etree.XMLParser(resolve_entities=False, no_network=True)
+                element = etree.fromstring(rel.target_part.blob, parser)
+            notes = []
+            for note in element.iter(f"{_W}footnote"):
+                if note.get(f"{_W}type") in ("separator", "continuationSeparator"):
+                    continue
+                text = " ".join("".join(t.text or "" for t in note.iter(f"{_W}t")).split())
+                if text:
+                    notes.append(text)
+            return notes
+    return []

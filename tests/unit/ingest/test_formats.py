@@ -1,0 +1,251 @@
+"""The document formats of shared/parsing/ on real files made by independent tools
+(tests/data/formats/make.sh: pandoc, LibreOffice, msoffcrypto-tool, Python's email package), and
+the hostile archives every ZIP-based format is screened for. No services."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from shared.documents.screening import screen_upload
+from shared.errors import ParseError, UnsupportedMediaType
+from shared.ingest.chunking import Chunker
+from shared.parsing import TABLE, parse, resolve_content_type, spreadsheets
+from shared.parsing import slides as slides_module
+from tests.unit.ingest.test_parsing_and_chunking import word_offsets
+
+DATA = Path(__file__).parents[2] / "data" / "formats"
+OOXML = "application/vnd.openxmlformats-officedocument"
+ODF = "application/vnd.oasis.opendocument"
+
+# file, the content type its bytes say (whatever its name or declared type)
+FILES = [
+    ("zstd-readme.docx", f"{OOXML}.wordprocessingml.document"),
+    ("zstd-readme.odt", f"{ODF}.text"),
+    ("zstd-readme.epub", "application/epub+zip"),
+    ("zstd-readme.rtf", "application/rtf"),
+    ("zstd-readme.pptx", f"{OOXML}.presentationml.presentation"),
+    ("zstd-readme.odp", f"{ODF}.presentation"),
+    ("debian-releases.xlsx", f"{OOXML}.spreadsheetml.sheet"),
+    ("debian-releases.ods", f"{ODF}.spreadsheet"),
+]
+README_HEADER = "Compressor name | Ratio | Compression | Decompress."
+RELEASES_HEADER = "version | codename | series | created | release | eol | eol-lts | eol-elts"
+
+
+def _parsed(name: str, content_type: str | None = None):  # type: ignore[no-untyped-def]
+    raw = (DATA / name).read_bytes()
+    return parse(raw, content_type or resolve_content_type(None, name, raw))
+
+
+@pytest.mark.parametrize(("name", "content_type"), FILES)
+def test_a_container_format_is_told_by_its_bytes_not_its_name(name: str, content_type: str) -> None:
+    raw = (DATA / name).read_bytes()
+    assert resolve_content_type("application/octet-stream", "upload.bin", raw) == content_type
+    assert resolve_content_type("text/plain", "notes.txt", raw) == content_type
+    screen_upload(raw, content_type, name)  # a real file passes the archive's checks
+
+
+@pytest.mark.parametrize(
+    "name", ["zstd-readme.docx", "zstd-readme.odt", "zstd-readme.epub", "zstd-readme.pptx",
+             "zstd-readme.odp"],
+)  # fmt: skip
+def test_a_documents_table_is_read_a_row_at_a_time_under_its_header(name: str) -> None:
+    doc = _parsed(name)
+    row = doc.text.index("zstd 1.5.1 -1 | 2.887 | 530 MB/s | 1700 MB/s")
+    assert doc.section_at(row).endswith(README_HEADER)
+    assert TABLE in doc.flags_at(row)
+    assert "Benchmarks" in doc.section_at(row)
+
+
+@pytest.mark.parametrize(
+    "name", ["zstd-readme.docx", "zstd-readme.odt", "zstd-readme.epub", "zstd-readme.rtf"]
+)
+def test_headings_become_section_paths_and_the_text_reads_whole(name: str) -> None:
+    doc = _parsed(name)
+    at = doc.text.index("By default, CMAKE_BUILD_TYPE is set to Release.")
+    if name.endswith(".rtf"):  # striprtf resolves no heading styles: the text alone
+        assert doc.sections == []
+    else:
+        assert doc.section_at(at).endswith("cmake")
+        assert "Build instructions" in doc.section_at(at)
+
+
+@pytest.mark.parametrize("name", ["zstd-readme.pptx", "zstd-readme.odp"])
+def test_a_deck_has_a_section_per_slide_headed_by_its_title(name: str) -> None:
+    doc = _parsed(name)
+    paths = [s.path for s in doc.sections]
+    assert "Slide 1: Zstandard" in paths
+    slide_titles = [p for p in paths if p.startswith("Slide ") and " > " not in p]
+    numbers = [int(p.split()[1].rstrip(":")) for p in slide_titles]
+    assert numbers == sorted(numbers) and len(set(numbers)) >= 8
+
+
+def test_speaker_notes_are_kept_under_their_slide_and_marked() -> None:
+    from pptx import Presentation
+
+    deck = Presentation(str(DATA / "zstd-readme.pptx"))  # pandoc's deck, notes added here
+    deck.slides[2].notes_slide.notes_text_frame.text = "Mention the Silesia corpus sizes."
+    buffer = io.BytesIO()
+    deck.save(buffer)
+    doc = parse(buffer.getvalue(), f"{OOXML}.presentationml.presentation")
+    at = doc.text.index("Mention the Silesia corpus sizes.")
+    assert doc.section_at(at) == "Slide 3: Benchmarks > Speaker notes"
+
+
+@pytest.mark.parametrize(
+    "name", ["debian-releases.xlsx", "debian-releases.ods", "debian-releases.csv",
+             "debian-releases.tsv"],
+)  # fmt: skip
+def test_a_sheets_rows_are_kept_whole_under_the_header_row(name: str) -> None:
+    doc = _parsed(name)
+    row = doc.text.index("12 | Bookworm | bookworm | 2021-08-14 | 2023-06-10 | 2026-07-11")
+    assert doc.section_at(row).endswith(RELEASES_HEADER)
+    assert TABLE in doc.flags_at(row)
+    assert RELEASES_HEADER not in doc.text  # the header is the path, not a row
+    # every chunk of the sheet says its columns, and no row is cut
+    for chunk in Chunker(word_offsets, max_tokens=64, overlap_tokens=0).chunk(doc):
+        assert chunk.section.endswith(RELEASES_HEADER), chunk.section
+        assert all(line.count(" | ") >= 5 for line in chunk.text.splitlines()), chunk.text
+
+
+def test_formulas_read_by_their_cached_values_and_hidden_or_empty_sheets_are_skipped() -> None:
+    import openpyxl
+
+    book = openpyxl.load_workbook(DATA / "debian-releases.xlsx")  # LibreOffice's workbook
+    sheet = book.active
+    sheet["J1"], sheet["J2"] = "years supported", "=YEAR(F2)-YEAR(E2)"
+    hidden = book.create_sheet("internal")
+    hidden["A1"], hidden["A2"] = "secret column", "never indexed"
+    hidden.sheet_state = "hidden"
+    book.create_sheet("empty")
+    buffer = io.BytesIO()
+    book.save(buffer)
+    # openpyxl writes no cached values: the formula cell reads as empty, never as its text
+    doc = parse(buffer.getvalue(), f"{OOXML}.spreadsheetml.sheet")
+    assert "=YEAR" not in doc.text and "never indexed" not in doc.text
+    assert {s.path.split(" > ")[0] for s in doc.sections} == {"debian-releases"}
+    # LibreOffice saved the same workbook with its formulas' values
+    ods = _parsed("debian-releases.ods")
+    assert "2 | Hamm | hamm | 1997-06-05" in ods.text
+
+
+def test_a_workbook_formatted_down_a_million_rows_is_read_to_its_last_row_of_text() -> None:
+    rows = "".join(f'<row r="{n}"><c r="A{n}" s="1"/></row>' for n in range(3, 1_000_001))
+    sheet = (
+        '<?xml version="1.0" encoding="UTF-8"?><worksheet '
+        'xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main">'
+        '<dimension ref="A1:B1000000"/><sheetData>'
+        '<row r="1"><c r="A1" t="inlineStr"><is><t>codename</t></is></c></row>'
+        '<row r="2"><c r="A2" t="inlineStr"><is><t>Bookworm</t></is></c></row>'
+        f"{rows}</sheetData></worksheet>"
+    )
+    raw = _replace_member(DATA / "debian-releases.xlsx", "xl/worksheets/sheet1.xml", sheet)
+    doc = parse(raw, f"{OOXML}.spreadsheetml.sheet")
+    assert doc.text == "Bookworm"
+    assert doc.section_at(0) == "debian-releases > codename"
+
+
+def test_an_e_mail_reads_its_headers_text_and_supported_attachments() -> None:
+    doc = _parsed("zstd-announcement.eml")
+    subject = "What Zstandard is, and the Debian release table"
+    assert doc.sections[0].path == subject
+    assert doc.text.startswith(f"Subject: {subject}\nFrom: Release team <releases@example.org>")
+    assert "Date: Mon, 30 Nov 2026 09:30:00 +0000" in doc.text
+    assert "is a fast lossless compression algorithm" in doc.text
+    row = doc.text.index("12 | Bookworm | bookworm")
+    assert doc.section_at(row) == f"{subject} > Attachment: debian.csv > {RELEASES_HEADER}"
+    listed = doc.text.index("- logo.png")
+    assert doc.section_at(listed) == f"{subject} > Attachments not read"
+
+
+def test_a_deck_of_more_slides_than_the_limit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slides_module, "MAX_SLIDES", 5)
+    with pytest.raises(ParseError, match="slides; the limit is 5"):
+        _parsed("zstd-readme.pptx")
+
+
+def test_a_sheet_of_more_rows_than_the_limit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spreadsheets, "MAX_ROWS", 10)
+    with pytest.raises(ParseError, match="more than 10 rows"):
+        _parsed("debian-releases.csv")
+
+
+# ------------------------------------------------------------------ hostile archives
+
+
+def _replace_member(path: Path, member: str, content: str | bytes) -> bytes:
+    source = zipfile.ZipFile(path)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as out:
+        for info in source.infolist():
+            data = content if info.filename == member else source.read(info)
+            out.writestr(info.filename, data)
+    return buffer.getvalue()
+
+
+def _with_member(path: Path, name: str, data: bytes, encrypted: bool = False) -> bytes:
+    source = zipfile.ZipFile(path)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as out:
+        for info in source.infolist():
+            out.writestr(info.filename, source.read(info))
+        out.writestr(name, data)
+    raw = bytearray(buffer.getvalue())
+    if encrypted:  # the member's "encrypted" bit, in its directory entry (zipfile writes none)
+        entry = raw.rindex(b"PK\x01\x02")
+        raw[entry + 8] |= 0x1
+    return bytes(raw)
+
+
+DOCX = f"{OOXML}.wordprocessingml.document"
+HOSTILE = [
+    # a zip bomb dressed as a Word file: 20 MB of zeros in a 40 KB archive
+    ("bomb.docx", lambda: _with_member(DATA / "zstd-readme.docx", "word/media/x.bin",
+                                       b"\0" * 20_000_000), ParseError, "zip bomb"),
+    ("climb.docx", lambda: _with_member(DATA / "zstd-readme.docx", "../../etc/cron.d/x",
+                                        b"x"), ParseError, "outside itself"),
+    ("locked.docx", lambda: _with_member(DATA / "zstd-readme.docx", "word/secret.xml", b"<x/>",
+                                         encrypted=True), UnsupportedMediaType, "encrypted"),
+    ("laughs.docx", lambda: _replace_member(
+        DATA / "zstd-readme.docx", "word/document.xml",
+        '<?xml version="1.0"?><!DOCTYPE d [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;">]>'
+        "<d>&b;</d>"), ParseError, "declares XML entities"),
+    ("encrypted.docx", lambda: (DATA / "encrypted.docx").read_bytes(), UnsupportedMediaType,
+     "password-protected"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "make", "error", "reason"), HOSTILE)
+def test_a_hostile_archive_is_refused_at_the_door_with_its_reason(
+    name: str, make, error: type[Exception], reason: str
+) -> None:  # type: ignore[no-untyped-def]
+    raw = make()
+    with pytest.raises(error, match=reason):
+        screen_upload(raw, resolve_content_type(DOCX, name, raw), name)
+
+
+def test_an_archive_that_is_no_document_is_refused_as_before() -> None:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        z.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n")
+    raw = buffer.getvalue()
+    content_type = resolve_content_type("application/java-archive", "app.txt", raw)
+    with pytest.raises(UnsupportedMediaType, match="no Word, PowerPoint, Excel, OpenDocument"):
+        screen_upload(raw, content_type, "app.txt")
+    with pytest.raises(UnsupportedMediaType, match="not the ZIP container"):
+        screen_upload(b"plain words", DOCX, "fake.docx")
+
+
+@pytest.mark.parametrize("name", [name for name, _ in FILES] + ["zstd-announcement.eml"])
+def test_every_section_starts_inside_the_text_and_the_document_chunks(name: str) -> None:
+    """A section opened after the last block (EbookLib's book ended with a table) was past
+    the text's end, and the chunker read past it."""
+    doc = _parsed(name)
+    assert all(0 <= s.start < len(doc.text) for s in doc.sections)
+    chunks = Chunker(word_offsets, max_tokens=48, overlap_tokens=8).chunk(doc)
+    assert chunks and all(0 <= c.char_start < c.char_end <= len(doc.text) for c in chunks)
+    assert chunks[-1].char_end >= len(doc.text.rstrip()) - 1  # read to the end
