@@ -8,6 +8,8 @@ need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v mvn >/dev/null || need_apt+=(maven)
 command -v runuser >/dev/null || need_apt+=(util-linux)
+# OCR of scanned pages and page images (shared/parsing/ocr.py): Tesseract 5 with its English model
+command -v tesseract >/dev/null || need_apt+=(tesseract-ocr)
 # The console's browser tests drive Debian's Chromium (Playwright never downloads a browser).
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 # Lets the test suite validate docker-compose.yml where the docker client has no compose plugin.

@@ -160,6 +160,11 @@ class Settings(BaseSettings):
 
     # JSON / JSONL uploads: which record fields hold the text (the first present ones, joined)
     json_text_fields: tuple[str, ...] = ("text", "body", "content", "abstract")
+    # OCR of page images and scanned PDF pages (shared/parsing/ocr.py), bounded per document
+    # so a long scan cannot hold a worker and its batch-mates: pages past either bound are
+    # not read, and the job's detail says which (``parse_notes``).
+    ocr_max_pages: int = 40
+    ocr_budget_s: float = 120.0
 
     # Chunking (tokens of the embedder's own tokenizer)
     chunk_max_tokens: int = 200

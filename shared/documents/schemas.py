@@ -70,7 +70,7 @@ class TextDocument(BaseModel):
     content_type: str = Field(
         default="text/plain",
         description="how to read text: text/plain, text/markdown, text/html, application/json, "
-        "... (files: see multipart)",
+        "text/csv, ... (binary formats such as docx or PDF: upload the file as multipart)",
     )
     # Checked by check_metadata (for every way in); the schema states the same bounds.
     metadata: dict[str, Any] = Field(

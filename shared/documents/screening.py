@@ -16,7 +16,8 @@ import io
 import re
 
 from shared.errors import BadRequest, ParseError, UnsupportedMediaType
-from shared.parsing import SUPPORTED_TYPES, containers
+from shared.parsing import SUPPORTED_TYPES, containers, resolve_content_type
+from shared.parsing.ocr import open_image
 from shared.parsing.registry import BY_CONTENT_TYPE
 
 # (signature at offset 0, what it is)
@@ -60,11 +61,15 @@ def screen_upload(raw: bytes, content_type: str, filename: str | None = None) ->
     if container == "zip" and raw.startswith(containers.ZIP_SIGNATURE):
         containers.check_zip(raw)
         return
+    if container == "image" and content_type == resolve_content_type(None, None, raw):
+        open_image(raw)  # its header read, its size checked: the worker decodes it for OCR
+        return
     if container is not None:
         named = SUPPORTED_TYPES[content_type]
+        what = "a ZIP archive, as" if container == "zip" else "a PNG, JPEG or TIFF image, as"
         raise UnsupportedMediaType(
-            f"declared as {named}, but the file is not the {container.upper()} container every "
-            f"{named} file is"
+            f"declared as {named} ({content_type}), but the file is not {what} every {named} "
+            "file is"
         )
     head = raw[:16]
     for signature, what in BINARY_SIGNATURES:

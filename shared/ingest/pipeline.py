@@ -43,7 +43,7 @@ from shared.jobs.heartbeat import LeaseHeartbeat
 from shared.logs import job_context
 from shared.models import Document, DocumentVersion, IngestJob, JobState, OutboxOp
 from shared.outbox import repository as outbox_repo
-from shared.parsing import ParsedDocument, parse
+from shared.parsing import ParsedDocument, options_from, parse
 from shared.queue import (
     publish_calibration,
     publish_ingest_job,
@@ -88,6 +88,8 @@ class Claim:
     timings: dict[str, float] = field(default_factory=dict)
     parsed: ParsedDocument | None = None
     pieces: list[TextChunk] = field(default_factory=list)
+    # What parsing left unread (pages past OCR's bounds), for the job's detail.
+    parse_notes: list[str] = field(default_factory=list)
     hashes: list[str] = field(default_factory=list)
     vectors: list[np.ndarray] = field(default_factory=list)
     cache_hits: int = 0
@@ -498,7 +500,8 @@ def settle_owed_releases(transactions: Transactions, settings: Settings) -> None
 
 def parse_job(claim: Claim, settings: Settings) -> None:
     with StageTimes(claim.timings).stage("parse"):
-        claim.parsed = parse(claim.raw, claim.content_type, settings.json_text_fields)
+        claim.parsed = parse(claim.raw, claim.content_type, options_from(settings))
+        claim.parse_notes = claim.parsed.notes
 
 
 def chunk_job(claim: Claim, chunker: Chunker, max_chunks: int) -> None:
@@ -654,6 +657,8 @@ def write_batch(uow: UnitOfWork, claims: list[Claim]) -> dict[uuid.UUID, JobOutc
                 "cache_hits": claim.cache_hits,
                 "embedded": len(claim.pieces) - claim.cache_hits,
             }
+            if claim.parse_notes:
+                detail["parse_notes"] = claim.parse_notes
         if claim.request_id:
             detail["request_id"] = claim.request_id
         jobs.finish(job, detail, finished_at)

@@ -13,6 +13,8 @@ from shared.errors import ParseError
 # Section flags. Text that parsing doubts (a PDF page whose text layer is thin or mostly not
 # letters, text read by OCR): chunks to check before use.
 DOUBTFUL_EXTRACTION = "doubtful_extraction"
+# Text read from a page's image by OCR (always doubtful too).
+OCR = "ocr"
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,9 @@ class ParseOptions:
     # (file name, declared content type, bytes) -> its parse. The registry sets it, so no
     # format's module imports the registry.
     parse_part: Callable[[str, str, bytes], ParsedDocument] | None = None
+    # OCR's bounds per document (settings: ocr_max_pages, ocr_budget_s)
+    ocr_max_pages: int = 40
+    ocr_budget_s: float = 120.0
 
 
 @dataclass
@@ -39,6 +44,8 @@ class ParsedDocument:
     text: str
     # Sorted by start; each applies from its start until the next one.
     sections: list[Section] = field(default_factory=list)
+    # What parsing left unread, for the job's detail (e.g. pages past OCR's bounds).
+    notes: list[str] = field(default_factory=list)
 
     def section_at(self, offset: int) -> str:
         """The section in force at ``offset``: a bisection, so chunking a document costs

@@ -8,9 +8,11 @@ import re
 import unicodedata
 from collections import Counter
 from functools import lru_cache
+from typing import Any
 
 from shared.errors import ParseError
 from shared.parsing.document import DOUBTFUL_EXTRACTION, ParsedDocument, ParseOptions, Section
+from shared.parsing.ocr import OCR_FLAGS, ocr_pages
 from shared.retry import is_retriable
 
 # A page whose text layer holds fewer letters and digits than this (a scan with a page
@@ -18,9 +20,14 @@ from shared.retry import is_retriable
 # extracts as symbols) is text to check before use: its chunks carry DOUBTFUL_EXTRACTION.
 THIN_PAGE_CHARS = 100
 MIN_LETTER_SHARE = 0.5
+# A page of fewer letters and digits than this that holds an image is a scan: OCR reads it. (A
+# figure's page with a caption has more: its caption is kept, flagged as a thin page.)
+SCAN_CHARS = 20
 
 
 def parse(raw: bytes, options: ParseOptions) -> ParsedDocument:
+    """A section per page; a page without a text layer (a scan: fewer than ``SCAN_CHARS``
+    letters and digits, a page number at most) is read from its image by OCR."""
     from pypdf import PdfReader
 
     try:
@@ -30,21 +37,64 @@ def parse(raw: bytes, options: ParseOptions) -> ParsedDocument:
         if is_retriable(e):
             raise  # the task's time ran out, or the process's memory: not the file's fault
         raise ParseError(f"the PDF could not be read ({type(e).__name__}: {e})") from e
+    pages = [_pdf_text(page) for page in pages]
+    running = _running_lines(pages)
+    pages = [_without_running_lines(page, running).strip() for page in pages]
+    read_by_ocr, notes = _ocr_scanned_pages(reader, pages, options)
     parts: list[str] = []
     sections: list[Section] = []
     offset = 0
-    pages = [_pdf_text(page) for page in pages]
-    running = _running_lines(pages)
     for number, page_text in enumerate(pages, start=1):
-        page_text = _without_running_lines(page_text, running).strip()
+        flags: tuple[str, ...]
+        if number in read_by_ocr:
+            page_text, flags = read_by_ocr[number], OCR_FLAGS
+        else:
+            flags = _page_flags(page_text)
         if not page_text:
             continue
-        sections.append(Section(offset, f"page {number}", _page_flags(page_text)))
+        sections.append(Section(offset, f"page {number}", flags))
         parts.append(page_text)
         offset += len(page_text) + 2
     if not parts:
-        raise ParseError("the PDF has no text layer (scanned images are not OCRed)")
-    return ParsedDocument("\n\n".join(parts), sections)
+        unread = f" ({'; '.join(notes)})" if notes else ""
+        raise ParseError(f"the PDF has no text layer, and OCR read no text on its pages{unread}")
+    return ParsedDocument("\n\n".join(parts), sections, notes)
+
+
+def _ocr_scanned_pages(
+    reader: Any, pages: list[str], options: ParseOptions
+) -> tuple[dict[int, str], list[str]]:
+    """page number -> its text by OCR, for the pages whose text layer is thin and that hold
+    an image, where OCR reads more than the layer held; and the notes of pages left unread."""
+    scans = []
+    for number, page_text in enumerate(pages, start=1):
+        if _alphanumeric(page_text) < SCAN_CHARS:
+            image = _largest_image(reader.pages[number - 1])
+            if image is not None:
+                scans.append((number, image))
+    if not scans:
+        return {}, []
+    texts, notes = ocr_pages(scans, options)
+    better = {
+        number: text
+        for number, text in texts
+        if _alphanumeric(text) > _alphanumeric(pages[number - 1])
+    }
+    return better, notes
+
+
+def _largest_image(page: Any) -> Any:
+    """The page's largest embedded image (a scan's page is one), or None."""
+    try:
+        images = [found.image for found in page.images]
+    except Exception:  # an image pypdf cannot decode leaves the page as its text layer has it
+        return None
+    images = [image for image in images if image is not None]
+    return max(images, key=lambda image: image.width * image.height, default=None)
+
+
+def _alphanumeric(text: str) -> int:
+    return sum(1 for c in text if c.isalnum())
 
 
 # A word broken at a line's end by typesetting ("manip-\nulation"): joined again. Only

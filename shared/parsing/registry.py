@@ -19,6 +19,7 @@ import shared.parsing.html as html
 import shared.parsing.json_records as json_records
 import shared.parsing.mail as mail
 import shared.parsing.markdown as markdown
+import shared.parsing.ocr as ocr
 import shared.parsing.opendocument as opendocument
 import shared.parsing.pdf as pdf
 import shared.parsing.rtf as rtf
@@ -28,6 +29,7 @@ import shared.parsing.text as text
 import shared.parsing.word as word
 from shared.errors import ParseError, UnsupportedMediaType
 from shared.parsing.document import MAX_SECTION_CHARS, ParsedDocument, ParseOptions, Section
+from shared.settings import Settings
 from shared.text import storable_text
 
 Parser = Callable[[bytes, ParseOptions], ParsedDocument]
@@ -39,8 +41,9 @@ class Format:
     content_types: tuple[str, ...]  # the first is the one Concord reports
     extensions: tuple[str, ...]
     parse: Parser
-    # What the bytes are underneath: "zip" formats pass containers.check_zip at intake.
-    container: Literal["zip"] | None = None
+    # What the bytes are underneath: "zip" formats pass containers.check_zip at intake,
+    # "image" ones Pillow's reading of their header (shared/documents/screening.py).
+    container: Literal["zip", "image"] | None = None
 
 
 _OOXML = "application/vnd.openxmlformats-officedocument"
@@ -69,6 +72,22 @@ FORMATS: tuple[Format, ...] = (
     Format("csv", ("text/csv",), (".csv",), spreadsheets.parse_csv),
     Format("tsv", ("text/tab-separated-values",), (".tsv", ".tab"), spreadsheets.parse_tsv),
     Format("eml", ("message/rfc822",), (".eml",), mail.parse_eml),
+    Format(
+        "image",
+        ("image/png", "image/jpeg", "image/tiff"),
+        (".png", ".jpg", ".jpeg", ".tif", ".tiff"),
+        ocr.parse_image,
+        "image",
+    ),
+)
+# Formats told by their first bytes, whatever the upload says it is.
+_SIGNATURES = (
+    (b"%PDF-", "application/pdf"),
+    (b"{\\rtf", "application/rtf"),
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"II*\x00", "image/tiff"),
+    (b"MM\x00*", "image/tiff"),
 )
 
 BY_CONTENT_TYPE: dict[str, Format] = {ct: f for f in FORMATS for ct in f.content_types}
@@ -83,13 +102,12 @@ def supported_list() -> str:
 
 
 def resolve_content_type(declared: str | None, filename: str | None, raw: bytes) -> str:
-    """The content type we will parse as: magic bytes first (PDF, RTF, and the members of a
-    ZIP container), then a specific declared type, then the file extension; an Office file
-    encrypted as a whole is refused here with what to do."""
-    if raw.startswith(b"%PDF-"):
-        return "application/pdf"
-    if raw.startswith(b"{\\rtf"):
-        return "application/rtf"
+    """The content type we will parse as: magic bytes first (PDF, RTF, images, and the
+    members of a ZIP container), then a specific declared type, then the file extension; an
+    Office file encrypted as a whole is refused here with what to do."""
+    for signature, content_type in _SIGNATURES:
+        if raw.startswith(signature):
+            return content_type
     if raw.startswith(containers.ZIP_SIGNATURE):
         found = containers.zip_content_type(raw)
         if found is not None:
@@ -110,12 +128,16 @@ def resolve_content_type(declared: str | None, filename: str | None, raw: bytes)
     )
 
 
-def parse(
-    raw: bytes,
-    content_type: str,
-    json_text_fields: tuple[str, ...] = ParseOptions().json_text_fields,
-) -> ParsedDocument:
-    return parse_as(raw, content_type, ParseOptions(json_text_fields=json_text_fields))
+def parse(raw: bytes, content_type: str, options: ParseOptions | None = None) -> ParsedDocument:
+    return parse_as(raw, content_type, options or ParseOptions())
+
+
+def options_from(settings: Settings) -> ParseOptions:
+    return ParseOptions(
+        json_text_fields=settings.json_text_fields,
+        ocr_max_pages=settings.ocr_max_pages,
+        ocr_budget_s=settings.ocr_budget_s,
+    )
 
 
 def parse_as(raw: bytes, content_type: str, options: ParseOptions) -> ParsedDocument:
@@ -137,11 +159,14 @@ def parse_as(raw: bytes, content_type: str, options: ParseOptions) -> ParsedDocu
             Section(s.start, storable_text(s.path[:MAX_SECTION_CHARS]), s.flags)
             for s in parsed.sections
         ],
+        parsed.notes,
     )
 
 
 def _parse_part(name: str, declared: str, raw: bytes) -> ParsedDocument:
     """A part of a document (an e-mail's attachment) read as an upload of its own is: its
     type from its bytes first, an archive's checks in ``parse_as``; bytes that are no text
-    fail to decode, and the caller lists the part by name instead."""
-    return parse_as(raw, resolve_content_type(declared, name, raw), ParseOptions())
+    fail to decode, and the caller lists the part by name instead. Parts are not OCR'd: a
+    message of a hundred scans would pass every bound a document has."""
+    content_type = resolve_content_type(declared, name, raw)
+    return parse_as(raw, content_type, ParseOptions(ocr_max_pages=0))

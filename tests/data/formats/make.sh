@@ -52,3 +52,17 @@ PY
 # A password-protected Word file, encrypted by msoffcrypto-tool (pip install msoffcrypto-tool)
 # as Office does it (an OLE file holding the encrypted package).
 msoffcrypto-tool -e -p secret "$here/zstd-readme.docx" "$here/encrypted.docx"
+
+# Scanned pages: the Word file printed to PDF by LibreOffice, its first two pages rendered to
+# greyscale JPEGs at 110 dpi by poppler's pdftoppm (as a scanner would deliver them), each
+# wrapped in a PDF of its own by LibreOffice (ImageMagick's policy forbids writing PDF), the
+# two joined by pdfunite: PDFs with no text layer.
+cp "$here/zstd-readme.docx" "$work/"
+(cd "$work" && soffice --headless --convert-to pdf zstd-readme.docx >/dev/null \
+  && pdftoppm -r 110 -gray -jpeg -jpegopt quality=55 -f 1 -l 2 zstd-readme.pdf page \
+  && soffice --headless --convert-to pdf page-1.jpg >/dev/null \
+  && soffice --headless --convert-to pdf page-2.jpg >/dev/null \
+  && pdfunite page-1.pdf page-2.pdf scanned.pdf)
+cp "$work/page-1.jpg" "$here/zstd-readme-page-1.jpg"
+cp "$work/page-1.pdf" "$here/zstd-readme-scanned-page-1.pdf"
+cp "$work/scanned.pdf" "$here/zstd-readme-scanned.pdf"

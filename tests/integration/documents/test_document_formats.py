@@ -19,13 +19,21 @@ from tests.integration.jobs.test_job_isolation import (
     _victim_uploads,
     _wait_finished,
 )
-from tests.unit.ingest.test_formats import DATA, FILES, HOSTILE, OOXML, _replace_member
+from tests.unit.ingest.test_formats import (
+    DATA,
+    FILES,
+    HOSTILE,
+    OOXML,
+    _holds_at_similarity,
+    _replace_member,
+)
 
 # Every format, and a phrase of its answer that search must find in its chunks.
 UPLOADS = [name for name, _ in FILES] + [
     "zstd-announcement.eml",
     "debian-releases.csv",
     "debian-releases.tsv",
+    "zstd-readme-scanned-page-1.pdf",  # no text layer: read by OCR in the worker
 ]
 
 
@@ -87,16 +95,21 @@ def test_every_format_is_indexed_and_hostile_archives_are_refused_beside_another
             ).all()
         )
         texts: dict[str, list[tuple[str, str]]] = {}
-        for external_id, text, section in uow.session.execute(
-            select(Document.external_id, Chunk.text, Chunk.section)
+        flags: dict[str, set[str]] = {}
+        for external_id, text, section, chunk_flags in uow.session.execute(
+            select(Document.external_id, Chunk.text, Chunk.section, Chunk.flags)
             .join(Chunk, Chunk.document_id == Document.id)
             .where(Document.tenant_id == owner)
         ):
             texts.setdefault(external_id, []).append((text, section))
+            flags.setdefault(external_id, set()).update(chunk_flags)
     assert {name: stored[name] for name, _ in FILES} == dict(FILES)  # told by the bytes
     for name in UPLOADS:
         joined = " ".join(text for text, _ in texts[name])
-        if name.startswith("zstd-readme"):
+        if name.startswith("zstd-readme-scanned"):
+            assert _holds_at_similarity(joined, "is a fast lossless compression algorithm")
+            assert flags[name] == {"ocr", "doubtful_extraction"}
+        elif name.startswith("zstd-readme"):
             assert "CMAKE_BUILD_TYPE is set to Release" in joined, name
         else:
             assert "Bookworm | bookworm | 2021-08-14" in joined, name

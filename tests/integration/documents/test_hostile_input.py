@@ -43,9 +43,10 @@ TEXT = b"Perfectly ordinary text about lighthouses."
 
 # name, bytes, declared content type, the status expected
 MALICIOUS: list[tuple[str, bytes, str, int]] = [
-    # spoofed types: binary formats claiming to be text
-    ("image.txt", PNG, "text/plain", 415),
-    ("photo.md", JPEG, "text/markdown", 415),
+    # spoofed types: binary formats claiming to be text (images are read by OCR, whatever
+    # they claim: these two are no readable images)
+    ("image.txt", PNG, "text/plain", 422),
+    ("photo.md", JPEG, "text/markdown", 422),
     ("anim.html", GIF, "text/html", 415),
     ("program.txt", ELF, "text/plain", 415),
     ("setup.txt", EXE, "text/plain", 415),
@@ -63,7 +64,7 @@ MALICIOUS: list[tuple[str, bytes, str, int]] = [
     ("gifar.txt", GIF + b"PK\x03\x04" + b"\x00" * 30, "text/plain", 415),
     ("zip-then-pdf.pdf", b"PK\x03\x04" + b"%PDF-1.4", "application/pdf", 415),
     ("pdf-then-zip.pdf", _minimal_pdf_then(b"PK\x03\x04" + b"\x00" * 40), "application/pdf", 422),
-    ("png-with-script.html", PNG + b"<script>alert(1)</script>", "text/html", 415),
+    ("png-with-script.html", PNG + b"<script>alert(1)</script>", "text/html", 422),
     # bombs
     ("bomb.zip", _zip_bomb(), "application/zip", 415),
     ("bomb.txt", _zip_bomb(), "text/plain", 415),

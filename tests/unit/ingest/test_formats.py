@@ -236,7 +236,7 @@ def test_an_archive_that_is_no_document_is_refused_as_before() -> None:
     content_type = resolve_content_type("application/java-archive", "app.txt", raw)
     with pytest.raises(UnsupportedMediaType, match="no Word, PowerPoint, Excel, OpenDocument"):
         screen_upload(raw, content_type, "app.txt")
-    with pytest.raises(UnsupportedMediaType, match="not the ZIP container"):
+    with pytest.raises(UnsupportedMediaType, match="the file is not a ZIP archive, as every docx"):
         screen_upload(b"plain words", DOCX, "fake.docx")
 
 
@@ -249,3 +249,67 @@ def test_every_section_starts_inside_the_text_and_the_document_chunks(name: str)
     chunks = Chunker(word_offsets, max_tokens=48, overlap_tokens=8).chunk(doc)
     assert chunks and all(0 <= c.char_start < c.char_end <= len(doc.text) for c in chunks)
     assert chunks[-1].char_end >= len(doc.text.rstrip()) - 1  # read to the end
+
+
+# ------------------------------------------------------------------ OCR
+
+
+def _holds_at_similarity(text: str, quote: str, at_least: float = 0.9) -> bool:
+    """Whether some window of ``text`` matches ``quote`` at ``at_least`` similarity (OCR may
+    misread a character or two)."""
+    import difflib
+
+    words, wanted = text.split(), quote.split()
+    for start in range(max(1, len(words) - len(wanted) + 1)):
+        window = " ".join(words[start : start + len(wanted)])
+        if difflib.SequenceMatcher(None, window, quote).ratio() >= at_least:
+            return True
+    return False
+
+
+def test_a_page_image_is_read_by_ocr_and_flagged() -> None:
+    doc = _parsed("zstd-readme-page-1.jpg")
+    assert resolve_content_type("text/plain", "scan.txt", (DATA / "zstd-readme-page-1.jpg")
+                                .read_bytes()) == "image/jpeg"  # fmt: skip
+    assert _holds_at_similarity(
+        doc.text, "Zstandard, or zstd as short version, is a fast lossless compression algorithm"
+    )
+    assert {flag for s in doc.sections for flag in s.flags} == {"ocr", "doubtful_extraction"}
+
+
+def test_a_scanned_pdf_is_read_by_ocr_within_its_page_bound() -> None:
+    """Two scanned pages, OCR bounded to one: the first is read, the second named unread."""
+    from shared.parsing import ParseOptions
+
+    raw = (DATA / "zstd-readme-scanned.pdf").read_bytes()
+    doc = parse(raw, "application/pdf", ParseOptions(ocr_max_pages=1))
+    assert [(s.path, s.flags) for s in doc.sections] == [("page 1", ("doubtful_extraction", "ocr"))]
+    assert _holds_at_similarity(doc.text, "targeting real-time compression scenarios at zlib-level")
+    assert doc.notes == [
+        "page 2 not read: OCR reads the first 1 of a document's pages (CONCORD_OCR_MAX_PAGES)"
+    ]
+    with pytest.raises(ParseError, match="OCR read no text on its pages \\(pages 1-2 not read"):
+        parse(raw, "application/pdf", ParseOptions(ocr_budget_s=0))
+
+
+def test_without_tesseract_a_scan_fails_with_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import pytesseract
+
+    monkeypatch.setattr(pytesseract.pytesseract, "tesseract_cmd", "/nonexistent/tesseract")
+    with pytest.raises(ParseError, match="apt-get install tesseract-ocr"):
+        _parsed("zstd-readme-page-1.jpg")
+
+
+def test_an_image_too_large_or_unreadable_is_refused_at_the_door(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from shared.parsing import ocr
+
+    raw = (DATA / "zstd-readme-page-1.jpg").read_bytes()
+    monkeypatch.setattr(ocr, "MAX_PIXELS", 1000)
+    with pytest.raises(ParseError, match="pixels; the limit is 1,000 pixels a page"):
+        screen_upload(raw, "image/jpeg", "scan.jpg")
+    with pytest.raises(ParseError, match="the image could not be read"):
+        screen_upload(raw[:200], "image/jpeg", "cut.jpg")

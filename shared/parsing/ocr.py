@@ -1,0 +1,135 @@
+"""Text from page images: Tesseract 5 (Debian's ``tesseract-ocr``, English model included; no
+model is fetched at run time) through pytesseract, for uploaded PNG, JPEG and TIFF images and
+for the pages of a PDF that have no usable text layer (shared/parsing/pdf.py).
+
+OCR'd text is flagged ``ocr`` and ``doubtful_extraction``: the evidence policy answers
+``verify`` when such a chunk is the only evidence, as for any doubtful extraction. A document is
+OCR'd within ``ocr_max_pages`` pages and ``ocr_budget_s`` seconds (CONCORD_OCR_MAX_PAGES,
+CONCORD_OCR_BUDGET_S): a 500-page scan does not hold a worker, and the pages past either bound
+are named in the parse's notes (the job's ``parse_notes``), never dropped unsaid."""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from shared.errors import ParseError
+from shared.parsing.document import (
+    DOUBTFUL_EXTRACTION,
+    OCR,
+    ParsedDocument,
+    ParseOptions,
+    Section,
+)
+
+OCR_FLAGS = (DOUBTFUL_EXTRACTION, OCR)
+LANGUAGE = "eng"
+# An image of more pixels than this is refused (Pillow's own guard against decompression
+# bombs warns at 89 MP): an A4 page scanned at 600 dpi is 35 MP.
+MAX_PIXELS = 60_000_000
+# Below this width a page is scaled up before OCR: Tesseract reads text of 20-30 px capitals
+# best, and a screenshot or a 100-dpi scan has less.
+MIN_OCR_WIDTH = 1600
+
+
+class OcrUnavailable(ParseError):
+    """Tesseract is not installed where the worker runs."""
+
+
+def parse_image(raw: bytes, options: ParseOptions) -> ParsedDocument:
+    """An uploaded image (PNG, JPEG, or TIFF of one or more pages), a section per page."""
+    pages = list(_frames(open_image(raw)))
+    texts, notes = ocr_pages(pages, options)
+    parts: list[str] = []
+    sections: list[Section] = []
+    offset = 0
+    for number, text in texts:
+        if not text:
+            continue
+        label = f"page {number}" if len(pages) > 1 else ""
+        sections.append(Section(offset, label, OCR_FLAGS))
+        parts.append(text)
+        offset += len(text) + 2
+    return ParsedDocument("\n\n".join(parts), sections, notes)
+
+
+def open_image(raw: bytes) -> Any:
+    """The image, its size checked before its pixels are decoded."""
+    from PIL import Image
+
+    try:
+        image = Image.open(io.BytesIO(raw))
+    except Exception as e:  # Pillow raises UnidentifiedImageError, OSError, SyntaxError...
+        raise ParseError(f"the image could not be read ({type(e).__name__}: {e})") from e
+    width, height = image.size
+    if width * height > MAX_PIXELS:
+        raise ParseError(
+            f"the image is {width}x{height} pixels; the limit is {MAX_PIXELS:,} pixels a page"
+        )
+    return image
+
+
+def _frames(image: Any) -> Iterator[Any]:
+    for index in range(getattr(image, "n_frames", 1)):
+        image.seek(index)
+        yield image.copy()
+
+
+def ocr_pages(
+    pages: Iterable[tuple[int, Any]] | list[Any], options: ParseOptions
+) -> tuple[list[tuple[int, str]], list[str]]:
+    """OCR ``pages`` (images, or (page number, image) pairs) in order within the document's
+    bounds: the text of each page read, and a note naming the pages left unread."""
+    numbered = [p if isinstance(p, tuple) else (i, p) for i, p in enumerate(pages, start=1)]
+    started = time.monotonic()
+    texts: list[tuple[int, str]] = []
+    for count, (number, image) in enumerate(numbered):
+        spent = time.monotonic() - started
+        if count >= options.ocr_max_pages or spent >= options.ocr_budget_s:
+            unread = [n for n, _ in numbered[count:]]
+            why = (
+                f"OCR reads the first {options.ocr_max_pages} of a document's pages "
+                "(CONCORD_OCR_MAX_PAGES)"
+                if count >= options.ocr_max_pages
+                else f"OCR's {options.ocr_budget_s:.0f} s a document ran out (CONCORD_OCR_BUDGET_S)"
+            )
+            return texts, [f"{_pages(unread)} not read: {why}"]
+        text = ocr_image(image, options.ocr_budget_s - spent)
+        if text is None:  # the page alone outlasted what was left of the budget
+            unread = [n for n, _ in numbered[count:]]
+            why = f"OCR's {options.ocr_budget_s:.0f} s a document ran out (CONCORD_OCR_BUDGET_S)"
+            return texts, [f"{_pages(unread)} not read: {why}"]
+        texts.append((number, text))
+    return texts, []
+
+
+def ocr_image(image: Any, timeout_s: float) -> str | None:
+    """The page's text (None when reading it took past ``timeout_s``)."""
+    import pytesseract
+
+    image = image.convert("L")  # grey: what Tesseract binarizes from anyway
+    if image.width < MIN_OCR_WIDTH:
+        scale = MIN_OCR_WIDTH / image.width
+        image = image.resize((MIN_OCR_WIDTH, max(1, int(image.height * scale))))
+    try:
+        text = pytesseract.image_to_string(image, lang=LANGUAGE, timeout=max(1.0, timeout_s))
+    except pytesseract.TesseractNotFoundError as e:
+        raise OcrUnavailable(
+            "the document needs OCR and Tesseract is not installed where the worker runs "
+            "(apt-get install tesseract-ocr; scripts/setup.sh does)"
+        ) from e
+    except RuntimeError:  # pytesseract's timeout (it kills Tesseract)
+        return None
+    return "\n".join(line.rstrip() for line in str(text).splitlines()).strip()
+
+
+def _pages(numbers: list[int]) -> str:
+    if len(numbers) == 1:
+        return f"page {numbers[0]}"
+    return (
+        f"pages {numbers[0]}-{numbers[-1]}"
+        if numbers == list(range(numbers[0], numbers[-1] + 1))
+        else f"{len(numbers)} pages"
+    )
