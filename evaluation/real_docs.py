@@ -25,6 +25,7 @@ answerable figures are of the formal questions, ``casual_*`` of the casual ones.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import re
 import statistics
@@ -115,9 +116,11 @@ def normalized(text: str) -> str:
     return re.sub(r" ([.,;:!?)\]])", r"\1", text).strip()
 
 
-def holds_evidence(text: str, evidence: str) -> bool:
+def holds_evidence(text: str, evidence: str, ocr: bool = False) -> bool:
     """A chunk holds the evidence when it holds the span, or (a span cut by a chunk
-    boundary) at least 80 % of its words in one run of the chunk."""
+    boundary) at least 80 % of its words in one run of the chunk; a chunk read by OCR (which
+    misreads a character here and there) also when a run of it matches those words at
+    ``OCR_SIMILARITY``."""
     chunk, span = normalized(text), normalized(evidence)
     if span in chunk:
         return True
@@ -126,6 +129,21 @@ def holds_evidence(text: str, evidence: str) -> bool:
     for start in range(len(words) - needed + 1):
         if " ".join(words[start : start + needed]) in chunk:
             return True
+    return ocr and _similar_run(chunk.split(), words, needed)
+
+
+OCR_SIMILARITY = 0.9
+
+
+def _similar_run(chunk_words: list[str], words: list[str], needed: int) -> bool:
+    """Whether ``needed`` consecutive words of the span match a run of the chunk's words of
+    the same length at OCR_SIMILARITY (difflib's ratio of the two texts)."""
+    for start in range(len(words) - needed + 1):
+        wanted = " ".join(words[start : start + needed])
+        for at in range(max(1, len(chunk_words) - needed + 1)):
+            window = " ".join(chunk_words[at : at + needed])
+            if difflib.SequenceMatcher(None, window, wanted).ratio() >= OCR_SIMILARITY:
+                return True
     return False
 
 
@@ -201,7 +219,7 @@ def score_question(
             (
                 rank
                 for rank, (r, f) in enumerate(zip(top, files, strict=True), start=1)
-                if wanted in f and holds_evidence(r.text, question.evidence)
+                if wanted in f and holds_evidence(r.text, question.evidence, ocr="ocr" in r.flags)
             ),
             None,
         )

@@ -11,6 +11,7 @@ are named in the parse's notes (the job's ``parse_notes``), never dropped unsaid
 from __future__ import annotations
 
 import io
+import os
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -108,6 +109,13 @@ def ocr_pages(
 def ocr_image(image: Any, timeout_s: float) -> str | None:
     """The page's text (None when reading it took past ``timeout_s``)."""
     import pytesseract
+
+    # Tesseract runs as a child process and spreads a page over OpenMP threads: on cores the
+    # worker's processes already share, that made OCR 5.8 times slower (bench/ocr.py, 0.10
+    # against 0.60 pages/s). One thread a page; the variable is read by the Tesseract
+    # processes started from here on (an OpenMP runtime reads it only when it starts: this
+    # process's own, torch's, started long before the first page).
+    os.environ.setdefault("OMP_THREAD_LIMIT", "1")
 
     image = image.convert("L")  # grey: what Tesseract binarizes from anyway
     if image.width < MIN_OCR_WIDTH:

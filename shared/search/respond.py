@@ -138,6 +138,7 @@ def result(c: Candidate, by_arm: ByArm, fused_rank: FusedRank, mode: str) -> Sea
         score=round(own.score if own is not None else fused_rank[c.chunk_id][1], 6),
         found_by=[arm for arm in ("dense", "lexical") if c.chunk_id in by_arm.get(arm, {})],
         scores=c.scores,
+        flags=list(c.flags),
     )
 
 

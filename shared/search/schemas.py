@@ -455,6 +455,11 @@ class SearchResult(BaseModel):
     )
     found_by: list[Arm]
     scores: dict[str, float] = Field(description="dense_cosine, and rerank when reranked")
+    flags: list[str] = Field(
+        default_factory=list,
+        description="what ingest noticed about the chunk's text: ocr (read from a page image "
+        "by OCR), doubtful_extraction (a thin or garbled text layer, or OCR: check before use)",
+    )
     trace: Trace | None = Field(default=None, description="with explain")
     copies: list[Copy] | None = Field(
         default=None,
