@@ -45,12 +45,18 @@ class TextChunk:
 ChunkContext = Literal["none", "title", "title_section"]
 
 
-def contextual_text(text: str, title: str, section: str, context: ChunkContext) -> str:
-    """The text the encoder sees for a chunk (its stored text never changes)."""
+def contextual_text(
+    text: str, title: str, section: str, context: ChunkContext, flags: tuple[str, ...] = ()
+) -> str:
+    """The text the encoder sees for a chunk (its stored text never changes). A table's rows
+    are always seen under their section, which ends with the table's header row: a row of
+    bare values ("7 | Wheezy | wheezy | 2013-05-04") says nothing of what its columns are,
+    and a question names them ("when was wheezy released")."""
+    table = TABLE in flags and bool(section.strip())
     if context == "none":
-        return text
+        return f"{section.strip()}\n\n{text}" if table else text
     lines = [title.strip()]
-    if context == "title_section" and section.strip() and section.strip() != title.strip():
+    if (context == "title_section" or table) and section.strip() != title.strip():
         lines.append(section.strip())
     heading = "\n".join(line for line in lines if line)
     return f"{heading}\n\n{text}" if heading else text

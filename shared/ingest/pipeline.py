@@ -578,13 +578,17 @@ def embed_batch(
         )
         encoded = {
             c.job_id: [
-                contextual_text(p.text, titles.get(c.document_id, ""), p.section, context)
+                contextual_text(p.text, titles.get(c.document_id, ""), p.section, context, p.flags)
                 for p in c.pieces
             ]
             for c in claims
         }
+        # Cached by a hash of what was encoded: the chunk's own hash where that is its text.
         keys = {
-            c.job_id: c.hashes if context == "none" else [text_hash(t) for t in encoded[c.job_id]]
+            c.job_id: [
+                known if text == p.text else text_hash(text)
+                for known, text, p in zip(c.hashes, encoded[c.job_id], c.pieces, strict=True)
+            ]
             for c in claims
         }
         all_keys = [k for c in claims for k in keys[c.job_id]]

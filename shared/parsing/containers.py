@@ -16,7 +16,8 @@ member is inflated:
 * an XML member that declares entities (``<!ENTITY``: the "billion laughs") is refused, as
   intake refuses it in text formats. No Office, OpenDocument or EPUB writer declares any.
 
-Macros (``vbaProject.bin`` in a .docm/.xlsm/.pptm) are never run: the parsers read text only.
+Macros (``vbaProject.bin`` in a .docm/.xlsm/.pptm) are never run: ``without_macros`` drops
+them before a library opens the file, which is then read as the plain document it also is.
 """
 
 from __future__ import annotations
@@ -150,3 +151,39 @@ def refuse_encrypted_office(raw: bytes) -> None:
             "the file is an encrypted (password-protected) Office document; save it without a "
             "password and upload it again"
         )
+
+
+# Office's macro-enabled main parts, and the plain ones the libraries open.
+_MACRO_MAIN_TYPES = {
+    b"application/vnd.ms-word.document.macroEnabled.main+xml": (
+        b"application/vnd.openxmlformats-officedocument.wordprocessingml.document.main+xml"
+    ),
+    b"application/vnd.ms-powerpoint.presentation.macroEnabled.main+xml": (
+        b"application/vnd.openxmlformats-officedocument.presentationml.presentation.main+xml"
+    ),
+    b"application/vnd.ms-excel.sheet.macroEnabled.main+xml": (
+        b"application/vnd.openxmlformats-officedocument.spreadsheetml.sheet.main+xml"
+    ),
+}
+
+
+def without_macros(raw: bytes) -> bytes:
+    """An Office file with macros (.docm, .pptm, .xlsm) as the plain document it also is: its
+    macro project left out, its main part's type the plain one (python-docx and python-pptx
+    open no other). Any other file comes back as it was."""
+    with open_zip(raw) as archive:
+        types = read_member(archive, archive.getinfo("[Content_Types].xml"))
+        if not any(macro in types for macro in _MACRO_MAIN_TYPES):
+            return raw
+        for macro, plain in _MACRO_MAIN_TYPES.items():
+            types = types.replace(macro, plain)
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as plain_file:
+            for info in archive.infolist():
+                if info.filename.lower().endswith("vbaproject.bin"):
+                    continue
+                data = (
+                    types if info.filename == "[Content_Types].xml" else read_member(archive, info)
+                )
+                plain_file.writestr(info.filename, data)
+    return buffer.getvalue()

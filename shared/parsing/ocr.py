@@ -1,6 +1,8 @@
 """Text from page images: Tesseract 5 (Debian's ``tesseract-ocr``, English model included; no
-model is fetched at run time) through pytesseract, for uploaded PNG, JPEG and TIFF images and
-for the pages of a PDF that have no usable text layer (shared/parsing/pdf.py).
+model is fetched at run time), run on each page as its command-line program, for uploaded PNG,
+JPEG and TIFF images and for the pages of a PDF that have no usable text layer
+(shared/parsing/pdf.py). (pytesseract, the usual wrapper, does the same but passes Tesseract
+this process's whole environment, and its thread bound is wanted for Tesseract alone.)
 
 OCR'd text is flagged ``ocr`` and ``doubtful_extraction``: the evidence policy answers
 ``verify`` when such a chunk is the only evidence, as for any doubtful extraction. A document is
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -106,31 +109,45 @@ def ocr_pages(
     return texts, []
 
 
+# The Tesseract command; Debian's tesseract-ocr puts it on the PATH.
+TESSERACT = "tesseract"
+
+
 def ocr_image(image: Any, timeout_s: float) -> str | None:
     """The page's text (None when reading it took past ``timeout_s``)."""
-    import pytesseract
-
-    # Tesseract runs as a child process and spreads a page over OpenMP threads: on cores the
-    # worker's processes already share, that made OCR 5.8 times slower (bench/ocr.py, 0.10
-    # against 0.60 pages/s). One thread a page; the variable is read by the Tesseract
-    # processes started from here on (an OpenMP runtime reads it only when it starts: this
-    # process's own, torch's, started long before the first page).
-    os.environ.setdefault("OMP_THREAD_LIMIT", "1")
-
     image = image.convert("L")  # grey: what Tesseract binarizes from anyway
     if image.width < MIN_OCR_WIDTH:
         scale = MIN_OCR_WIDTH / image.width
         image = image.resize((MIN_OCR_WIDTH, max(1, int(image.height * scale))))
+    png = io.BytesIO()
+    image.save(png, format="PNG")
+    # Tesseract spreads a page over OpenMP threads: on cores the worker's processes already
+    # share, that made OCR 5.8 times slower (bench/ocr.py, 0.10 against 0.60 pages/s). One
+    # thread a page, set for the Tesseract process alone (in this process's environment it
+    # would reach an OpenMP runtime started after it: torch's bf16 encoder then computed
+    # garbage with its threads capped).
+    environment = {**os.environ, "OMP_THREAD_LIMIT": "1"}
     try:
-        text = pytesseract.image_to_string(image, lang=LANGUAGE, timeout=max(1.0, timeout_s))
-    except pytesseract.TesseractNotFoundError as e:
+        done = subprocess.run(
+            [TESSERACT, "stdin", "stdout", "-l", LANGUAGE],
+            input=png.getvalue(),
+            capture_output=True,
+            timeout=max(1.0, timeout_s),
+            env=environment,
+            check=False,
+        )
+    except FileNotFoundError as e:
         raise OcrUnavailable(
             "the document needs OCR and Tesseract is not installed where the worker runs "
             "(apt-get install tesseract-ocr; scripts/setup.sh does)"
         ) from e
-    except RuntimeError:  # pytesseract's timeout (it kills Tesseract)
+    except subprocess.TimeoutExpired:  # run() has killed it
         return None
-    return "\n".join(line.rstrip() for line in str(text).splitlines()).strip()
+    if done.returncode != 0:
+        said = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise ParseError(f"OCR could not read a page ({said[-1] if said else done.returncode})")
+    text = done.stdout.decode("utf-8", "replace")
+    return "\n".join(line.rstrip() for line in text.splitlines()).strip()
 
 
 def _pages(numbers: list[int]) -> str:

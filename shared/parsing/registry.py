@@ -61,9 +61,17 @@ FORMATS: tuple[Format, ...] = (
         (".jsonl", ".ndjson"),
         json_records.parse_jsonl,
     ),
-    Format("docx", (f"{_OOXML}.wordprocessingml.document",), (".docx",), word.parse, "zip"),
-    Format("pptx", (f"{_OOXML}.presentationml.presentation",), (".pptx",), slides.parse, "zip"),
-    Format("xlsx", (f"{_OOXML}.spreadsheetml.sheet",), (".xlsx",), spreadsheets.parse_xlsx, "zip"),
+    Format("docx", (f"{_OOXML}.wordprocessingml.document",), (".docx", ".docm"), word.parse, "zip"),
+    Format(
+        "pptx", (f"{_OOXML}.presentationml.presentation",), (".pptx", ".pptm"), slides.parse, "zip"
+    ),
+    Format(
+        "xlsx",
+        (f"{_OOXML}.spreadsheetml.sheet",),
+        (".xlsx", ".xlsm"),
+        spreadsheets.parse_xlsx,
+        "zip",
+    ),
     Format("odt", (f"{_ODF}.text",), (".odt",), opendocument.parse, "zip"),
     Format("odp", (f"{_ODF}.presentation",), (".odp",), opendocument.parse, "zip"),
     Format("ods", (f"{_ODF}.spreadsheet",), (".ods",), opendocument.parse, "zip"),

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from shared.errors import ParseError
-from shared.parsing.containers import open_zip
+from shared.parsing.containers import without_macros
 from shared.parsing.document import ParsedDocument, ParseOptions, TextBuilder, decode_utf8
 
 # Rows with text, over every sheet of a file (a CSV export of a database is no document to
@@ -30,7 +30,7 @@ MAX_EMPTY_RUN = 10_000
 def parse_xlsx(raw: bytes, options: ParseOptions) -> ParsedDocument:
     import openpyxl
 
-    open_zip(raw).close()  # checked before openpyxl inflates anything
+    raw = without_macros(raw)  # checked (open_zip) before openpyxl inflates anything
     try:
         workbook = openpyxl.load_workbook(
             io.BytesIO(raw), read_only=True, data_only=True, keep_links=False

@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from shared.errors import ParseError
-from shared.parsing.containers import open_zip
+from shared.parsing.containers import without_macros
 from shared.parsing.document import ParsedDocument, ParseOptions, TextBuilder
 
 _HEADING_STYLE = re.compile(r"(?:heading|überschrift|titre|título)\s*(\d)", re.IGNORECASE)
@@ -21,7 +21,7 @@ def parse(raw: bytes, options: ParseOptions) -> ParsedDocument:
     import docx
     from docx.table import Table
 
-    open_zip(raw).close()  # checked before python-docx inflates anything
+    raw = without_macros(raw)  # checked (open_zip) before python-docx inflates anything
     try:
         document = docx.Document(io.BytesIO(raw))
     except Exception as e:  # python-docx raises ValueError, KeyError, lxml errors

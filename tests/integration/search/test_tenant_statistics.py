@@ -147,8 +147,10 @@ def test_the_shared_index_of_an_older_deployment_moves_to_an_index_per_tenant_on
     # copies these two tenants' chunks only (pages of theirs, in the same id order).
     real_page_after = PgVectorStore.page_after
 
-    def pages_of_ours(store: PgVectorStore, last: str, size: int) -> list[Any]:
-        while page := real_page_after(store, last, size):
+    def pages_of_ours(
+        store: PgVectorStore, last: str, size: int, tenant_id: str | None = None
+    ) -> list[Any]:
+        while page := real_page_after(store, last, size, tenant_id):
             if ours := [(c, d) for c, d in page if c.tenant_id in tenants]:
                 return ours
             last = page[-1][0].id

@@ -295,9 +295,9 @@ def test_a_scanned_pdf_is_read_by_ocr_within_its_page_bound() -> None:
 def test_without_tesseract_a_scan_fails_with_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import pytesseract
+    from shared.parsing import ocr
 
-    monkeypatch.setattr(pytesseract.pytesseract, "tesseract_cmd", "/nonexistent/tesseract")
+    monkeypatch.setattr(ocr, "TESSERACT", "/nonexistent/tesseract")
     with pytest.raises(ParseError, match="apt-get install tesseract-ocr"):
         _parsed("zstd-readme-page-1.jpg")
 
@@ -313,3 +313,58 @@ def test_an_image_too_large_or_unreadable_is_refused_at_the_door(
         screen_upload(raw, "image/jpeg", "scan.jpg")
     with pytest.raises(ParseError, match="the image could not be read"):
         screen_upload(raw[:200], "image/jpeg", "cut.jpg")
+
+
+@pytest.mark.parametrize(
+    ("name", "macro_type"),
+    [
+        ("zstd-readme.docx", "application/vnd.ms-word.document.macroEnabled.main+xml"),
+        ("zstd-readme.pptx", "application/vnd.ms-powerpoint.presentation.macroEnabled.main+xml"),
+        ("debian-releases.xlsx", "application/vnd.ms-excel.sheet.macroEnabled.main+xml"),
+    ],
+)
+def test_an_office_file_with_macros_is_indexed_as_text_and_its_macros_never_opened(
+    name: str, macro_type: str
+) -> None:
+    """A .docm/.pptm/.xlsm: the same file with a macro project and the macro-enabled main
+    type (as Office saves one). Its text is read; its macro project is dropped unread."""
+    source = zipfile.ZipFile(DATA / name)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as out:
+        for info in source.infolist():
+            data = source.read(info)
+            if info.filename == "[Content_Types].xml":
+                plain = data.decode()
+                main = next(
+                    t
+                    for t in (
+                        f"{OOXML}.wordprocessingml.document.main+xml",
+                        f"{OOXML}.presentationml.presentation.main+xml",
+                        f"{OOXML}.spreadsheetml.sheet.main+xml",
+                    )
+                    if t in plain
+                )
+                data = plain.replace(main, macro_type).encode()
+            out.writestr(info.filename, data)
+        out.writestr("word/vbaProject.bin", b"\xd0\xcf\x11\xe0 not a project anyone may run")
+    raw = buffer.getvalue()
+    macro_name = name.rsplit(".", 1)[0] + ".docm"
+    content_type = resolve_content_type(None, macro_name, raw)
+    screen_upload(raw, content_type, macro_name)
+    assert parse(raw, content_type).text == _parsed(name).text
+
+
+def test_a_table_row_is_embedded_under_its_header_row_and_prose_as_it_is() -> None:
+    """A row of bare values says nothing of its columns; the question names them. (The
+    formats set's sheet questions were abstained below the dense threshold with their row
+    first: 5 of 16.)"""
+    from shared.ingest.chunking import contextual_text
+
+    doc = _parsed("debian-releases.xlsx")
+    [chunk, *_] = Chunker(word_offsets, max_tokens=48, overlap_tokens=0).chunk(doc)
+    seen = contextual_text(chunk.text, "debian-releases", chunk.section, "none", chunk.flags)
+    assert seen == f"debian-releases > {RELEASES_HEADER}\n\n{chunk.text}"
+    prose = "Zstandard is a fast lossless compression algorithm."
+    assert contextual_text(prose, "zstd", "Zstandard > Benchmarks", "none", ()) == prose
+    titled = contextual_text(chunk.text, "Releases", chunk.section, "title", chunk.flags)
+    assert titled == f"Releases\ndebian-releases > {RELEASES_HEADER}\n\n{chunk.text}"

@@ -69,8 +69,9 @@ def test_unparseable_documents_give_a_reason(raw, content_type, reason):
 def test_content_type_from_magic_bytes_then_header_then_extension():
     assert resolve_content_type("text/plain", "x.txt", b"%PDF-1.7") == "application/pdf"
     assert resolve_content_type("application/octet-stream", "a.md", b"# hi") == "text/markdown"
+    assert resolve_content_type("text/plain", "a.txt", b"\x89PNG\r\n\x1a\n") == "image/png"
     with pytest.raises(UnsupportedMediaType):
-        resolve_content_type("image/png", "a.png", b"\x89PNG")
+        resolve_content_type("image/gif", "a.gif", b"GIF89a")
 
 
 def test_json_records_use_configured_text_fields():
