@@ -60,6 +60,16 @@ def screen_upload(raw: bytes, content_type: str, filename: str | None = None) ->
     container = BY_CONTENT_TYPE[content_type].container if content_type in BY_CONTENT_TYPE else None
     if container == "zip" and raw.startswith(containers.ZIP_SIGNATURE):
         containers.check_zip(raw)
+        held = containers.zip_content_type(raw)
+        if held != content_type:  # the archive's members say what it is, not the upload
+            raise UnsupportedMediaType(
+                f"declared as {SUPPORTED_TYPES[content_type]}, but the archive is "
+                + (
+                    f"a {SUPPORTED_TYPES[held]} file"
+                    if held
+                    else "no Word, PowerPoint, Excel, OpenDocument or EPUB document"
+                )
+            )
         return
     if container == "image" and content_type == resolve_content_type(None, None, raw):
         open_image(raw)  # its header read, its size checked: the worker decodes it for OCR

@@ -38,7 +38,14 @@ MAX_INFLATED_BYTES = 256 * 1024 * 1024
 MAX_RATIO = 200  # inflated / compressed, for an archive that inflates past RATIO_FROM_BYTES
 RATIO_FROM_BYTES = 16 * 1024 * 1024
 
-_ENTITY_DECLARATION = re.compile(rb"<!ENTITY", re.IGNORECASE)
+# "<!ENTITY" in UTF-8 (and ASCII) and in UTF-16 of either byte order, the encodings XML may use.
+_ENTITY_DECLARATION = re.compile(
+    b"|".join(
+        re.escape(word.encode(encoding))
+        for word in ("<!ENTITY", "<!entity")
+        for encoding in ("ascii", "utf-16-le", "utf-16-be")
+    )
+)
 _XML_MEMBERS = (".xml", ".rels", ".xhtml", ".html", ".htm", ".opf", ".ncx", ".svg")
 
 # The content type each kind of archive is, told by its members.
@@ -73,7 +80,7 @@ def zip_content_type(raw: bytes) -> str | None:
             for member, content_type in _OPEN_XML_MAIN.items():
                 if member in names:
                     return content_type
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError):
+    except Exception:  # zipfile, zlib and codecs raise many kinds on a broken archive
         return None  # screening says why it cannot be read
     return None
 
@@ -97,8 +104,8 @@ def open_zip(raw: bytes) -> zipfile.ZipFile:
     UnsupportedMediaType says why one is refused."""
     try:
         archive = zipfile.ZipFile(io.BytesIO(raw))
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError) as e:
-        raise ParseError(f"the file is not a readable ZIP archive ({e})") from e
+    except Exception as e:  # BadZipFile, LargeZipFile, ValueError, UnicodeDecodeError...
+        raise ParseError(f"the file is not a readable ZIP archive ({type(e).__name__}: {e})") from e
     infos = archive.infolist()
     if len(infos) > MAX_MEMBERS:
         raise ParseError(f"the archive has {len(infos)} members; the limit is {MAX_MEMBERS}")
@@ -127,9 +134,16 @@ def open_zip(raw: bytes) -> zipfile.ZipFile:
 
 
 def read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
-    """A member's bytes, inflating no more than its stated size (the directory may lie)."""
-    with archive.open(info) as member:
-        data = member.read(info.file_size + 1)
+    """A member's bytes, inflating no more than its stated size (the directory may lie); a
+    member that cannot be inflated (a bad CRC, a broken deflate stream, a method zipfile
+    lacks) is a ParseError."""
+    try:
+        with archive.open(info) as member:
+            data = member.read(info.file_size + 1)
+    except Exception as e:  # BadZipFile, zlib.error, NotImplementedError, EOFError, OSError
+        raise ParseError(
+            f"the archive's {info.filename} cannot be read ({type(e).__name__}: {e})"
+        ) from e
     if len(data) > info.file_size:
         raise ParseError(f"the archive's {info.filename} inflates past its stated size")
     return data
@@ -172,7 +186,10 @@ def without_macros(raw: bytes) -> bytes:
     macro project left out, its main part's type the plain one (python-docx and python-pptx
     open no other). Any other file comes back as it was."""
     with open_zip(raw) as archive:
-        types = read_member(archive, archive.getinfo("[Content_Types].xml"))
+        try:
+            types = read_member(archive, archive.getinfo("[Content_Types].xml"))
+        except KeyError as e:
+            raise ParseError("the archive has no [Content_Types].xml: it is no Office file") from e
         if not any(macro in types for macro in _MACRO_MAIN_TYPES):
             return raw
         for macro, plain in _MACRO_MAIN_TYPES.items():

@@ -14,9 +14,10 @@ import email.policy
 from email.message import EmailMessage
 from typing import Any
 
-from shared.errors import ConcordError, ParseError
+from shared.errors import ParseError
 from shared.parsing.document import ParsedDocument, ParseOptions, TextBuilder
 from shared.parsing.html import parse_html
+from shared.retry import is_retriable
 
 MAX_DEPTH = 3  # messages attached to messages
 MAX_ATTACHMENTS = 100
@@ -89,7 +90,9 @@ def _attachment(
         if content_type == "message/rfc822" or name.lower().endswith(".eml"):
             return _eml(data, options, depth + 1) if depth < MAX_DEPTH else None
         return options.parse_part(name, content_type, data)
-    except ConcordError:
+    except Exception as e:  # the registry's ParseError, or the email package's own
+        if is_retriable(e):
+            raise
         return None
 
 

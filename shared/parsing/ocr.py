@@ -16,10 +16,10 @@ import io
 import os
 import subprocess
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-from shared.errors import ParseError
+from shared.errors import ConcordError, ParseError
 from shared.parsing.document import (
     DOUBTFUL_EXTRACTION,
     OCR,
@@ -38,22 +38,23 @@ MAX_PIXELS = 60_000_000
 MIN_OCR_WIDTH = 1600
 
 
-class OcrUnavailable(ParseError):
-    """Tesseract is not installed where the worker runs."""
+class OcrUnavailable(ConcordError):
+    """Tesseract is not installed where the worker runs: the server's fault, not the
+    upload's (no ParseError: the job is dead-lettered, and replayed once it is installed)."""
 
 
 def parse_image(raw: bytes, options: ParseOptions) -> ParsedDocument:
     """An uploaded image (PNG, JPEG, or TIFF of one or more pages), a section per page."""
-    pages = list(_frames(open_image(raw)))
-    texts, notes = ocr_pages(pages, options)
+    image = open_image(raw)
+    frames = getattr(image, "n_frames", 1)
+    texts, notes = ocr_pages([(n, _frame_loader(image, n)) for n in range(1, frames + 1)], options)
     parts: list[str] = []
     sections: list[Section] = []
     offset = 0
     for number, text in texts:
         if not text:
             continue
-        label = f"page {number}" if len(pages) > 1 else ""
-        sections.append(Section(offset, label, OCR_FLAGS))
+        sections.append(Section(offset, f"page {number}" if frames > 1 else "", OCR_FLAGS))
         parts.append(text)
         offset += len(text) + 2
     return ParsedDocument("\n\n".join(parts), sections, notes)
@@ -67,32 +68,42 @@ def open_image(raw: bytes) -> Any:
         image = Image.open(io.BytesIO(raw))
     except Exception as e:  # Pillow raises UnidentifiedImageError, OSError, SyntaxError...
         raise ParseError(f"the image could not be read ({type(e).__name__}: {e})") from e
+    _check_size(image)
+    return image
+
+
+def _check_size(image: Any) -> None:
     width, height = image.size
     if width * height > MAX_PIXELS:
         raise ParseError(
             f"the image is {width}x{height} pixels; the limit is {MAX_PIXELS:,} pixels a page"
         )
-    return image
 
 
-def _frames(image: Any) -> Iterator[Any]:
-    for index in range(getattr(image, "n_frames", 1)):
-        image.seek(index)
-        yield image.copy()
+def _frame_loader(image: Any, number: int) -> Callable[[], Any]:
+    """Decodes page ``number`` of a (multi-page) image when called, its size checked first:
+    only the pages OCR reads are ever decoded."""
+
+    def load() -> Any:
+        image.seek(number - 1)
+        _check_size(image)  # each page states its own size
+        return image.copy()
+
+    return load
 
 
 def ocr_pages(
-    pages: Iterable[tuple[int, Any]] | list[Any], options: ParseOptions
+    pages: list[tuple[int, Callable[[], Any]]], options: ParseOptions
 ) -> tuple[list[tuple[int, str]], list[str]]:
-    """OCR ``pages`` (images, or (page number, image) pairs) in order within the document's
-    bounds: the text of each page read, and a note naming the pages left unread."""
-    numbered = [p if isinstance(p, tuple) else (i, p) for i, p in enumerate(pages, start=1)]
+    """OCR ``pages`` ((page number, a loader of its image) pairs) in order within the
+    document's bounds, each image decoded only when its turn comes: the text of each page
+    read, and a note naming the pages left unread."""
     started = time.monotonic()
     texts: list[tuple[int, str]] = []
-    for count, (number, image) in enumerate(numbered):
+    for count, (number, load) in enumerate(pages):
         spent = time.monotonic() - started
         if count >= options.ocr_max_pages or spent >= options.ocr_budget_s:
-            unread = [n for n, _ in numbered[count:]]
+            unread = [n for n, _ in pages[count:]]
             why = (
                 f"OCR reads the first {options.ocr_max_pages} of a document's pages "
                 "(CONCORD_OCR_MAX_PAGES)"
@@ -100,9 +111,12 @@ def ocr_pages(
                 else f"OCR's {options.ocr_budget_s:.0f} s a document ran out (CONCORD_OCR_BUDGET_S)"
             )
             return texts, [f"{_pages(unread)} not read: {why}"]
+        image = load()
+        if image is None:
+            continue  # a page with no image to read
         text = ocr_image(image, options.ocr_budget_s - spent)
         if text is None:  # the page alone outlasted what was left of the budget
-            unread = [n for n, _ in numbered[count:]]
+            unread = [n for n, _ in pages[count:]]
             why = f"OCR's {options.ocr_budget_s:.0f} s a document ran out (CONCORD_OCR_BUDGET_S)"
             return texts, [f"{_pages(unread)} not read: {why}"]
         texts.append((number, text))

@@ -103,7 +103,7 @@ def _hidden_table_styles(root: Any) -> set[str]:
 def _text(out: TextBuilder, element: Any, notes: list[str]) -> None:
     for child in element:
         if child.tag == H:
-            level = int(child.get(_q("text:outline-level"), "1") or 1)
+            level = _count(child.get(_q("text:outline-level")), 10)
             out.heading(level, _inline(child, notes))
         elif child.tag == P:
             out.paragraph(_inline(child, notes))
@@ -134,13 +134,28 @@ def _raw_inline(element: Any, notes: list[str]) -> str:
                 notes.append(" ".join(" ".join(p.itertext()) for p in body.iter(P)).strip())
             parts.append(citation.text or "" if citation is not None else "")
         elif child.tag == SPACE:
-            parts.append(" " * int(child.get(_q("text:c"), "1") or 1))
+            parts.append(" " * _count(child.get(_q("text:c")), MAX_SPACES))
         elif child.tag in (TAB, LINE_BREAK):
             parts.append(" ")
         else:
             parts.append(_raw_inline(child, notes))
         parts.append(child.tail or "")
     return "".join(parts)
+
+
+# Bounds of what a file's counts may make: columns of a row (a sheet's cell repeated 1,024
+# times a cell made a 31 KB file 41 million characters) and spaces of one ``text:s``.
+MAX_COLUMNS = 1024
+MAX_SPACES = 100
+
+
+def _count(value: str | None, most: int) -> int:
+    """A repeat count as the file states it, within 1..``most`` (a count that is no number
+    counts once)."""
+    try:
+        return max(1, min(int(value or 1), most))
+    except ValueError:
+        return 1
 
 
 def _rows(table: Any) -> Iterator[Any]:
@@ -156,11 +171,13 @@ def _cells(row: Any, notes: list[str]) -> list[str]:
     for cell in row:
         if cell.tag not in (CELL, COVERED):
             continue
-        repeated = min(int(cell.get(_q("table:number-columns-repeated"), "1") or 1), 1024)
+        repeated = _count(cell.get(_q("table:number-columns-repeated")), MAX_COLUMNS)
         text = " ".join(_inline(p, notes) for p in cell.iter(P)).strip()
         if not text:
             text = cell.get(_q("office:value"), "") or ""
-        cells.extend([text] * repeated)
+        cells.extend([text] * min(repeated, MAX_COLUMNS - len(cells)))
+        if len(cells) >= MAX_COLUMNS:
+            break
     while cells and not cells[-1]:
         cells.pop()
     return cells

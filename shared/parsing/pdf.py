@@ -7,6 +7,7 @@ import io
 import re
 import unicodedata
 from collections import Counter
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -64,14 +65,14 @@ def parse(raw: bytes, options: ParseOptions) -> ParsedDocument:
 def _ocr_scanned_pages(
     reader: Any, pages: list[str], options: ParseOptions
 ) -> tuple[dict[int, str], list[str]]:
-    """page number -> its text by OCR, for the pages whose text layer is thin and that hold
-    an image, where OCR reads more than the layer held; and the notes of pages left unread."""
-    scans = []
-    for number, page_text in enumerate(pages, start=1):
-        if _alphanumeric(page_text) < SCAN_CHARS:
-            image = _largest_image(reader.pages[number - 1])
-            if image is not None:
-                scans.append((number, image))
+    """page number -> its text by OCR, for the pages whose text layer is thin (a scan) where
+    OCR reads more than the layer held; and the notes of pages left unread. A page's image
+    is decoded only when OCR comes to it, within the document's bounds."""
+    scans = [
+        (number, _largest_image_loader(reader.pages[number - 1]))
+        for number, page_text in enumerate(pages, start=1)
+        if _alphanumeric(page_text) < SCAN_CHARS and _has_images(reader.pages[number - 1])
+    ]
     if not scans:
         return {}, []
     texts, notes = ocr_pages(scans, options)
@@ -83,14 +84,32 @@ def _ocr_scanned_pages(
     return better, notes
 
 
-def _largest_image(page: Any) -> Any:
-    """The page's largest embedded image (a scan's page is one), or None."""
+def _has_images(page: Any) -> bool:
+    """Whether the page draws any image (read from its resources; nothing is decoded)."""
     try:
-        images = [found.image for found in page.images]
-    except Exception:  # an image pypdf cannot decode leaves the page as its text layer has it
-        return None
-    images = [image for image in images if image is not None]
-    return max(images, key=lambda image: image.width * image.height, default=None)
+        resources: Any = page.get("/Resources")
+        objects: Any = resources.get_object().get("/XObject") if resources else None
+        return objects is not None and any(
+            found.get_object().get("/Subtype") == "/Image"
+            for found in objects.get_object().values()
+        )
+    except Exception:  # a page pypdf cannot describe is left as its text layer has it
+        return False
+
+
+def _largest_image_loader(page: Any) -> Callable[[], Any]:
+    """Decodes the page's largest embedded image (a scan's page is one) when called, or
+    gives None."""
+
+    def load() -> Any:
+        try:
+            images = [found.image for found in page.images]
+        except Exception:  # an image pypdf cannot decode leaves the page as its layer has it
+            return None
+        images = [image for image in images if image is not None]
+        return max(images, key=lambda image: image.width * image.height, default=None)
+
+    return load
 
 
 def _alphanumeric(text: str) -> int:

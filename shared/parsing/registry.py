@@ -29,6 +29,8 @@ import shared.parsing.text as text
 import shared.parsing.word as word
 from shared.errors import ParseError, UnsupportedMediaType
 from shared.parsing.document import MAX_SECTION_CHARS, ParsedDocument, ParseOptions, Section
+from shared.parsing.ocr import OcrUnavailable
+from shared.retry import is_retriable
 from shared.settings import Settings
 from shared.text import storable_text
 
@@ -91,7 +93,6 @@ FORMATS: tuple[Format, ...] = (
 # Formats told by their first bytes, whatever the upload says it is.
 _SIGNATURES = (
     (b"%PDF-", "application/pdf"),
-    (b"{\\rtf", "application/rtf"),
     (b"\x89PNG\r\n\x1a\n", "image/png"),
     (b"\xff\xd8\xff", "image/jpeg"),
     (b"II*\x00", "image/tiff"),
@@ -102,6 +103,10 @@ BY_CONTENT_TYPE: dict[str, Format] = {ct: f for f in FORMATS for ct in f.content
 # content type -> kind, for everything that only needs to know which format it is
 SUPPORTED_TYPES: dict[str, str] = {ct: f.kind for ct, f in BY_CONTENT_TYPE.items()}
 EXTENSIONS: dict[str, str] = {ext: f.content_types[0] for f in FORMATS for ext in f.extensions}
+
+
+# Declared types that say no more than "some text" or "some bytes".
+_NOT_SAYING_MORE = ("", "application/octet-stream", "text/plain")
 
 
 def supported_list() -> str:
@@ -123,6 +128,8 @@ def resolve_content_type(declared: str | None, filename: str | None, raw: bytes)
     elif raw.startswith(containers.OLE_SIGNATURE):
         containers.refuse_encrypted_office(raw)
     base = (declared or "").split(";")[0].strip().lower()
+    if raw.startswith(b"{\\rtf") and base in _NOT_SAYING_MORE:
+        return "application/rtf"  # RTF is text: a declared Markdown note may start so
     if base in SUPPORTED_TYPES:
         return base
     if filename:
@@ -156,7 +163,18 @@ def parse_as(raw: bytes, content_type: str, options: ParseOptions) -> ParsedDocu
         raise ParseError(f"content type {content_type!r} is not supported")
     if found.container == "zip":
         containers.check_zip(raw)  # intake checked it too; an attachment arrives here first
-    parsed = found.parse(raw, dataclasses.replace(options, parse_part=_parse_part))
+    try:
+        parsed = found.parse(raw, dataclasses.replace(options, parse_part=_parse_part))
+    except (ParseError, OcrUnavailable):
+        raise
+    except Exception as e:
+        if is_retriable(e):
+            raise  # the task's time ran out, or the process's memory: not the file's fault
+        # A library meeting what it cannot read raises what it raises (KeyError, ValueError,
+        # an XML error, RecursionError on deep nesting): the file's fault, said as such.
+        raise ParseError(
+            f"the {found.kind} file could not be read ({type(e).__name__}: {e})"[:1000]
+        ) from e
     if not parsed.text.strip():
         raise ParseError(f"no text could be extracted from this {found.kind} document")
     # Every chunk carries its section's path: capped for every kind (a JSON record's title

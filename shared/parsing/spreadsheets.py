@@ -2,10 +2,12 @@
 
 A section per sheet, headed by the sheet's name; its first row with text is the header, and
 every other row is kept whole on a line of its own under a path that ends with the header
-(``TABLE``), so each chunk of a sheet says its columns and a row is never cut. Formulas are
-read by the values the file cached when it was last saved (what the author saw); hidden and
-empty sheets, and rows without text, are left out. A workbook is read in openpyxl's streaming
-mode, and past ``MAX_ROWS`` rows with text it is refused rather than held in memory."""
+(``TABLE``), so each chunk of a sheet says its columns and a row is never cut (rows are kept
+as long as they are: padding them to the widest row made a 20 KB CSV 96 million characters).
+Formulas are read by the values the file cached when it was last saved (what the author
+saw); hidden and empty sheets, and rows without text, are left out. A workbook is read in
+openpyxl's streaming mode, and past ``MAX_ROWS`` rows with text it is refused rather than
+held in memory."""
 
 from __future__ import annotations
 
@@ -22,6 +24,12 @@ from shared.parsing.document import ParsedDocument, ParseOptions, TextBuilder, d
 # Rows with text, over every sheet of a file (a CSV export of a database is no document to
 # retrieve passages from; it belongs in a database).
 MAX_ROWS = 200_000
+# What the CSV delimiter is told from (csv.Sniffer is quadratic in its sample: 64 KB of a
+# hostile file took 23 s).
+SNIFF_CHARS = 4096
+# A field of a delimited file may be as long as an upload (csv's own limit is 128 KiB: a long
+# cell of a real export was refused as "not valid CSV").
+csv.field_size_limit(max(csv.field_size_limit(), 64 * 1024 * 1024))
 # Rows without text in a row, after which a sheet's remaining rows are not read: a sheet
 # formatted down to row 1,048,576 stores its empty rows, which streaming would walk one by one.
 MAX_EMPTY_RUN = 10_000
@@ -62,8 +70,8 @@ def parse_tsv(raw: bytes, options: ParseOptions) -> ParsedDocument:
 def _delimited(raw: bytes, delimiter: str | None) -> ParsedDocument:
     text = decode_utf8(raw)
     if delimiter is None:
-        try:
-            delimiter = csv.Sniffer().sniff(text[:65536], delimiters=",;\t|").delimiter
+        try:  # on its first lines: the sniffer's time grows with the square of its sample
+            delimiter = csv.Sniffer().sniff(text[:SNIFF_CHARS], delimiters=",;\t|").delimiter
         except csv.Error:
             delimiter = ","
     try:
@@ -84,8 +92,6 @@ def add_sheet(out: TextBuilder, title: str, rows: Iterable[list[str]], room: int
         kept.append(row)
     if not kept:
         return 0  # an empty sheet
-    width = max(len(row) for row in kept)
-    kept = [row + [""] * (width - len(row)) for row in kept]
     if title:
         out.heading(1, title)
     out.table(kept[0], kept[1:])

@@ -9,6 +9,8 @@ import io
 import re
 from typing import Any
 
+from docx.table import _Cell
+
 from shared.errors import ParseError
 from shared.parsing.containers import without_macros
 from shared.parsing.document import ParsedDocument, ParseOptions, TextBuilder
@@ -68,13 +70,11 @@ def _table(out: TextBuilder, table: Any) -> None:
 
 
 def _row_cells(row: Any) -> list[str]:
-    cells: list[str] = []
-    seen: set[int] = set()
-    for cell in row.cells:  # a merged cell appears once per grid column it spans
-        if id(cell._tc) not in seen:
-            seen.add(id(cell._tc))
-            cells.append(" ".join(cell.text.split()))
-    return cells
+    """The row's cells as the file holds them, each once: python-docx's ``row.cells`` lays
+    them out on the grid (a cell spanning 10 million columns made 10 million), and a cell
+    merged down from the row above is empty here (python-docx looks above for it, and raises
+    when the first row says it continues one)."""
+    return [" ".join(_Cell(tc, row).text.split()) for tc in row._tr.tc_lst]
 
 
 def _footnotes(document: Any) -> list[str]:

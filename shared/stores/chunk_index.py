@@ -52,7 +52,6 @@ from shared.stores.es_index import (
     live_layout,
     new_generation,
     parse_index_name,
-    reindex_target,
     reindexing_alias,
     tenant_alias,
     tenant_index,
@@ -322,8 +321,22 @@ class ElasticsearchChunkIndex:
         return [int(next(iter(item.values()))["status"]) for item in items]
 
     def reindex_target(self) -> str | None:
-        """The generation a reindex in progress is building, if any."""
-        return reindex_target(self.es, self.settings)
+        """The generation a reindex in progress is building, if any. Read with its anchor, so
+        the tenant it rebuilds is known from the same answer: a dual write made after the
+        switch deleted the anchor still goes to that tenant's new index alone."""
+        try:
+            marked = self.es.indices.get(index=reindexing_alias(self.settings))
+        except NotFoundError:
+            return None
+        generations = []
+        for name, described in marked.items():
+            parsed = parse_index_name(self.settings, name)
+            if parsed is None or parsed.tenant_id is not None:
+                continue  # an index of an older layout's reindex: no generation
+            meta = described["mappings"].get("_meta", {})
+            _generation_tenant[(self.alias, parsed.generation)] = meta.get(REINDEX_TENANT)
+            generations.append(parsed.generation)
+        return max(generations) if generations else None
 
     def bulk_to(self, generation: str, requests: Sequence[TenantLines]) -> Any:
         """The same lines to the tenants' indices of ``generation`` (a reindex's dual write);
@@ -773,7 +786,8 @@ class ElasticsearchChunkIndex:
         indices of the generations before; returns their names. A tenant whose live index
         has no counterpart in ``generation`` (it holds no chunk now) gets an empty one, so
         no tenant's alias ever disappears. A tenant's first index, created in the old
-        generation while this ran, makes the switch fail: it is computed again, once.
+        generation while this ran, makes the switch fail (Elasticsearch answers 400 or 500 for
+        an alias with two write indices): it is computed again, once.
 
         A generation that rebuilds one tenant moves that tenant's aliases only; its anchor,
         which no alias reads, goes with the tenant's old index."""
@@ -786,7 +800,7 @@ class ElasticsearchChunkIndex:
                     else self._switch_tenant_to(generation, rebuilt)
                 )
                 break
-            except BadRequestError:
+            except ApiError:  # 400 or 500: a second write index for a tenant's alias
                 if attempt == 2:
                     raise
         _layout.pop(self.alias, None)

@@ -237,7 +237,8 @@ def test_repair_waits_for_repairs_elasticsearch_holds_back_and_then_exits_0(
     reconcile --repair` printed "queued 2 repairs; drift after repair: 2" and exited 1: the
     delete left a tombstone of a newer version, which blocks the repair until Elasticsearch
     forgets it (index.gc_deletes, 60 s), and the repairs landed later. It now waits for them
-    (here the index forgets tombstones after 2 s, to keep the test short)."""
+    (here the index forgets tombstones after 10 s, to keep the test short: at 2 s, a loaded
+    machine let them go before the first command ran, and `--no-wait` found nothing held)."""
     from services.cli.errors import run
     from services.cli.main import app
 
@@ -253,7 +254,7 @@ def test_repair_waits_for_repairs_elasticsearch_holds_back_and_then_exits_0(
     assert {h["_id"] for h in hits} == set(chunks)
     for hit in hits:  # out of band: a delete without Concord's version
         es.delete(index=hit["_index"], id=hit["_id"], refresh=True)
-    es.indices.put_settings(index=hits[0]["_index"], settings={"index.gc_deletes": "2s"})
+    es.indices.put_settings(index=hits[0]["_index"], settings={"index.gc_deletes": "10s"})
     try:
         with paused(worker):  # this command's own drains send the repairs
             assert run(app, ["reconcile", "--tenant", tenant, "--repair", "--no-wait"]) == 1
