@@ -161,8 +161,6 @@ def parse_as(raw: bytes, content_type: str, options: ParseOptions) -> ParsedDocu
     found = BY_CONTENT_TYPE.get(content_type)
     if found is None:
         raise ParseError(f"content type {content_type!r} is not supported")
-    if found.container == "zip":
-        containers.check_zip(raw)  # intake checked it too; an attachment arrives here first
     try:
         parsed = found.parse(raw, dataclasses.replace(options, parse_part=_parse_part))
     except (ParseError, OcrUnavailable):
@@ -195,4 +193,6 @@ def _parse_part(name: str, declared: str, raw: bytes) -> ParsedDocument:
     fail to decode, and the caller lists the part by name instead. Parts are not OCR'd: a
     message of a hundred scans would pass every bound a document has."""
     content_type = resolve_content_type(declared, name, raw)
+    if BY_CONTENT_TYPE[content_type].container == "zip":
+        containers.check_zip(raw)  # what intake checks of an upload (parts never saw intake)
     return parse_as(raw, content_type, ParseOptions(ocr_max_pages=0))

@@ -44,6 +44,7 @@ from shared.stores.buckets import BUCKETS, fingerprint_of_source
 from shared.stores.chunk_document import es_document
 from shared.stores.elastic import get_es, raises_store_errors
 from shared.stores.es_index import (
+    REINDEX_TENANT,
     Layout,
     anchor_index,
     chunks_prefix,
@@ -52,6 +53,7 @@ from shared.stores.es_index import (
     live_layout,
     new_generation,
     parse_index_name,
+    reindex_in_progress,
     reindexing_alias,
     tenant_alias,
     tenant_index,
@@ -89,8 +91,6 @@ COPIED_FIELDS = [
     "fingerprint",
 ]
 REINDEX_PROGRESS = "reindex_last_id"  # in the target generation's anchor's _meta
-# Also there: the one tenant a generation rebuilds (absent: it rebuilds every tenant).
-REINDEX_TENANT = "reindex_tenant"
 # How long a process trusts what it read of the live layout: a reindex's switch is seen
 # within this (the relay's writes to a tenant's alias are right either side of it).
 LAYOUT_TTL_S = 2.0
@@ -321,22 +321,13 @@ class ElasticsearchChunkIndex:
         return [int(next(iter(item.values()))["status"]) for item in items]
 
     def reindex_target(self) -> str | None:
-        """The generation a reindex in progress is building, if any. Read with its anchor, so
-        the tenant it rebuilds is known from the same answer: a dual write made after the
-        switch deleted the anchor still goes to that tenant's new index alone."""
-        try:
-            marked = self.es.indices.get(index=reindexing_alias(self.settings))
-        except NotFoundError:
+        """The generation a reindex in progress is building, if any (the tenant it rebuilds
+        remembered for ``bulk_to``)."""
+        running = reindex_in_progress(self.es, self.settings)
+        if running is None:
             return None
-        generations = []
-        for name, described in marked.items():
-            parsed = parse_index_name(self.settings, name)
-            if parsed is None or parsed.tenant_id is not None:
-                continue  # an index of an older layout's reindex: no generation
-            meta = described["mappings"].get("_meta", {})
-            _generation_tenant[(self.alias, parsed.generation)] = meta.get(REINDEX_TENANT)
-            generations.append(parsed.generation)
-        return max(generations) if generations else None
+        _generation_tenant[(self.alias, running.generation)] = running.tenant_id
+        return running.generation
 
     def bulk_to(self, generation: str, requests: Sequence[TenantLines]) -> Any:
         """The same lines to the tenants' indices of ``generation`` (a reindex's dual write);

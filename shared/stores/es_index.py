@@ -307,13 +307,37 @@ def _absent(wanted: dict[str, Any], have: dict[str, Any]) -> dict[str, Any]:
     return absent
 
 
-def reindex_target(es: Elasticsearch, settings: Settings) -> str | None:
-    """The generation a reindex in progress is building (the relay dual-writes to it)."""
+# The key of a generation's anchor ``_meta`` that names the one tenant it rebuilds (absent: it
+# rebuilds every tenant).
+REINDEX_TENANT = "reindex_tenant"
+
+
+@dataclass(frozen=True)
+class ReindexInProgress:
+    generation: str  # the generation being built (the relay dual-writes to it)
+    tenant_id: str | None  # the one tenant it rebuilds, or None for every tenant
+
+
+def reindex_in_progress(es: Elasticsearch, settings: Settings) -> ReindexInProgress | None:
+    """The reindex in progress, read with its anchor in one request: the tenant it rebuilds
+    is known from the same answer (a dual write made after the switch deleted the anchor
+    still goes to that tenant's new index alone)."""
     try:
-        marked = es.indices.get_alias(name=reindexing_alias(settings))
+        marked = es.indices.get(index=reindexing_alias(settings))
     except NotFoundError:
         return None
-    # (An index of the shared layout's own reindex, from before, is no generation: ignored,
-    # and removed when a reindex starts.)
-    generations = [parsed.generation for i in marked if (parsed := parse_index_name(settings, i))]
-    return max(generations) if generations else None
+    found = []
+    for name, described in marked.items():
+        parsed = parse_index_name(settings, name)
+        # (An index of the shared layout's own reindex, from before, is no generation:
+        # ignored, and removed when a reindex starts.)
+        if parsed is not None and parsed.tenant_id is None:
+            meta = described["mappings"].get("_meta", {})
+            found.append(ReindexInProgress(parsed.generation, meta.get(REINDEX_TENANT)))
+    return max(found, key=lambda r: r.generation) if found else None
+
+
+def reindex_target(es: Elasticsearch, settings: Settings) -> str | None:
+    """The generation a reindex in progress is building (the relay dual-writes to it)."""
+    running = reindex_in_progress(es, settings)
+    return running.generation if running else None
