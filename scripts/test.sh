@@ -100,7 +100,7 @@ stop_stacks() {
     env "${system_b[@]}" .venv/bin/concord stack down >/dev/null
   fi
 }
-if ! $py -m mypy shared services workers; then
+if ! $py -m mypy shared services workers clients/python/concord_client; then
   echo "mypy failed"
   wait
   stop_stacks

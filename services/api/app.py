@@ -25,10 +25,12 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api.body_limit import BodyLimitMiddleware
+from services.api.errors import error_body
 from services.api.openapi import describe_operations
 from services.api.readiness import readiness_checks
 from services.api.routes import admin, documents, jobs, search
 from services.api.warm_up import WarmUp
+from services.mcp import endpoint as mcp
 from shared.db import unit_of_work
 from shared.errors import ConcordError, validation_error
 from shared.logs import configure_json_logging, new_request_id, request_id_var
@@ -74,16 +76,6 @@ def _store_unavailable(store: str) -> Callable[[Request, Exception], Awaitable[R
         return response
 
     return handler
-
-
-def error_body(
-    code: str, message: str, status: int, fields: list[dict[str, str]] | None = None
-) -> JSONResponse:
-    """Every error's body: ``{"error": {"code", "message"[, "fields"]}}``."""
-    error: dict[str, object] = {"code": code, "message": message}
-    if fields:
-        error["fields"] = fields
-    return JSONResponse({"error": error}, status_code=status)
 
 
 @lru_cache(maxsize=1)
@@ -140,7 +132,8 @@ def create_app(warm_up: WarmUp | None = None) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # In a thread: the app answers /readyz (503 until done) while the models load.
         warming.start()
-        yield
+        async with mcp_endpoint.lifespan():
+            yield
 
     # /docs and /redoc from the Swagger UI and ReDoc files fastapi-offline ships, served at
     # /docs-assets: the pages load on a machine without internet (FastAPI's own load them
@@ -165,6 +158,7 @@ def create_app(warm_up: WarmUp | None = None) -> FastAPI:
 
     app.openapi = openapi  # type: ignore[method-assign]
     app.mount("/console", StaticFiles(directory=CONSOLE_DIR, html=True), name="console")
+    mcp_endpoint = mcp.mount(app, get_settings())
 
     app.add_middleware(BodyLimitMiddleware, limit=get_settings().max_request_bytes)
     app.add_middleware(RequestContextMiddleware)  # outermost: a 413 gets a request id too

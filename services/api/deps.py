@@ -27,17 +27,31 @@ _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: 
 _api_key = APIKeyHeader(name="X-API-Key", auto_error=False, description="An API key")
 
 
+# The scope key under which an in-process call carries the principal its caller was already
+# authenticated (and rate-limited) as: the MCP endpoint's tools call the API's own routes
+# (services/mcp/endpoint.py). Only code in this process builds ASGI scopes, so no client can
+# set it.
+PRINCIPAL_SCOPE_KEY = "concord.principal"
+
+
 async def current_principal(
     request: Request,
     bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     api_key: Annotated[str | None, Depends(_api_key)],
 ) -> Principal:
-    """The key's principal, within its rate limit. A key verified within
+    """The key's principal, within its rate limit (see ``authenticate``)."""
+    authenticated = request.scope.get(PRINCIPAL_SCOPE_KEY)
+    if isinstance(authenticated, Principal):
+        return authenticated
+    return await authenticate(request, (bearer.credentials if bearer else None) or api_key)
+
+
+async def authenticate(request: Request, secret: str | None) -> Principal:
+    """The principal of ``secret``, within its rate limit. A key verified within
     ``auth_cache_seconds`` is answered from memory on the event loop; only a lookup goes to
     a thread (a sync dependency would send every request through the thread pool once more
     before its route: about 1 ms of a 25 ms search on two cores). A client address that
     failed too often is refused before its key is looked at (shared/tenants/admission.py)."""
-    secret = (bearer.credentials if bearer else None) or api_key
     settings = get_settings()
     ttl_s = settings.auth_cache_seconds
     principal = recently_authenticated(secret, ttl_s)

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from services.api.deps import BODY_ERRORS, INVALID_PARAMETER, NOT_FOUND
+from shared.documents.schemas import TextDocument
 
 _ERROR_SCHEMA = {"$ref": "#/components/schemas/ErrorBody"}
 # Up to a full stop, or a colon or semicolon that ends a clause (not a JSON key's, '"a": 1').
@@ -54,6 +55,10 @@ def _response(error: dict[str, Any]) -> dict[str, Any]:
 
 def describe_operations(schema: dict[str, Any]) -> dict[str, Any]:
     """Complete ``schema`` (FastAPI's) in place, as the module docstring says; returns it."""
+    # The JSON upload's body, which the upload route reads itself (it takes multipart too).
+    schema.setdefault("components", {}).setdefault("schemas", {})["TextDocument"] = (
+        TextDocument.model_json_schema()
+    )
     for path, operations in schema.get("paths", {}).items():
         if not path.startswith("/v1/"):
             continue

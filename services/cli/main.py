@@ -401,6 +401,37 @@ def search(
         )
 
 
+@app.command()
+def mcp(
+    stdio: bool = typer.Option(
+        False, "--stdio", help="Serve MCP over stdin/stdout (how a desktop assistant runs it)."
+    ),
+    api_key: str | None = typer.Option(
+        None,
+        "--api-key",
+        envvar="CONCORD_API_KEY",
+        show_envvar=False,
+        help="The tenant's key (from CONCORD_API_KEY when not given).",
+    ),
+    url: str | None = typer.Option(
+        None, "--url", help="The Concord API the tools call (default: this machine's API)."
+    ),
+) -> None:
+    """The MCP server for AI assistants: search, read and add documents as one tenant. The
+    API serves it at /mcp (Streamable HTTP) already; --stdio serves it to a desktop
+    assistant that starts it as a process (docs/integrations.md)."""
+    if not stdio:
+        raise usage(
+            f"the API serves MCP at {get_settings().api_url()}/mcp; run with --stdio to serve "
+            "it over stdin/stdout instead"
+        )
+    if not api_key:
+        raise usage("an API key is needed: pass --api-key or set CONCORD_API_KEY")
+    from services.mcp.stdio import serve_stdio
+
+    serve_stdio(url or get_settings().api_url(), api_key)
+
+
 def main() -> None:
     """The `concord` console script: every error one line (services/cli/errors.py)."""
     sys.exit(run(app))

@@ -158,7 +158,8 @@ UPLOAD_REQUEST_BODY = {
     "requestBody": {
         "required": True,
         "content": {
-            "application/json": {"schema": TextDocument.model_json_schema()},
+            # a component of its own (services/api/openapi.py): a client's models name it
+            "application/json": {"schema": {"$ref": "#/components/schemas/TextDocument"}},
             "multipart/form-data": {
                 "schema": {
                     "type": "object",

@@ -1,0 +1,206 @@
+"""The asynchronous client: ``Concord``'s methods (client.py), awaited."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+from uuid import UUID
+
+import httpx
+
+from concord_client import _calls
+from concord_client._calls import FINAL_JOB_STATES, Call, FileInput, RetryPolicy
+from concord_client.errors import ConcordError, JobFailed, JobTimeout, error_from
+from concord_client.models import (
+    ChunkList,
+    DocumentDeleted,
+    DocumentList,
+    DocumentSummary,
+    DocumentView,
+    IngestJobView,
+    SearchRequest,
+    SearchResponse,
+    TrainingJobView,
+    UploadAccepted,
+)
+
+T = TypeVar("T")
+
+
+class AsyncConcord:
+    """A client of one Concord API for one API key (the key decides the tenant).
+
+    ``base_url`` defaults to ``$CONCORD_URL`` (else http://127.0.0.1:18000) and ``api_key`` to
+    ``$CONCORD_API_KEY``. Pass ``http_client`` to bring your own ``httpx.AsyncClient`` (proxies,
+    certificates, a test's transport); the client then does not close it."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._owns_http = http_client is None
+        self._http = http_client or httpx.AsyncClient(
+            base_url=_calls.base_url(base_url), timeout=timeout
+        )
+        self._headers = _calls.auth_headers(api_key)
+        self._retry = retry or RetryPolicy()
+        self._sleep = sleep
+
+    async def __aenter__(self) -> AsyncConcord:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def _send(self, call: Call[T]) -> T:
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.request(
+                    call.method, call.path, headers=self._headers, **call.request_options()
+                )
+            except httpx.TransportError as e:
+                delay = self._retry.after_transport_error(call, e, attempt)
+                if delay is None:
+                    raise ConcordError(f"{call.method} {call.path}: {type(e).__name__}: {e}") from e
+            else:
+                if response.is_success:
+                    return call.read(response.json())
+                delay = self._retry.after_response(response, attempt)
+                if delay is None:
+                    raise error_from(response)
+            await self._sleep(delay)
+            attempt += 1
+
+    # -- search -------------------------------------------------------------------------
+
+    async def search(self, query: str | SearchRequest, **options: Any) -> SearchResponse:
+        """One search: ``search("how do I descale a kettle", top_k=5, mode="hybrid")``; the
+        options are the fields of ``SearchRequest`` (checked before sending)."""
+        return await self._send(_calls.search(_calls.search_request(query, options)))
+
+    async def next_page(self, cursor: str) -> SearchResponse:
+        """The page after a paginated search's page (``response.next_cursor``)."""
+        return await self._send(_calls.next_page(cursor))
+
+    async def search_pages(
+        self, query: str | SearchRequest, **options: Any
+    ) -> AsyncIterator[SearchResponse]:
+        """Every page of a search, ``top_k`` results each, following the cursor until the
+        ranking is exhausted; every page is decided like the first."""
+        page = await self.search(query, **{**options, "paginate": True})
+        yield page
+        while page.next_cursor:
+            page = await self.next_page(page.next_cursor)
+            yield page
+
+    # -- documents ----------------------------------------------------------------------
+
+    async def upload_text(
+        self,
+        external_id: str,
+        text: str,
+        *,
+        title: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        content_type: str | None = None,
+    ) -> UploadAccepted:
+        """Add a text document (or a new version of ``external_id``); its job indexes it."""
+        return await self._send(
+            _calls.upload_text(
+                external_id, text, title=title, metadata=metadata, content_type=content_type
+            )
+        )
+
+    async def upload_file(
+        self,
+        file: FileInput,
+        *,
+        external_id: str | None = None,
+        filename: str | None = None,
+        title: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        content_type: str | None = None,
+    ) -> UploadAccepted:
+        """Upload a file (a path, bytes or a binary file object) of any supported format; the
+        server reads its type from its bytes. ``external_id`` defaults to its file name."""
+        return await self._send(
+            _calls.upload_file(
+                file,
+                external_id=external_id,
+                filename=filename,
+                title=title,
+                metadata=metadata,
+                content_type=content_type,
+            )
+        )
+
+    async def get_job(self, job_id: UUID | str) -> IngestJobView | TrainingJobView:
+        return await self._send(_calls.get_job(job_id))
+
+    async def wait_for_job(
+        self, job_id: UUID | str, *, timeout: float = 300.0, poll_interval: float = 0.5
+    ) -> IngestJobView:
+        """Poll an ingest job until it is indexed; ``JobFailed`` if it fails, ``JobTimeout``
+        if it is still queued or running after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            job = await self.get_job(job_id)
+            if not isinstance(job, IngestJobView):
+                raise ConcordError(f"job {job_id} is a reranker training, not an ingest job")
+            if job.state in FINAL_JOB_STATES:
+                if job.state != "indexed":
+                    raise JobFailed(job)
+                return job
+            if time.monotonic() >= deadline:
+                raise JobTimeout(job, timeout)
+            await self._sleep(poll_interval)
+
+    async def list_documents(
+        self, *, limit: int = 100, after: str | None = None, deleted: bool = False
+    ) -> DocumentList:
+        return await self._send(_calls.list_documents(limit, after, deleted))
+
+    async def iter_documents(
+        self, *, page_size: int = 100, deleted: bool = False
+    ) -> AsyncIterator[DocumentSummary]:
+        """Every document of the tenant, by external id, a page at a time."""
+        after = None
+        while True:
+            page = await self.list_documents(limit=page_size, after=after, deleted=deleted)
+            for document in page.documents:
+                yield document
+            if not page.next_after:
+                return
+            after = page.next_after
+
+    async def get_document(
+        self, document_id: UUID | str, *, include_deleted: bool = False
+    ) -> DocumentView:
+        return await self._send(_calls.get_document(document_id, include_deleted))
+
+    async def document_chunks(
+        self, document_id: UUID | str, *, section: str | None = None
+    ) -> ChunkList:
+        return await self._send(_calls.document_chunks(document_id, section))
+
+    async def delete_document(self, document_id: UUID | str) -> DocumentDeleted:
+        return await self._send(_calls.delete_document(document_id))

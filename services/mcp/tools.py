@@ -1,0 +1,262 @@
+"""Concord's MCP tools: search, read a document or a chunk with its neighbours, list
+documents, follow a job, and (for write keys) add a text document.
+
+Every tool is a call of Concord's HTTP API through the typed client (clients/python), so an
+MCP caller meets the same scopes, admission, rate limits, body limits and errors as any
+other: served by the API process the client reaches the API's own routes in-process
+(endpoint.py); over stdio it reaches a Concord API over HTTP (``concord mcp --stdio``)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Annotated, Any, Literal, TypeVar
+
+from concord_client import AsyncConcord, models
+from concord_client.errors import APIError, ConcordError
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+from pydantic import BaseModel, Field
+
+T = TypeVar("T")
+# How a tool reaches the API for the MCP request at hand (its caller's key).
+Connect = Callable[[Context], AbstractAsyncContextManager[AsyncConcord]]
+
+INSTRUCTIONS = (
+    "Concord searches this tenant's documents (hybrid BM25 + dense retrieval, reranked) and "
+    "says whether the passages found answer the question. Call `search` first. Its "
+    "`decision.status` is 'answerable' (answer from the passages and cite their titles and "
+    "sections), 'verify' (the passages may not state the answer: check them, say so), or "
+    "'abstain' (the documents do not say: tell the user instead of guessing). Use "
+    "`fetch_chunk` for the text around a passage and `fetch_document` for a whole document."
+)
+# A document's text as one tool result, at most (a large one is read by section or by chunk).
+MAX_DOCUMENT_CHARS = 100_000
+
+DocumentId = Annotated[str, Field(description="a document's id (search results, list_documents)")]
+
+
+class Passage(BaseModel):
+    rank: int
+    chunk_id: str
+    document_id: str
+    external_id: str | None
+    title: str
+    section: str = Field(description="the section path, headings joined by ' > '")
+    text: str
+    score: float
+    flags: list[str] = Field(description="e.g. ocr, doubtful_extraction, table")
+
+
+class SearchAnswer(BaseModel):
+    """A search's passages, best first, and Concord's decision about them."""
+
+    query: str
+    decision: Literal["answerable", "verify", "abstain"]
+    reason: str | None = Field(description="why it abstained or asks to verify")
+    passages: list[Passage] = Field(
+        description="the evidence packed within the token budget (all results if none is packed)"
+    )
+    next_cursor: str | None = None
+
+
+class DocumentText(BaseModel):
+    document_id: str
+    external_id: str
+    title: str
+    version: int
+    section: str | None
+    text: str
+    chunks: int
+    truncated: bool = Field(description="longer than the tool returns: read it by section")
+
+
+class ChunkWindow(BaseModel):
+    document_id: str
+    chunk_id: str
+    chunks: list[models.ChunkView] = Field(description="the chunk and its neighbours, in order")
+
+
+def build_mcp_server(connect: Connect) -> MCPServer:
+    """The MCP server; ``connect`` gives each tool call a client acting with its caller's key."""
+    server = MCPServer("concord", instructions=INSTRUCTIONS, version="0.1.0")
+    read_only = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+
+    def tool(annotations: ToolAnnotations) -> Callable[[Callable[..., Any]], None]:
+        """Register a tool, its docstring on one line as its description."""
+
+        def register(fn: Callable[..., Any]) -> None:
+            description = " ".join((fn.__doc__ or "").split())
+            server.add_tool(fn, description=description, annotations=annotations)
+
+        return register
+
+    @tool(read_only)
+    async def search(
+        query: Annotated[str, Field(min_length=1, max_length=2000, description="the question")],
+        ctx: Context,
+        top_k: Annotated[int, Field(ge=1, le=50, description="how many passages")] = 5,
+        mode: Literal["hybrid", "dense", "lexical"] = "hybrid",
+        filters: Annotated[
+            dict[str, Any] | None,
+            Field(description='metadata filters: {"team": "ops", "year": {"gte": 2020}}'),
+        ] = None,
+        profile: Annotated[str | None, Field(description="a saved search profile")] = None,
+    ) -> SearchAnswer:
+        """Search the tenant's documents for passages that answer a question, with Concord's
+        decision: answerable, verify (check the passages) or abstain (the documents do not
+        say; tell the user rather than guess)."""
+        options: dict[str, Any] = {"top_k": top_k, "mode": mode}
+        if filters is not None:
+            options["filters"] = filters
+        if profile is not None:
+            options["profile"] = profile
+        async with connect(ctx) as client:
+            response = await _call(client.search(query, **options))
+        return _answer(response)
+
+    @tool(read_only)
+    async def fetch_chunk(
+        document_id: DocumentId,
+        chunk_id: Annotated[str, Field(description="a passage's chunk_id from search")],
+        ctx: Context,
+        neighbours: Annotated[int, Field(ge=0, le=10, description="chunks either side")] = 1,
+    ) -> ChunkWindow:
+        """A passage with the chunks around it, to read what precedes and follows it."""
+        async with connect(ctx) as client:
+            listing = await _call(client.document_chunks(document_id))
+        ids = [chunk.chunk_id for chunk in listing.chunks]
+        if chunk_id not in ids:
+            raise ToolError(f"chunk {chunk_id} is not in the live version of {document_id}")
+        at = ids.index(chunk_id)
+        window = listing.chunks[max(0, at - neighbours) : at + neighbours + 1]
+        return ChunkWindow(document_id=document_id, chunk_id=chunk_id, chunks=window)
+
+    @tool(read_only)
+    async def fetch_document(
+        document_id: DocumentId,
+        ctx: Context,
+        section: Annotated[
+            str | None, Field(max_length=2000, description="only this section (a passage's)")
+        ] = None,
+    ) -> DocumentText:
+        """A document's text as Concord indexed it (its live version), whole or one section."""
+        async with connect(ctx) as client:
+            document = await _call(client.get_document(document_id))
+            listing = await _call(client.document_chunks(document_id, section=section))
+        text = joined_text(listing.chunks)
+        return DocumentText(
+            document_id=str(document.id),
+            external_id=document.external_id,
+            title=document.title,
+            version=document.version,
+            section=section,
+            text=text[:MAX_DOCUMENT_CHARS],
+            chunks=len(listing.chunks),
+            truncated=len(text) > MAX_DOCUMENT_CHARS,
+        )
+
+    @tool(read_only)
+    async def list_documents(
+        ctx: Context,
+        limit: Annotated[int, Field(ge=1, le=200)] = 50,
+        after: Annotated[
+            str | None, Field(max_length=512, description="next_after of the previous page")
+        ] = None,
+    ) -> models.DocumentList:
+        """The tenant's documents by external id, a page at a time."""
+        async with connect(ctx) as client:
+            return await _call(client.list_documents(limit=limit, after=after))
+
+    @tool(read_only)
+    async def get_job(
+        job_id: Annotated[str, Field(description="an upload's job_id")], ctx: Context
+    ) -> models.IngestJobView:
+        """An ingest job: queued, running, indexed, failed or dead_lettered, and why."""
+        async with connect(ctx) as client:
+            job = await _call(client.get_job(job_id))
+        if not isinstance(job, models.IngestJobView):
+            raise ToolError(f"{job_id} is a reranker training, not an ingest job")
+        return job
+
+    @tool(ToolAnnotations(read_only_hint=False, destructive_hint=False))
+    async def add_document(
+        external_id: Annotated[
+            str, Field(min_length=1, max_length=512, description="your name for it")
+        ],
+        text: Annotated[str, Field(min_length=1, description="the content")],
+        ctx: Context,
+        title: Annotated[str | None, Field(max_length=512)] = None,
+        content_type: Annotated[
+            str, Field(description="text/plain, text/markdown, text/html, ...")
+        ] = "text/plain",
+        metadata: Annotated[
+            dict[str, Any] | None, Field(description="filterable values per key")
+        ] = None,
+    ) -> models.UploadAccepted:
+        """Add a text document, or replace the one with this external_id (a new version);
+        it is searchable once its job (get_job) is indexed. Needs a key with write scope."""
+        async with connect(ctx) as client:
+            return await _call(
+                client.upload_text(
+                    external_id, text, title=title, metadata=metadata, content_type=content_type
+                )
+            )
+
+    return server
+
+
+async def _call(pending: Awaitable[T]) -> T:
+    """The API's answer, or its refusal as a tool error the assistant reads (403 for a read
+    key's write, 404 for another tenant's document, 429 past the rate limit)."""
+    try:
+        return await pending
+    except APIError as e:
+        raise ToolError(f"{e.status_code} {e.code}: {e.message}") from e
+    except ConcordError as e:
+        raise ToolError(str(e)) from e
+
+
+def _answer(response: models.SearchResponse) -> SearchAnswer:
+    by_chunk = {result.chunk_id: result for result in response.results}
+    packed = [
+        by_chunk[item.chunk_id] for item in response.evidence.items if item.chunk_id in by_chunk
+    ]
+    texts = {item.chunk_id: item.text for item in response.evidence.items}
+    chosen = packed or response.results
+    return SearchAnswer(
+        query=response.query,
+        decision=response.decision.status,
+        reason=response.decision.reason,
+        passages=[
+            Passage(
+                rank=rank,
+                chunk_id=result.chunk_id,
+                document_id=result.document_id,
+                external_id=result.external_id,
+                title=result.title,
+                section=result.section,
+                text=texts.get(result.chunk_id, result.text),
+                score=result.score,
+                flags=list(result.flags or []),
+            )
+            for rank, result in enumerate(chosen, start=1)
+        ],
+        next_cursor=response.next_cursor,
+    )
+
+
+def joined_text(chunks: list[models.ChunkView]) -> str:
+    """The chunks' text in order, each overlap with the previous chunk read once."""
+    parts: list[str] = []
+    end = 0
+    for chunk in chunks:
+        text = chunk.text
+        if parts and chunk.char_start < end and len(text) == chunk.char_end - chunk.char_start:
+            text = text[end - chunk.char_start :]
+        elif parts:
+            parts.append("\n\n")
+        parts.append(text)
+        end = max(end, chunk.char_end)
+    return "".join(parts)
