@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import subprocess
+import sys
 import uuid
 from dataclasses import dataclass
 
@@ -24,6 +27,7 @@ from concord_client.langchain import ConcordRetriever
 from concord_client.llamaindex import ConcordLlamaIndexRetriever
 from langchain_tests.integration_tests import RetrieversIntegrationTests
 from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.helpers import new_key, wait_converged
@@ -314,3 +318,40 @@ def test_bad_input_through_mcp_is_a_clear_error_and_no_server_error(live: Live):
     finally:
         logging.getLogger().removeHandler(errors)
     assert [r.getMessage() for r in errors.records] == []
+
+
+def test_concord_mcp_stdio_serves_the_tools_to_a_desktop_assistant(live: Live):
+    """``concord mcp --stdio``, started as an assistant starts it, with the key in its
+    environment: the same tools, calling the live API over HTTP."""
+    concord = os.path.join(os.path.dirname(sys.executable), "concord")
+    server = StdioServerParameters(
+        command=concord,
+        args=["mcp", "--stdio", "--url", live.url],
+        env={**os.environ, "CONCORD_API_KEY": live.read_key},
+    )
+
+    async def main() -> None:
+        async with (
+            stdio_client(server) as (read, write, *_),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            assert len((await session.list_tools()).tools) == 6
+            found = _payload(await session.call_tool("search", {"query": "waggle dance"}))
+            assert found["passages"][0]["external_id"] == "bees.txt"
+            refused = await session.call_tool("add_document", {"external_id": "x", "text": "y"})
+            assert refused.is_error and "403" in refused.content[0].text
+
+    asyncio.run(main())
+
+
+def test_concord_mcp_without_stdio_says_where_the_api_serves_it():
+    done = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "concord"), "mcp"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "/mcp" in done.stderr and "--stdio" in done.stderr
+    assert "Traceback" not in done.stderr
