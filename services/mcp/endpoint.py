@@ -5,8 +5,9 @@ the wrong-key limiter, the key's rate limit) before the protocol reads it, and i
 with Concord's error body otherwise. A tool then calls the API's own routes in-process (an
 ``httpx.ASGITransport`` over this app) as the principal already authenticated, so scopes,
 search admission, body limits, error handling and request logs are the routes' own, and the
-rate limit is counted once per MCP request. Stateless (each POST stands alone, answered with
-JSON), so any API process behind a load balancer can answer any MCP request."""
+rate limit counts each POST of the protocol once (a tool call, a tools/list, an initialize).
+Stateless (each POST stands alone, answered with JSON), so any API process behind a load
+balancer can answer any MCP request."""
 
 from __future__ import annotations
 
@@ -96,8 +97,8 @@ class McpEndpoint:
         async with httpx.AsyncClient(
             transport=transport, base_url=_IN_PROCESS, headers=headers
         ) as http:
-            # No retries in-process: a 429 or 503 goes back to the MCP caller, whose own
-            # client retries (retrying here would hold the request and count it again).
+            # No retries in-process: a 429 or 503 goes back to the MCP caller as a tool error
+            # naming its Retry-After (waiting here would hold the request and its slot).
             yield AsyncConcord(http_client=http, api_key="", retry=RetryPolicy(max_retries=0))
 
 

@@ -297,6 +297,13 @@ def test_bad_input_through_mcp_is_a_clear_error_and_no_server_error(live: Live):
             assert unknown.is_error and "Unknown tool" in unknown.content[0].text
             too_long = await session.call_tool("search", {"query": "k" * 5000})
             assert too_long.is_error and "query" in too_long.content[0].text
+            # a filter without its "metadata" level: the client's own check, as a tool error
+            shapeless = await session.call_tool(
+                "search", {"query": "kettle", "filters": {"team": "ops"}}
+            )
+            assert shapeless.is_error and "filters" in shapeless.content[0].text
+            sneaky = await session.call_tool("fetch_document", {"document_id": "../../mcp"})
+            assert sneaky.is_error and "document_id" in sneaky.content[0].text
 
         asyncio.run(_mcp(live.url, live.read_key, steps))
 

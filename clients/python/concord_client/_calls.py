@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Generic, TypeVar
+from urllib.parse import quote
 from uuid import UUID
 
 import httpx
@@ -32,6 +33,9 @@ from concord_client.models import (
 )
 
 T = TypeVar("T")
+# Statuses that say the server did nothing: a 429 is refused at the door, and a 503 rolled
+# its transaction back. Any request may be sent again after one.
+REFUSED_UNDONE = frozenset({429, 503})
 DEFAULT_URL = "http://127.0.0.1:18000"
 # A job in one of these states will not change again by itself.
 FINAL_JOB_STATES = frozenset({"indexed", "failed", "dead_lettered"})
@@ -86,13 +90,21 @@ class RetryPolicy:
     def backoff(self, attempt: int) -> float:
         return float(min(self.max_delay_s, self.backoff_s * 2**attempt * random.uniform(0.5, 1.5)))
 
-    def after_response(self, response: httpx.Response, attempt: int) -> float | None:
-        """Seconds to wait before sending again, or None to raise the error now."""
-        if attempt >= self.max_retries or response.status_code not in self.retry_statuses:
+    def after_response(
+        self, call: Call[Any], response: httpx.Response, attempt: int
+    ) -> float | None:
+        """Seconds to wait before sending again, or None to raise the error now. A 502 or
+        504 from a proxy may come after the server accepted the request: only a call safe
+        to repeat is sent again after one. A ``Retry-After`` longer than ``max_delay_s`` is
+        raised, not cut short (the retry would only be refused again)."""
+        status = response.status_code
+        if attempt >= self.max_retries or status not in self.retry_statuses:
+            return None
+        if status not in REFUSED_UNDONE and not call.idempotent:
             return None
         retry_after = retry_after_seconds(response)
         if retry_after is not None:
-            return min(self.max_delay_s, retry_after)
+            return retry_after if retry_after <= self.max_delay_s else None
         return self.backoff(attempt)
 
     def after_transport_error(
@@ -118,7 +130,7 @@ def search_request(query: str | SearchRequest, options: Mapping[str, Any]) -> Se
     """A search's request from a query and keyword options (``top_k=5, mode="lexical"``),
     checked here: a misspelt option fails before anything is sent."""
     if isinstance(query, SearchRequest):
-        return query.model_copy(update=dict(options)) if options else query
+        return SearchRequest.model_validate({**query.model_dump(exclude_unset=True), **options})
     return SearchRequest.model_validate({"query": query, **options})
 
 
@@ -195,7 +207,7 @@ def upload_file(
 
 
 def get_job(job_id: UUID | str) -> Call[IngestJobView | TrainingJobView]:
-    return Call("GET", f"/v1/jobs/{job_id}", _JOB.validate_python)
+    return Call("GET", f"/v1/jobs/{_segment(job_id)}", _JOB.validate_python)
 
 
 def list_documents(limit: int, after: str | None, deleted: bool) -> Call[DocumentList]:
@@ -208,7 +220,7 @@ def list_documents(limit: int, after: str | None, deleted: bool) -> Call[Documen
 def get_document(document_id: UUID | str, include_deleted: bool) -> Call[DocumentView]:
     return Call(
         "GET",
-        f"/v1/documents/{document_id}",
+        f"/v1/documents/{_segment(document_id)}",
         DocumentView.model_validate,
         params={"include_deleted": str(include_deleted).lower()},
     )
@@ -217,12 +229,21 @@ def get_document(document_id: UUID | str, include_deleted: bool) -> Call[Documen
 def document_chunks(document_id: UUID | str, section: str | None) -> Call[ChunkList]:
     params = {"section": section} if section is not None else None
     return Call(
-        "GET", f"/v1/documents/{document_id}/chunks", ChunkList.model_validate, params=params
+        "GET",
+        f"/v1/documents/{_segment(document_id)}/chunks",
+        ChunkList.model_validate,
+        params=params,
     )
 
 
 def delete_document(document_id: UUID | str) -> Call[DocumentDeleted]:
-    return Call("DELETE", f"/v1/documents/{document_id}", DocumentDeleted.model_validate)
+    return Call("DELETE", f"/v1/documents/{_segment(document_id)}", DocumentDeleted.model_validate)
+
+
+def _segment(identifier: UUID | str) -> str:
+    """An id as one path segment: "../admin/keys/K" must not become another route (the
+    slashes and dots encoded, so that no dot segment is left for URL normalization)."""
+    return quote(str(identifier), safe="").replace(".", "%2E")
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 from uuid import UUID
 
 import httpx
@@ -84,7 +84,7 @@ class AsyncConcord:
             else:
                 if response.is_success:
                     return call.read(response.json())
-                delay = self._retry.after_response(response, attempt)
+                delay = self._retry.after_response(call, response, attempt)
                 if delay is None:
                     raise error_from(response)
             await self._sleep(delay)
@@ -156,22 +156,41 @@ class AsyncConcord:
     async def get_job(self, job_id: UUID | str) -> IngestJobView | TrainingJobView:
         return await self._send(_calls.get_job(job_id))
 
+    @overload
     async def wait_for_job(
-        self, job_id: UUID | str, *, timeout: float = 300.0, poll_interval: float = 0.5
-    ) -> IngestJobView:
-        """Poll an ingest job until it is indexed; ``JobFailed`` if it fails, ``JobTimeout``
-        if it is still queued or running after ``timeout`` seconds."""
+        self, job: UUID | str, *, timeout: float = ..., poll_interval: float = ...
+    ) -> IngestJobView: ...
+
+    @overload
+    async def wait_for_job(
+        self, job: UploadAccepted, *, timeout: float = ..., poll_interval: float = ...
+    ) -> IngestJobView | None: ...
+
+    async def wait_for_job(
+        self,
+        job: UploadAccepted | UUID | str,
+        *,
+        timeout: float = 300.0,
+        poll_interval: float = 0.5,
+    ) -> IngestJobView | None:
+        """Poll an ingest job (its id, or an upload's answer) until it is indexed;
+        ``JobFailed`` if it fails, ``JobTimeout`` if it is still queued or running after
+        ``timeout`` seconds. None for an upload that changed nothing and started no job."""
+        if isinstance(job, UploadAccepted):
+            if job.job_id is None:
+                return None
+            job = job.job_id
         deadline = time.monotonic() + timeout
         while True:
-            job = await self.get_job(job_id)
-            if not isinstance(job, IngestJobView):
-                raise ConcordError(f"job {job_id} is a reranker training, not an ingest job")
-            if job.state in FINAL_JOB_STATES:
-                if job.state != "indexed":
-                    raise JobFailed(job)
-                return job
+            view = await self.get_job(job)
+            if not isinstance(view, IngestJobView):
+                raise ConcordError(f"job {job} is a reranker training, not an ingest job")
+            if view.state in FINAL_JOB_STATES:
+                if view.state != "indexed":
+                    raise JobFailed(view)
+                return view
             if time.monotonic() >= deadline:
-                raise JobTimeout(job, timeout)
+                raise JobTimeout(view, timeout)
             await self._sleep(poll_interval)
 
     async def list_documents(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 from uuid import UUID
 
 import httpx
@@ -83,7 +83,7 @@ class Concord:
             else:
                 if response.is_success:
                     return call.read(response.json())
-                delay = self._retry.after_response(response, attempt)
+                delay = self._retry.after_response(call, response, attempt)
                 if delay is None:
                     raise error_from(response)
             self._sleep(delay)
@@ -153,22 +153,41 @@ class Concord:
     def get_job(self, job_id: UUID | str) -> IngestJobView | TrainingJobView:
         return self._send(_calls.get_job(job_id))
 
+    @overload
     def wait_for_job(
-        self, job_id: UUID | str, *, timeout: float = 300.0, poll_interval: float = 0.5
-    ) -> IngestJobView:
-        """Poll an ingest job until it is indexed; ``JobFailed`` if it fails, ``JobTimeout``
-        if it is still queued or running after ``timeout`` seconds."""
+        self, job: UUID | str, *, timeout: float = ..., poll_interval: float = ...
+    ) -> IngestJobView: ...
+
+    @overload
+    def wait_for_job(
+        self, job: UploadAccepted, *, timeout: float = ..., poll_interval: float = ...
+    ) -> IngestJobView | None: ...
+
+    def wait_for_job(
+        self,
+        job: UploadAccepted | UUID | str,
+        *,
+        timeout: float = 300.0,
+        poll_interval: float = 0.5,
+    ) -> IngestJobView | None:
+        """Poll an ingest job (its id, or an upload's answer) until it is indexed;
+        ``JobFailed`` if it fails, ``JobTimeout`` if it is still queued or running after
+        ``timeout`` seconds. None for an upload that changed nothing and started no job."""
+        if isinstance(job, UploadAccepted):
+            if job.job_id is None:
+                return None
+            job = job.job_id
         deadline = time.monotonic() + timeout
         while True:
-            job = self.get_job(job_id)
-            if not isinstance(job, IngestJobView):
-                raise ConcordError(f"job {job_id} is a reranker training, not an ingest job")
-            if job.state in FINAL_JOB_STATES:
-                if job.state != "indexed":
-                    raise JobFailed(job)
-                return job
+            view = self.get_job(job)
+            if not isinstance(view, IngestJobView):
+                raise ConcordError(f"job {job} is a reranker training, not an ingest job")
+            if view.state in FINAL_JOB_STATES:
+                if view.state != "indexed":
+                    raise JobFailed(view)
+                return view
             if time.monotonic() >= deadline:
-                raise JobTimeout(job, timeout)
+                raise JobTimeout(view, timeout)
             self._sleep(poll_interval)
 
     def list_documents(

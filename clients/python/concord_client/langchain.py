@@ -47,11 +47,6 @@ class ConcordRetriever(BaseRetriever):
             self.client = Concord(self.base_url, _secret(self.api_key))
         return self.client
 
-    def _async_client(self) -> AsyncConcord:
-        if self.async_client is None:
-            self.async_client = AsyncConcord(self.base_url, _secret(self.api_key))
-        return self.async_client
-
     def _options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return {**self.search_options, "top_k": kwargs.pop("k", self.k), **kwargs}
 
@@ -63,7 +58,11 @@ class ConcordRetriever(BaseRetriever):
     async def _aget_relevant_documents(
         self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun, **kwargs: Any
     ) -> list[Document]:
-        response = await self._async_client().search(query, **self._options(kwargs))
+        if self.async_client is not None:
+            response = await self.async_client.search(query, **self._options(kwargs))
+        else:  # one per call: an async client belongs to the event loop it was made on
+            async with AsyncConcord(self.base_url, _secret(self.api_key)) as client:
+                response = await client.search(query, **self._options(kwargs))
         return self._documents(response)
 
     def _documents(self, response: SearchResponse) -> list[Document]:

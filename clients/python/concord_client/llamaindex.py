@@ -23,13 +23,16 @@ class ConcordLlamaIndexRetriever(BaseRetriever):
     (its id the chunk id) with its provenance, scores and the search's decision in
     ``metadata``, scored by the score Concord ranked it by.
 
-    ``search_options`` are any other fields of Concord's search request; with
-    ``drop_abstained`` a search Concord abstains on returns no nodes."""
+    ``base_url`` and ``api_key`` (default ``$CONCORD_URL``, ``$CONCORD_API_KEY``) make the
+    clients it needs, or pass your own; ``search_options`` are any other fields of Concord's
+    search request; with ``drop_abstained`` a search Concord abstains on returns no nodes."""
 
     def __init__(
         self,
         client: Concord | None = None,
         *,
+        base_url: str | None = None,
+        api_key: str | None = None,
         async_client: AsyncConcord | None = None,
         top_k: int = 4,
         search_options: dict[str, Any] | None = None,
@@ -39,6 +42,8 @@ class ConcordLlamaIndexRetriever(BaseRetriever):
         super().__init__(**kwargs)
         self._client = client
         self._async_client = async_client
+        self._base_url = base_url
+        self._api_key = api_key
         self._top_k = top_k
         self._search_options = dict(search_options or {})
         self._drop_abstained = drop_abstained
@@ -48,13 +53,16 @@ class ConcordLlamaIndexRetriever(BaseRetriever):
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         if self._client is None:
-            self._client = Concord()
+            self._client = Concord(self._base_url, self._api_key)
         return self._nodes(self._client.search(query_bundle.query_str, **self._options()))
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        if self._async_client is None:
-            self._async_client = AsyncConcord()
-        response = await self._async_client.search(query_bundle.query_str, **self._options())
+        query = query_bundle.query_str
+        if self._async_client is not None:
+            response = await self._async_client.search(query, **self._options())
+        else:  # one per call: an async client belongs to the event loop it was made on
+            async with AsyncConcord(self._base_url, self._api_key) as client:
+                response = await client.search(query, **self._options())
         return self._nodes(response)
 
     def _nodes(self, response: SearchResponse) -> list[NodeWithScore]:

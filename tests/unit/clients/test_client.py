@@ -239,3 +239,52 @@ def test_the_async_client_retries_and_raises_alike():
         assert sleeps == [0.0]
 
     asyncio.run(main())
+
+
+def test_a_proxys_504_is_not_a_reason_to_send_an_upload_again():
+    """A gateway timeout may come after the server committed the upload; a search is safe."""
+    gateway = _error(504, "http_error", "gateway timeout")
+    upload = Script(gateway)
+    with pytest.raises(ServiceUnavailable):
+        upload.client().upload_text("doc", "text")
+    assert len(upload.requests) == 1
+
+    search = Script(gateway, httpx.Response(200, json=SEARCH))
+    assert search.client().search("q").query == "q"
+    assert len(search.requests) == 2
+
+
+def test_a_retry_after_past_the_longest_wait_is_raised_not_cut_short():
+    script = Script(_error(429, "rate_limited", "slow down", **{"Retry-After": "120"}))
+    with pytest.raises(RateLimited) as raised:
+        script.client().search("q")
+    assert raised.value.retry_after == 120.0
+    assert script.sleeps == [] and len(script.requests) == 1
+
+
+def test_an_id_is_one_path_segment_whatever_it_holds():
+    script = Script(*[_error(422, "invalid_request", "not a UUID")] * 2)
+    client = script.client()
+    for sneaky in ("../admin/keys/k1", ".."):
+        with pytest.raises(BadRequest):
+            client.delete_document(sneaky)
+    paths = [r.url.raw_path.decode() for r in script.requests]
+    assert paths == ["/v1/documents/%2E%2E%2Fadmin%2Fkeys%2Fk1", "/v1/documents/%2E%2E"]
+
+
+def test_options_given_with_a_request_object_are_checked_too():
+    from concord_client.models import SearchRequest
+
+    script = Script()
+    with pytest.raises(ValueError, match="top_k"):
+        script.client().search(SearchRequest(query="q"), top_k="many")
+    assert script.requests == []
+
+
+def test_waiting_for_an_upload_that_changed_nothing_returns_at_once():
+    from concord_client.models import UploadAccepted
+
+    unchanged = UploadAccepted(document_id=uuid.uuid4(), version=3, job_id=None, status="unchanged")
+    script = Script()
+    assert script.client().wait_for_job(unchanged) is None
+    assert script.requests == []
