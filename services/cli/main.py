@@ -41,6 +41,14 @@ app.command("eval")(evaluate.eval_command)
 app.command("eval-docs")(evaluate.eval_docs_command)
 app.command("tune")(evaluate.tune_command)
 console = cli_console()
+# The key, from the environment without ever showing it: no default the help would print.
+API_KEY_OPTION = typer.Option(
+    None,
+    "--api-key",
+    envvar="CONCORD_API_KEY",
+    show_envvar=False,
+    help="The tenant's key (from CONCORD_API_KEY when not given).",
+)
 
 
 @app.callback()
@@ -359,14 +367,7 @@ def search(
     query: str,
     top_k: int = typer.Option(5, "--top-k", "-k"),
     mode: str = typer.Option("hybrid", help="dense, lexical or hybrid"),
-    # From the environment without ever showing it: no default the help would print.
-    api_key: str | None = typer.Option(
-        None,
-        "--api-key",
-        envvar="CONCORD_API_KEY",
-        show_envvar=False,
-        help="The tenant's key (from CONCORD_API_KEY when not given).",
-    ),
+    api_key: str | None = API_KEY_OPTION,
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Search through the API and print the results."""
@@ -406,13 +407,7 @@ def mcp(
     stdio: bool = typer.Option(
         False, "--stdio", help="Serve MCP over stdin/stdout (how a desktop assistant runs it)."
     ),
-    api_key: str | None = typer.Option(
-        None,
-        "--api-key",
-        envvar="CONCORD_API_KEY",
-        show_envvar=False,
-        help="The tenant's key (from CONCORD_API_KEY when not given).",
-    ),
+    api_key: str | None = API_KEY_OPTION,
     url: str | None = typer.Option(
         None, "--url", help="The Concord API the tools call (default: this machine's API)."
     ),

@@ -47,6 +47,18 @@ def _error(status: int, code: str, message: str, **headers: str) -> httpx.Respon
     )
 
 
+def _accepted() -> httpx.Response:
+    return httpx.Response(
+        202,
+        json={
+            "document_id": str(uuid.uuid4()),
+            "version": 1,
+            "job_id": str(uuid.uuid4()),
+            "status": "accepted",
+        },
+    )
+
+
 def _job(state: str, **extra) -> dict:
     return {
         "id": str(uuid.uuid4()),
@@ -140,15 +152,7 @@ def test_an_upload_is_not_sent_again_after_a_timeout_but_a_search_is():
 
     refused = Script(
         httpx.ConnectError("refused"),
-        httpx.Response(
-            202,
-            json={
-                "document_id": str(uuid.uuid4()),
-                "version": 1,
-                "job_id": str(uuid.uuid4()),
-                "status": "accepted",
-            },
-        ),
+        _accepted(),
     )
     assert refused.client().upload_text("doc", "text").status == "accepted"
 
@@ -201,17 +205,7 @@ def test_wait_for_job_polls_until_indexed_and_raises_for_a_failed_one():
 def test_a_file_upload_is_multipart_with_its_name_and_metadata(tmp_path):
     path = tmp_path / "notes.md"
     path.write_text("# Notes\n\nbody")
-    script = Script(
-        httpx.Response(
-            202,
-            json={
-                "document_id": str(uuid.uuid4()),
-                "version": 1,
-                "job_id": str(uuid.uuid4()),
-                "status": "accepted",
-            },
-        )
-    )
+    script = Script(_accepted())
     script.client().upload_file(path, metadata={"team": "ops"})
     body = script.requests[0].content
     assert b'filename="notes.md"' in body
