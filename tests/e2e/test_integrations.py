@@ -362,3 +362,68 @@ def test_concord_mcp_without_stdio_says_where_the_api_serves_it():
     assert done.returncode == 2
     assert "/mcp" in done.stderr and "--stdio" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+INSPECTOR = os.path.join(
+    os.path.dirname(os.path.dirname(sys.executable)),
+    "mcp-inspector",
+    "node_modules",
+    ".bin",
+    "mcp-inspector",
+)
+
+
+def _inspector(live: Live, key: str, *arguments: str, tool_error: bool = False) -> dict:
+    """One call of the MCP Inspector's command line (scripts/setup.sh installs it from npm);
+    it exits 5 for a tool's error result, which it prints as for any other."""
+    done = subprocess.run(
+        [
+            INSPECTOR,
+            "--cli",
+            f"{live.url}/mcp",
+            "--transport",
+            "http",
+            "--header",
+            f"Authorization: Bearer {key}",
+            *arguments,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == (5 if tool_error else 0), done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_the_mcp_inspector_lists_the_tools_and_calls_them(live: Live):
+    """A second real client, the one MCP's authors ship for trying a server by hand."""
+    assert os.path.exists(INSPECTOR), "scripts/setup.sh installs the MCP Inspector (needs npm)"
+    listed = _inspector(live, live.read_key, "--method", "tools/list")
+    assert {tool["name"] for tool in listed["tools"]} >= {"search", "fetch_document"}
+
+    found = _inspector(
+        live,
+        live.read_key,
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "search",
+        "--tool-arg",
+        "query=what does fault code XQ-4471-B mean",
+    )
+    assert found["structuredContent"]["passages"][0]["external_id"] == "pump.txt"
+
+    refused = _inspector(
+        live,
+        live.read_key,
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "add_document",
+        "--tool-arg",
+        "external_id=x",
+        "--tool-arg",
+        "text=a read key cannot write",
+        tool_error=True,
+    )
+    assert refused["isError"] is True and "403" in refused["content"][0]["text"]
