@@ -100,7 +100,10 @@ stop_stacks() {
     env "${system_b[@]}" .venv/bin/concord stack down >/dev/null
   fi
 }
-if ! $py -m mypy shared services workers clients/python/concord_client; then
+# Its cache outside the checkout, as pip's and uv's are: a clean clone on a machine that ran
+# it before checks only what changed (3 s against 87 s; mypy compares each file's hash).
+mypy_cache=${CONCORD_MYPY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/concord/mypy}
+if ! $py -m mypy --cache-dir "$mypy_cache" shared services workers clients/python/concord_client; then
   echo "mypy failed"
   wait
   stop_stacks
