@@ -85,6 +85,16 @@ def zip_content_type(raw: bytes) -> str | None:
     return None
 
 
+def stated_inflated_bytes(raw: bytes) -> int:
+    """What an archive's directory says its members inflate to (0 for no readable archive:
+    its parser then fails on it without inflating anything)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+            return sum(info.file_size for info in archive.infolist())
+    except Exception:  # zipfile raises many kinds on a broken archive
+        return 0
+
+
 def check_zip(raw: bytes) -> None:
     """Refuse an archive that is a bomb, names a path outside itself, is encrypted, or holds
     XML that declares entities (module docstring)."""

@@ -5,30 +5,55 @@ A message reads as a header block (Subject, From, To, Cc, Date), under the subje
 section, then its body: the plain-text part, or the HTML part through the HTML parser where
 there is no plain one. Each attachment of a supported type is parsed by its own parser and kept
 as a section of its own ("Attachment: report.docx"); the others are listed by name. Attached
-messages are read the same way, ``MAX_DEPTH`` deep."""
+messages are read the same way, ``MAX_DEPTH`` deep. A message and the messages attached to it
+share one budget: ``MAX_ATTACHMENTS`` parts read in all, and the archives among them (Office
+files, EPUB) inflating to ``MAX_INFLATED_BYTES`` in all, as one archive may; past it an
+attachment is listed, not read (each archive passing on its own, a hundred of them would
+inflate a hundred times as much)."""
 
 from __future__ import annotations
 
 import email
 import email.policy
+from dataclasses import dataclass, field
 from email.message import EmailMessage
 from typing import Any
 
 from shared.errors import ParseError
+from shared.parsing.containers import MAX_INFLATED_BYTES, ZIP_SIGNATURE, stated_inflated_bytes
 from shared.parsing.document import ParsedDocument, ParseOptions, TextBuilder
 from shared.parsing.html import parse_html
 from shared.retry import is_retriable
 
 MAX_DEPTH = 3  # messages attached to messages
-MAX_ATTACHMENTS = 100
+MAX_ATTACHMENTS = 100  # parts read, in a message and those attached to it together
 HEADERS = ("Subject", "From", "To", "Cc", "Date")
 
 
+@dataclass
+class Budget:
+    """What is left to read of one uploaded message's attachments, nested ones included."""
+
+    parts: int = field(default_factory=lambda: MAX_ATTACHMENTS)
+    inflated_bytes: int = field(default_factory=lambda: MAX_INFLATED_BYTES)
+
+    def admit(self, data: bytes) -> str | None:
+        """Why the attachment ``data`` is not read (None: it is, and its share is spent)."""
+        if self.parts <= 0:
+            return f"past the {MAX_ATTACHMENTS} attachments a message's are read to"
+        inflated = stated_inflated_bytes(data) if data.startswith(ZIP_SIGNATURE) else 0
+        if inflated > self.inflated_bytes:
+            return f"its archive would pass the {MAX_INFLATED_BYTES:,} bytes a message's inflate to"
+        self.parts -= 1
+        self.inflated_bytes -= inflated
+        return None
+
+
 def parse_eml(raw: bytes, options: ParseOptions) -> ParsedDocument:
-    return _eml(raw, options, depth=0)
+    return _eml(raw, options, depth=0, budget=Budget())
 
 
-def _eml(raw: bytes, options: ParseOptions, depth: int) -> ParsedDocument:
+def _eml(raw: bytes, options: ParseOptions, depth: int, budget: Budget) -> ParsedDocument:
     message = email.message_from_bytes(raw, policy=email.policy.default)
     if not isinstance(message, EmailMessage) or not message.keys():
         raise ParseError("the file is not an e-mail message (it has no headers)")
@@ -46,7 +71,7 @@ def _eml(raw: bytes, options: ParseOptions, depth: int) -> ParsedDocument:
         (part.get_filename() or "unnamed", part.get_content_type(), _payload(part))
         for part in message.iter_attachments()
     ]
-    _message(out, headers, text, html, attachments, options, depth)
+    _message(out, headers, text, html, attachments, options, depth, budget)
     return out.build()
 
 
@@ -58,6 +83,7 @@ def _message(
     attachments: list[tuple[str, str, bytes]],
     options: ParseOptions,
     depth: int,
+    budget: Budget,
 ) -> None:
     subject = " ".join(headers["Subject"].split())
     out.heading(1, subject or "(no subject)")
@@ -67,20 +93,20 @@ def _message(
     else:
         out.paragraph(text)
     listed: list[str] = []
-    for name, content_type, data in attachments[:MAX_ATTACHMENTS]:
-        parsed = _attachment(name, content_type, data, options, depth)
+    for name, content_type, data in attachments:
+        refused = budget.admit(data) if data.strip() else None
+        parsed = None if refused else _attachment(name, content_type, data, options, depth, budget)
         if parsed is None:
-            listed.append(name)
+            listed.append(f"{name} ({refused})" if refused else name)
         else:
             out.include(parsed, 2, f"Attachment: {name}")
-    listed += [name for name, _, _ in attachments[MAX_ATTACHMENTS:]]
     if listed:
         out.heading(2, "Attachments not read")
         out.paragraph("\n".join(f"- {name}" for name in listed))
 
 
 def _attachment(
-    name: str, content_type: str, data: bytes, options: ParseOptions, depth: int
+    name: str, content_type: str, data: bytes, options: ParseOptions, depth: int, budget: Budget
 ) -> ParsedDocument | None:
     """An attachment's parse, or None where it is of no supported type or cannot be read
     (it is then listed by name: one bad attachment does not fail the message)."""
@@ -88,7 +114,7 @@ def _attachment(
         return None
     try:
         if content_type == "message/rfc822" or name.lower().endswith(".eml"):
-            return _eml(data, options, depth + 1) if depth < MAX_DEPTH else None
+            return _eml(data, options, depth + 1, budget) if depth < MAX_DEPTH else None
         return options.parse_part(name, content_type, data)
     except Exception as e:  # the registry's ParseError, or the email package's own
         if is_retriable(e):

@@ -72,12 +72,21 @@ def open_image(raw: bytes) -> Any:
     return image
 
 
-def _check_size(image: Any) -> None:
-    width, height = image.size
+class ImageTooLarge(ParseError):
+    """A page image of more than MAX_PIXELS: an uploaded image is refused; a page of a PDF
+    or of a multi-page TIFF is left unread and named in the parse's notes."""
+
+
+def check_pixels(width: int, height: int) -> None:
+    """Refuse an image by the size it states, before its pixels are decoded."""
     if width * height > MAX_PIXELS:
-        raise ParseError(
+        raise ImageTooLarge(
             f"the image is {width}x{height} pixels; the limit is {MAX_PIXELS:,} pixels a page"
         )
+
+
+def _check_size(image: Any) -> None:
+    check_pixels(*image.size)
 
 
 def _frame_loader(image: Any, number: int) -> Callable[[], Any]:
@@ -100,6 +109,7 @@ def ocr_pages(
     read, and a note naming the pages left unread."""
     started = time.monotonic()
     texts: list[tuple[int, str]] = []
+    notes: list[str] = []
     for count, (number, load) in enumerate(pages):
         spent = time.monotonic() - started
         if count >= options.ocr_max_pages or spent >= options.ocr_budget_s:
@@ -110,17 +120,21 @@ def ocr_pages(
                 if count >= options.ocr_max_pages
                 else f"OCR's {options.ocr_budget_s:.0f} s a document ran out (CONCORD_OCR_BUDGET_S)"
             )
-            return texts, [f"{_pages(unread)} not read: {why}"]
-        image = load()
+            return texts, [*notes, f"{_pages(unread)} not read: {why}"]
+        try:
+            image = load()
+        except ImageTooLarge as e:  # its size refused before its pixels were decoded
+            notes.append(f"page {number} not read: {e}")
+            continue
         if image is None:
             continue  # a page with no image to read
         text = ocr_image(image, options.ocr_budget_s - spent)
         if text is None:  # the page alone outlasted what was left of the budget
             unread = [n for n, _ in pages[count:]]
             why = f"OCR's {options.ocr_budget_s:.0f} s a document ran out (CONCORD_OCR_BUDGET_S)"
-            return texts, [f"{_pages(unread)} not read: {why}"]
+            return texts, [*notes, f"{_pages(unread)} not read: {why}"]
         texts.append((number, text))
-    return texts, []
+    return texts, notes
 
 
 # The Tesseract command; Debian's tesseract-ocr puts it on the PATH.

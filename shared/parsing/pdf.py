@@ -13,7 +13,7 @@ from typing import Any
 
 from shared.errors import ParseError
 from shared.parsing.document import DOUBTFUL_EXTRACTION, ParsedDocument, ParseOptions, Section
-from shared.parsing.ocr import OCR_FLAGS, ocr_pages
+from shared.parsing.ocr import OCR_FLAGS, ImageTooLarge, check_pixels, ocr_pages
 from shared.retry import is_retriable
 
 # A page whose text layer holds fewer letters and digits than this (a scan with a page
@@ -99,9 +99,14 @@ def _has_images(page: Any) -> bool:
 
 def _largest_image_loader(page: Any) -> Callable[[], Any]:
     """Decodes the page's largest embedded image (a scan's page is one) when called, or
-    gives None."""
+    gives None. The sizes the page's images state are checked first (``ImageTooLarge``):
+    pypdf decodes every image of a page at once, and a stream that states 100,000 pixels
+    square would be gigabytes of memory before any size could be read from the pixels."""
 
     def load() -> Any:
+        stated = _stated_image_sizes(page)
+        if stated:
+            check_pixels(*max(stated, key=lambda size: size[0] * size[1]))
         try:
             images = [found.image for found in page.images]
         except Exception:  # an image pypdf cannot decode leaves the page as its layer has it
@@ -110,6 +115,43 @@ def _largest_image_loader(page: Any) -> Callable[[], Any]:
         return max(images, key=lambda image: image.width * image.height, default=None)
 
     return load
+
+
+# Form XObjects nest: how deep a page's images are looked for, and how many are looked at.
+MAX_FORM_DEPTH = 4
+MAX_PAGE_IMAGES = 1000
+
+
+def _stated_image_sizes(page: Any) -> list[tuple[int, int]]:
+    """The width and height each image of the page states, in its resources and those of
+    the forms it draws (nothing decoded). ``ImageTooLarge`` where they cannot be known: an
+    image that states no size, more than MAX_PAGE_IMAGES of them, resources pypdf cannot
+    read (the page is then left unread, its text layer kept)."""
+    sizes: list[tuple[int, int]] = []
+
+    def visit(resources: Any, depth: int) -> None:
+        objects: Any = resources.get_object().get("/XObject") if resources else None
+        if objects is None or depth > MAX_FORM_DEPTH:
+            return
+        for reference in objects.get_object().values():
+            found = reference.get_object()
+            if len(sizes) >= MAX_PAGE_IMAGES:  # a form drawing itself, or a page of thousands
+                raise ImageTooLarge(f"the page draws more than {MAX_PAGE_IMAGES} images")
+            if found.get("/Subtype") == "/Image":
+                width, height = found.get("/Width"), found.get("/Height")
+                if not (isinstance(width, int) and isinstance(height, int)):
+                    raise ImageTooLarge("an image of the page states no size")
+                sizes.append((int(width), int(height)))
+            elif found.get("/Subtype") == "/Form":
+                visit(found.get("/Resources"), depth + 1)
+
+    try:
+        visit(page.get("/Resources"), 0)
+    except ImageTooLarge:
+        raise
+    except Exception as e:  # resources pypdf cannot read: nothing is decoded from them
+        raise ImageTooLarge(f"the page's images could not be described ({type(e).__name__})") from e
+    return sizes
 
 
 def _alphanumeric(text: str) -> int:

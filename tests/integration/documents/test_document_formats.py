@@ -25,6 +25,7 @@ from tests.unit.ingest.test_formats import (
     HOSTILE,
     OOXML,
     _holds_at_similarity,
+    _pdf_with_a_scan_page_stating,
     _replace_member,
 )
 
@@ -70,6 +71,14 @@ def test_every_format_is_indexed_and_hostile_archives_are_refused_beside_another
         )
         assert response.status_code == 202, response.text
         accepted["tall.xlsx"] = response.json()["job_id"]
+        # A page image stating 100,000 pixels square (10 GB decoded): never decoded, its
+        # page named as unread, the rest of the PDF indexed.
+        giant = _pdf_with_a_scan_page_stating(100_000, 100_000, "Lighthouse keepers log tides.")
+        response = client.post(
+            "/v1/documents", headers=auth, files={"file": ("giant.pdf", giant, "application/pdf")}
+        )
+        assert response.status_code == 202, response.text
+        accepted["giant.pdf"] = response.json()["job_id"]
         for name, make, error, reason in HOSTILE:
             refused = client.post(
                 "/v1/documents",
@@ -114,6 +123,10 @@ def test_every_format_is_indexed_and_hostile_archives_are_refused_beside_another
         else:
             assert "Bookworm | bookworm | 2021-08-14" in joined, name
     assert texts["tall.xlsx"] == [("Fastnet Rock", "debian-releases > lighthouse")]
+    assert "Lighthouse keepers log tides." in " ".join(text for text, _ in texts["giant.pdf"])
+    assert jobs[accepted["giant.pdf"]].detail["parse_notes"] == [
+        "page 1 not read: the image is 100000x100000 pixels; the limit is 60,000,000 pixels a page"
+    ]
     assert not any(
         stored_name.endswith(".docx") and stored_name != "zstd-readme.docx"
         for stored_name in stored

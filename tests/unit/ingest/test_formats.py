@@ -466,3 +466,106 @@ def test_text_that_starts_like_rtf_is_read_as_what_it_was_declared() -> None:
     raw = b"{\\rtf1 is how an RTF file starts.\n\n# Notes\n\nA Markdown note about RTF."
     assert resolve_content_type("text/markdown", "notes.md", raw) == "text/markdown"
     assert resolve_content_type(None, "notes", raw) == "application/rtf"
+
+
+def _pdf_with_a_scan_page_stating(width: int, height: int, text_page: str) -> bytes:
+    """A PDF whose first page draws one image stating ``width`` x ``height`` pixels (its
+    stream a single byte: what it states is all a reader may trust before decoding) and has
+    no text layer, and whose second page is ``text_page`` as a text layer."""
+    escaped = text_page.replace("(", "\\(").replace(")", "\\)")
+    text = f"BT /F1 10 Tf 40 800 Td ({escaped}) Tj ET".encode()
+    draw = b"q 612 0 0 842 0 0 cm /Im0 Do Q"
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R 6 0 R] /Count 2 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 842] /Contents 4 0 R "
+        b"/Resources << /XObject << /Im0 5 0 R >> >> >>",
+        b"<< /Length %d >>\nstream\n" % len(draw) + draw + b"\nendstream",
+        b"<< /Type /XObject /Subtype /Image /Width %d /Height %d /ColorSpace /DeviceGray "
+        b"/BitsPerComponent 8 /Length 1 >>\nstream\n\x00\nendstream" % (width, height),
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 842] /Contents 7 0 R "
+        b"/Resources << /Font << /F1 8 0 R >> >> >>",
+        b"<< /Length %d >>\nstream\n" % len(text) + text + b"\nendstream",
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1,
+        xref,
+    )
+    return bytes(out)
+
+
+def test_a_pdf_page_image_stating_too_many_pixels_is_never_decoded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pypdf decodes every image of a page at once: a stream stating 100,000 pixels square
+    would be 10 GB before any size could be read from its pixels. The stated size is checked
+    first; the page is named as unread, the rest of the document indexed."""
+    from pypdf import PageObject
+
+    def never_decoded(self: PageObject) -> None:
+        raise AssertionError("the page's images were decoded")
+
+    monkeypatch.setattr(PageObject, "images", property(never_decoded))
+    raw = _pdf_with_a_scan_page_stating(100_000, 100_000, "The second page has its own text.")
+    doc = parse(raw, "application/pdf")
+    assert "The second page has its own text." in doc.text
+    assert doc.notes == [
+        "page 1 not read: the image is 100000x100000 pixels; the limit is 60,000,000 pixels a page"
+    ]
+
+
+def test_an_e_mails_archives_share_one_inflation_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each attachment passes the archive checks on its own; together they may not inflate
+    more than one archive may, nor more than MAX_ATTACHMENTS be read (nested messages
+    included): the rest are listed with the reason."""
+    from email.message import EmailMessage
+
+    from shared.parsing import mail
+
+    docx = (DATA / "zstd-readme.docx").read_bytes()
+    inflated = sum(i.file_size for i in zipfile.ZipFile(io.BytesIO(docx)).infolist())
+    monkeypatch.setattr(mail, "MAX_INFLATED_BYTES", 2 * inflated + 1)
+    message = EmailMessage()
+    message["Subject"] = "Three copies of the readme"
+    message.set_content("See the attachments.")
+    for n in (1, 2, 3):
+        message.add_attachment(
+            docx, maintype="application", subtype="octet-stream", filename=f"readme-{n}.docx"
+        )
+    doc = parse(message.as_bytes(), "message/rfc822")
+    read = [s.path for s in doc.sections if s.path.endswith("Attachment: readme-1.docx")]
+    assert read and "Attachment: readme-2.docx" in " ".join(s.path for s in doc.sections)
+    assert "Attachment: readme-3.docx" not in " ".join(s.path for s in doc.sections)
+    assert "- readme-3.docx (its archive would pass the" in doc.text
+
+
+def test_an_e_mail_reads_at_most_max_attachments_parts_nested_messages_included(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from email.message import EmailMessage
+
+    from shared.parsing import mail
+
+    monkeypatch.setattr(mail, "MAX_ATTACHMENTS", 2)
+    inner = EmailMessage()
+    inner["Subject"] = "Inner"
+    inner.set_content("inner body")
+    inner.add_attachment(b"inner note text", maintype="text", subtype="plain", filename="a.txt")
+    outer = EmailMessage()
+    outer["Subject"] = "Outer"
+    outer.set_content("outer body")
+    outer.add_attachment(inner)  # one part, and its own attachment another
+    outer.add_attachment(b"third part text", maintype="text", subtype="plain", filename="b.txt")
+    doc = parse(outer.as_bytes(), "message/rfc822")
+    assert "inner note text" in doc.text
+    assert "third part text" not in doc.text
+    assert "- b.txt (past the 2 attachments a message's are read to)" in doc.text
