@@ -99,6 +99,11 @@ class HeadingPath:
         return " > ".join(t for _, t in self.levels)[-MAX_SECTION_CHARS:]
 
 
+# A heading's permalink, which a web page puts after it and converters keep (pandoc writes it
+# into Word and OpenDocument files as a link to the heading's own anchor): a sign, no words.
+PERMALINK_SIGNS = frozenset(("¶", "§", "#", "🔗", "⚓"))
+
+
 # The section flag of a table's rows: chunked a row at a time (never mid-row), and each
 # chunk's section ends with the table's header row, so every chunk of it says its columns.
 TABLE = "table"

@@ -9,6 +9,7 @@ from typing import Any
 
 from shared.parsing.document import (
     MAX_SECTION_CHARS,
+    PERMALINK_SIGNS,
     TABLE,
     HeadingPath,
     ParsedDocument,
@@ -57,8 +58,6 @@ NAVIGATION_MIN_LINKS = 3
 # A texinfo page's bar ("Next: X, Previous: Y, Up: Z [Index]") has two or three links.
 _PAGE_BAR = re.compile(r"\s*(Next|Previous|Prev|Up):")
 PAGE_BAR_CHARS = 200
-# A heading's permalink: a link to its own anchor whose text is a sign.
-_PERMALINK_SIGNS = frozenset(("¶", "§", "#", "🔗", "⚓"))
 
 
 def _drop_navigation(root: Any) -> None:
@@ -99,7 +98,7 @@ def _drop_navigation(root: Any) -> None:
             if (
                 isinstance(href, str)
                 and href.startswith("#")
-                and node.get_text().strip() in (_PERMALINK_SIGNS)
+                and node.get_text().strip() in (PERMALINK_SIGNS)
             ):
                 permalinks.append(node)
         sizes[id(node)] = (text, link, links)

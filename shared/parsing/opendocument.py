@@ -24,7 +24,7 @@ from typing import Any
 
 from shared.errors import ParseError
 from shared.parsing.containers import open_zip, read_member
-from shared.parsing.document import ParsedDocument, ParseOptions, TextBuilder
+from shared.parsing.document import PERMALINK_SIGNS, ParsedDocument, ParseOptions, TextBuilder
 from shared.parsing.spreadsheets import MAX_ROWS, add_sheet
 
 _NS = {
@@ -34,6 +34,7 @@ _NS = {
     "draw": "urn:oasis:names:tc:opendocument:xmlns:drawing:1.0",
     "presentation": "urn:oasis:names:tc:opendocument:xmlns:presentation:1.0",
     "style": "urn:oasis:names:tc:opendocument:xmlns:style:1.0",
+    "xlink": "http://www.w3.org/1999/xlink",
 }
 
 
@@ -43,7 +44,7 @@ def _q(name: str) -> str:
 
 
 H, P, LIST, LIST_ITEM = _q("text:h"), _q("text:p"), _q("text:list"), _q("text:list-item")
-NOTE = _q("text:note")
+NOTE, LINK = _q("text:note"), _q("text:a")
 NOTE_BODY, NOTE_CITATION = _q("text:note-body"), _q("text:note-citation")
 TABLE, ROW, CELL = _q("table:table"), _q("table:table-row"), _q("table:table-cell")
 COVERED = _q("table:covered-table-cell")
@@ -104,7 +105,7 @@ def _text(out: TextBuilder, element: Any, notes: list[str]) -> None:
     for child in element:
         if child.tag == H:
             level = _count(child.get(_q("text:outline-level")), 10)
-            out.heading(level, _inline(child, notes))
+            out.heading(level, _heading_text(child, notes))
         elif child.tag == P:
             out.paragraph(_inline(child, notes))
         elif child.tag == LIST:
@@ -116,6 +117,18 @@ def _text(out: TextBuilder, element: Any, notes: list[str]) -> None:
                 out.table(rows[0], rows[1:])
         else:
             _text(out, child, notes)  # sections, frames and other containers
+
+
+def _heading_text(heading: Any, notes: list[str]) -> str:
+    """A heading's text without its permalink: a link within the document (``#anchor``)
+    whose text is a sign, at the heading's end (a web page's "Error events#" made a file)."""
+    text = _inline(heading, notes)
+    for link in heading.iter(LINK):
+        sign = "".join(link.itertext()).strip()
+        href = link.get(_q("xlink:href")) or ""
+        if href.startswith("#") and sign in PERMALINK_SIGNS and text.endswith(sign):
+            text = text[: -len(sign)].rstrip()
+    return text
 
 
 def _inline(element: Any, notes: list[str]) -> str:

@@ -13,7 +13,7 @@ from docx.table import _Cell
 
 from shared.errors import ParseError
 from shared.parsing.containers import without_macros
-from shared.parsing.document import ParsedDocument, ParseOptions, TextBuilder
+from shared.parsing.document import PERMALINK_SIGNS, ParsedDocument, ParseOptions, TextBuilder
 
 _HEADING_STYLE = re.compile(r"(?:heading|überschrift|titre|título)\s*(\d)", re.IGNORECASE)
 _W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
@@ -35,7 +35,7 @@ def parse(raw: bytes, options: ParseOptions) -> ParsedDocument:
             continue
         level = _heading_level(block)
         if level is not None:
-            out.heading(level, block.text)
+            out.heading(level, _heading_text(block))
         elif _is_list_item(block):
             out.paragraph(f"- {block.text.strip()}" if block.text.strip() else "")
         else:
@@ -54,6 +54,17 @@ def _heading_level(paragraph: Any) -> int | None:
         return 1
     found = _HEADING_STYLE.match(name)
     return int(found.group(1)) + 1 if found else None
+
+
+def _heading_text(paragraph: Any) -> str:
+    """A heading's text without its permalink: a link within the document (``w:anchor``)
+    whose text is a sign, at the heading's end (a web page's "Error events#" made a Word file)."""
+    text = str(paragraph.text).rstrip()
+    for link in paragraph._p.iter(f"{_W}hyperlink"):
+        sign = "".join(t.text or "" for t in link.iter(f"{_W}t")).strip()
+        if link.get(f"{_W}anchor") and sign in PERMALINK_SIGNS and text.endswith(sign):
+            text = text[: -len(sign)].rstrip()
+    return text
 
 
 def _is_list_item(paragraph: Any) -> bool:

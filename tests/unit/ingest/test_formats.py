@@ -569,3 +569,14 @@ def test_an_e_mail_reads_at_most_max_attachments_parts_nested_messages_included(
     assert "inner note text" in doc.text
     assert "third part text" not in doc.text
     assert "- b.txt (past the 2 attachments a message's are read to)" in doc.text
+
+
+def test_a_web_pages_heading_permalinks_stay_out_of_the_section_path() -> None:
+    """pandoc keeps a web page's permalink ("Error events#", a link to the heading's own
+    anchor) in the Word file it writes; the section path is the heading's words."""
+    devset = Path(__file__).parents[3] / "evaluation" / "devsets" / "formats" / "files"
+    raw = (devset / "node-events.docx").read_bytes()
+    doc = parse(raw, resolve_content_type(None, "node-events.docx", raw))
+    paths = {s.path for s in doc.sections}
+    assert "node-events > Node.js v20.20.2 documentation > Events > Error events" in paths
+    assert not [p for p in paths if p.endswith("#")]
