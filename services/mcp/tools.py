@@ -1,5 +1,6 @@
 """Concord's MCP tools: search, read a document or a chunk with its neighbours, list
-documents, follow a job, and (for write keys) add a text document.
+documents, follow a job, and (for write keys) add a text document; and each document as a
+resource (``concord://documents/{id}``).
 
 Every tool is a call of Concord's HTTP API through the typed client (clients/python), so an
 MCP caller meets the same scopes, admission, rate limits, body limits and errors as any
@@ -14,9 +15,9 @@ from contextlib import AbstractAsyncContextManager
 from typing import Annotated, Any, Literal, TypeVar
 
 from concord_client import AsyncConcord, models
-from concord_client.errors import APIError, ConcordError
+from concord_client.errors import APIError, ConcordError, NotFound
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
@@ -214,6 +215,27 @@ def build_mcp_server(connect: Connect) -> MCPServer:
                     external_id, text, title=title, metadata=metadata, content_type=content_type
                 )
             )
+
+    @server.resource(
+        "concord://documents/{document_id}",
+        name="document",
+        description="A document's live text as Concord indexed it, under its title",
+        mime_type="text/markdown",
+    )
+    async def document(document_id: str, ctx: Context) -> str:
+        try:
+            uuid.UUID(document_id)
+        except ValueError as e:
+            raise ResourceNotFoundError(f"{document_id!r} is no document id") from e
+        async with connect(ctx) as client:
+            try:
+                found = await client.get_document(document_id)
+                listing = await client.document_chunks(document_id)
+            except NotFound as e:
+                raise ResourceNotFoundError(f"document {document_id} not found") from e
+            except APIError as e:
+                raise ResourceError(f"{e.status_code} {e.code}: {e.message}") from e
+        return f"# {found.title or found.external_id}\n\n{joined_text(listing.chunks)}"
 
     return server
 

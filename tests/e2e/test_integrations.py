@@ -29,6 +29,7 @@ from langchain_tests.integration_tests import RetrieversIntegrationTests
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 from tests.helpers import new_key, wait_converged
 
@@ -256,6 +257,11 @@ def test_an_mcp_client_lists_the_tools_and_calls_each(live: Live):
         job = _payload(await session.call_tool("get_job", {"job_id": added["job_id"]}))
         assert job["document_id"] == added["document_id"]
 
+        [template] = (await session.list_resource_templates()).resource_templates
+        assert template.uri_template == "concord://documents/{document_id}"
+        read = await session.read_resource(f"concord://documents/{live.ids['okapi.txt']}")
+        assert read.contents[0].text.startswith("# Forest animals\n\nThe okapi lives")
+
     asyncio.run(_mcp(live.url, live.write_key, steps))
 
 
@@ -279,6 +285,8 @@ def test_mcp_keeps_the_keys_scopes_and_tenant(live: Live):
         ]:
             result = await session.call_tool(name, arguments)
             assert result.is_error and "404" in result.content[0].text
+        with pytest.raises(MCPError, match="not found"):
+            await session.read_resource(f"concord://documents/{theirs}")
 
     asyncio.run(_mcp(live.url, stranger, as_stranger))
 
