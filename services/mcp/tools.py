@@ -104,7 +104,10 @@ def build_mcp_server(connect: Connect) -> MCPServer:
         query: Annotated[str, Field(min_length=1, max_length=2000, description="the question")],
         ctx: Context,
         top_k: Annotated[int, Field(ge=1, le=50, description="how many passages")] = 5,
-        mode: Literal["hybrid", "dense", "lexical"] = "hybrid",
+        mode: Annotated[
+            Literal["hybrid", "dense", "lexical"] | None,
+            Field(description="default: the profile's, else hybrid"),
+        ] = None,
         filters: Annotated[
             dict[str, Any] | None,
             Field(
@@ -117,7 +120,9 @@ def build_mcp_server(connect: Connect) -> MCPServer:
         """Search the tenant's documents for passages that answer a question, with Concord's
         decision: answerable, verify (check the passages) or abstain (the documents do not
         say; tell the user rather than guess)."""
-        options: dict[str, Any] = {"top_k": top_k, "mode": mode}
+        options: dict[str, Any] = {"top_k": top_k}
+        if mode is not None:  # unset, a profile's mode holds
+            options["mode"] = mode
         if filters is not None:
             options["filters"] = filters
         if profile is not None:
