@@ -15,17 +15,17 @@ class AnswerabilityModelView(BaseModel):
     card: Annotated[
         dict[str, Any],
         Field(
-            description="the model card: data, model class chosen on validation, validation curve and AUC, what each feature weighs",
-            title="Card",
+            description='the model card: data, model class chosen on validation, validation curve and AUC, what each feature weighs',
+            title='Card',
         ),
     ]
-    created_at: Annotated[str, Field(title="Created At")]
-    name: Annotated[str, Field(title="Name")]
+    created_at: Annotated[str, Field(title='Created At')]
+    name: Annotated[str, Field(title='Name')]
     thresholds: Annotated[
         dict[str, float],
         Field(
-            description="abstain below `abstain`, verify below `answer`, answer from `answer`",
-            title="Thresholds",
+            description='abstain below `abstain`, verify below `answer`, answer from `answer`',
+            title='Thresholds',
         ),
     ]
 
@@ -36,18 +36,18 @@ class AnswerabilityTrace(BaseModel):
     answer, the thresholds it was compared with, and the features with their share of it.
     """
 
-    abstain_below: Annotated[float, Field(title="Abstain Below")]
+    abstain_below: Annotated[float, Field(title='Abstain Below')]
     contributions: Annotated[
         dict[str, float],
         Field(
             description="each feature's share of the logit, largest magnitude first",
-            title="Contributions",
+            title='Contributions',
         ),
     ]
-    features: Annotated[dict[str, float], Field(title="Features")]
-    model: Annotated[str, Field(title="Model")]
-    probability: Annotated[float, Field(title="Probability")]
-    verify_below: Annotated[float, Field(title="Verify Below")]
+    features: Annotated[dict[str, float], Field(title='Features')]
+    model: Annotated[str, Field(title='Model')]
+    probability: Annotated[float, Field(title='Probability')]
+    verify_below: Annotated[float, Field(title='Verify Below')]
 
 
 class Boost(BaseModel):
@@ -61,74 +61,74 @@ class Boost(BaseModel):
     """
 
     model_config = ConfigDict(
-        extra="forbid",
+        extra='forbid',
     )
     field: Annotated[
         str,
         Field(
-            description="the metadata key whose value lifts a result",
-            pattern="^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$",
-            title="Field",
+            description='the metadata key whose value lifts a result',
+            pattern='^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$',
+            title='Field',
         ),
     ]
     half_life_days: Annotated[
         float | None,
         Field(
-            description="recency: the age at which the lift halves",
+            description='recency: the age at which the lift halves',
             gt=0.0,
             le=36500.0,
-            title="Half Life Days",
+            title='Half Life Days',
         ),
     ] = 365.0
     kind: Annotated[
-        Literal["recency", "numeric"] | None,
+        Literal['recency', 'numeric'] | None,
         Field(
             description='"recency": a date, newer lifts more; "numeric": a number, larger lifts more',
-            title="Kind",
+            title='Kind',
         ),
-    ] = "recency"
+    ] = 'recency'
     weight: Annotated[
         float | None,
         Field(
-            description="the lift of f = 1, in spreads of the fused scores",
+            description='the lift of f = 1, in spreads of the fused scores',
             gt=0.0,
             le=10.0,
-            title="Weight",
+            title='Weight',
         ),
     ] = 0.5
 
 
 class CandidateDepth(BaseModel):
     model_config = ConfigDict(
-        extra="forbid",
+        extra='forbid',
     )
     dense: Annotated[
         int | None,
         Field(
-            description="candidates the dense arm (pgvector) returns",
+            description='candidates the dense arm (pgvector) returns',
             ge=1,
             le=1000,
-            title="Dense",
+            title='Dense',
         ),
     ] = 50
     lexical: Annotated[
         int | None,
         Field(
-            description="candidates the lexical arm (BM25) returns",
+            description='candidates the lexical arm (BM25) returns',
             ge=1,
             le=1000,
-            title="Lexical",
+            title='Lexical',
         ),
     ] = 50
 
 
 class ChunkView(BaseModel):
-    char_end: Annotated[int, Field(title="Char End")]
-    char_start: Annotated[int, Field(title="Char Start")]
-    chunk_id: Annotated[str, Field(title="Chunk Id")]
-    ordinal: Annotated[int, Field(title="Ordinal")]
-    section: Annotated[str, Field(title="Section")]
-    text: Annotated[str, Field(title="Text")]
+    char_end: Annotated[int, Field(title='Char End')]
+    char_start: Annotated[int, Field(title='Char Start')]
+    chunk_id: Annotated[str, Field(title='Chunk Id')]
+    ordinal: Annotated[int, Field(title='Ordinal')]
+    section: Annotated[str, Field(title='Section')]
+    text: Annotated[str, Field(title='Text')]
 
 
 class Copy(BaseModel):
@@ -136,25 +136,25 @@ class Copy(BaseModel):
     Another chunk of the same text as a result: where else it is.
     """
 
-    chunk_id: Annotated[str, Field(title="Chunk Id")]
-    document_id: Annotated[str, Field(title="Document Id")]
-    external_id: Annotated[str | None, Field(title="External Id")]
-    section: Annotated[str, Field(title="Section")]
-    title: Annotated[str, Field(title="Title")]
+    chunk_id: Annotated[str, Field(title='Chunk Id')]
+    document_id: Annotated[str, Field(title='Document Id')]
+    external_id: Annotated[str | None, Field(title='External Id')]
+    section: Annotated[str, Field(title='Section')]
+    title: Annotated[str, Field(title='Title')]
 
 
 class CreatedEndpoint(BaseModel):
-    created_at: Annotated[str, Field(title="Created At")]
-    events: Annotated[list[str], Field(title="Events")]
-    id: Annotated[UUID, Field(title="Id")]
+    created_at: Annotated[str, Field(title='Created At')]
+    events: Annotated[list[str], Field(title='Events')]
+    id: Annotated[UUID, Field(title='Id')]
     secret: Annotated[
         str,
         Field(
-            description="signs every delivery (Concord-Signature); shown only now, keep it",
-            title="Secret",
+            description='signs every delivery (Concord-Signature); shown only now, keep it',
+            title='Secret',
         ),
     ]
-    url: Annotated[str, Field(title="Url")]
+    url: Annotated[str, Field(title='Url')]
 
 
 class CreatedKey(BaseModel):
@@ -162,63 +162,63 @@ class CreatedKey(BaseModel):
     The new key; ``secret`` is in this response only and never stored.
     """
 
-    id: Annotated[UUID, Field(title="Id")]
-    scopes: Annotated[list[str], Field(title="Scopes")]
-    secret: Annotated[str, Field(title="Secret")]
-    tenant_id: Annotated[str, Field(title="Tenant Id")]
+    id: Annotated[UUID, Field(title='Id')]
+    scopes: Annotated[list[str], Field(title='Scopes')]
+    secret: Annotated[str, Field(title='Secret')]
+    tenant_id: Annotated[str, Field(title='Tenant Id')]
 
 
 class DeadLetterView(BaseModel):
-    attempts: Annotated[int, Field(title="Attempts")]
-    created_at: Annotated[str, Field(title="Created At")]
-    error_class: Annotated[str, Field(title="Error Class")]
-    id: Annotated[int, Field(title="Id")]
-    message: Annotated[str, Field(title="Message")]
-    payload: Annotated[dict[str, Any], Field(title="Payload")]
-    ref: Annotated[str, Field(title="Ref")]
+    attempts: Annotated[int, Field(title='Attempts')]
+    created_at: Annotated[str, Field(title='Created At')]
+    error_class: Annotated[str, Field(title='Error Class')]
+    id: Annotated[int, Field(title='Id')]
+    message: Annotated[str, Field(title='Message')]
+    payload: Annotated[dict[str, Any], Field(title='Payload')]
+    ref: Annotated[str, Field(title='Ref')]
     remedy: Annotated[
         str,
         Field(
-            description="what an operator can do about it, in a sentence",
-            title="Remedy",
+            description='what an operator can do about it, in a sentence',
+            title='Remedy',
         ),
     ]
     replayable: Annotated[
         bool,
         Field(
-            description="whether replay can run it again: a job or an Elasticsearch write; an upload refused at intake is fixed by a corrected upload instead",
-            title="Replayable",
+            description='whether replay can run it again: a job or an Elasticsearch write; an upload refused at intake is fixed by a corrected upload instead',
+            title='Replayable',
         ),
     ]
-    source: Annotated[str, Field(title="Source")]
-    stage: Annotated[str, Field(title="Stage")]
-    tenant_id: Annotated[str, Field(title="Tenant Id")]
+    source: Annotated[str, Field(title='Source')]
+    stage: Annotated[str, Field(title='Stage')]
+    tenant_id: Annotated[str, Field(title='Tenant Id')]
 
 
 class DeliveryView(BaseModel):
-    attempts: Annotated[int, Field(title="Attempts")]
-    created_at: Annotated[str, Field(title="Created At")]
-    delivered_at: Annotated[str | None, Field(title="Delivered At")]
-    event: Annotated[str, Field(title="Event")]
-    id: Annotated[int, Field(title="Id")]
-    last_error: Annotated[str | None, Field(title="Last Error")]
-    last_status: Annotated[int | None, Field(title="Last Status")]
+    attempts: Annotated[int, Field(title='Attempts')]
+    created_at: Annotated[str, Field(title='Created At')]
+    delivered_at: Annotated[str | None, Field(title='Delivered At')]
+    event: Annotated[str, Field(title='Event')]
+    id: Annotated[int, Field(title='Id')]
+    last_error: Annotated[str | None, Field(title='Last Error')]
+    last_status: Annotated[int | None, Field(title='Last Status')]
     next_attempt_at: Annotated[
-        str | None, Field(description="while pending", title="Next Attempt At")
+        str | None, Field(description='while pending', title='Next Attempt At')
     ]
-    payload: Annotated[dict[str, Any], Field(title="Payload")]
-    state: Annotated[Literal["pending", "delivered", "failed"], Field(title="State")]
+    payload: Annotated[dict[str, Any], Field(title='Payload')]
+    state: Annotated[Literal['pending', 'delivered', 'failed'], Field(title='State')]
 
 
 class Discarded(BaseModel):
-    discarded: Annotated[bool, Field(title="Discarded")]
+    discarded: Annotated[bool, Field(title='Discarded')]
 
 
 class DocumentDeleted(BaseModel):
-    deleted: Annotated[bool, Field(title="Deleted")]
-    document_id: Annotated[UUID, Field(title="Document Id")]
+    deleted: Annotated[bool, Field(title='Deleted')]
+    document_id: Annotated[UUID, Field(title='Document Id')]
     version: Annotated[
-        int, Field(description="the tombstone's version", title="Version")
+        int, Field(description="the tombstone's version", title='Version')
     ]
 
 
@@ -226,72 +226,64 @@ class DocumentSummary(BaseModel):
     deleted: Annotated[
         bool,
         Field(
-            description="true for a tombstone (listed with ?deleted=true)",
-            title="Deleted",
+            description='true for a tombstone (listed with ?deleted=true)',
+            title='Deleted',
         ),
     ]
-    external_id: Annotated[str, Field(title="External Id")]
-    id: Annotated[UUID, Field(title="Id")]
-    title: Annotated[str, Field(title="Title")]
+    external_id: Annotated[str, Field(title='External Id')]
+    id: Annotated[UUID, Field(title='Id')]
+    title: Annotated[str, Field(title='Title')]
     updated_at: Annotated[
         str,
         Field(
-            description="when the document last changed or was deleted",
-            title="Updated At",
+            description='when the document last changed or was deleted',
+            title='Updated At',
         ),
     ]
     version: Annotated[
         int,
         Field(
             description="the live version, or a deleted document's tombstone",
-            title="Version",
+            title='Version',
         ),
     ]
 
 
 class EndpointRequest(BaseModel):
     model_config = ConfigDict(
-        extra="forbid",
+        extra='forbid',
     )
     events: Annotated[
-        list[
-            Literal[
-                "job.indexed",
-                "job.failed",
-                "job.dead_lettered",
-                "training.finished",
-                "training.failed",
-            ]
-        ],
+        list[Literal['job.indexed', 'job.failed', 'job.dead_lettered', 'training.finished', 'training.failed']],
         Field(
-            description="the job and training events to deliver",
+            description='the job and training events to deliver',
             max_length=5,
             min_length=1,
-            title="Events",
+            title='Events',
         ),
     ]
     url: Annotated[
         str,
         Field(
-            description="where deliveries are POSTed: a public address (private, loopback and link-local ones are refused unless CONCORD_WEBHOOK_ALLOWED_NETWORKS allows them)",
+            description='where deliveries are POSTed: a public address (private, loopback and link-local ones are refused unless CONCORD_WEBHOOK_ALLOWED_NETWORKS allows them)',
             max_length=2000,
             min_length=8,
-            pattern="^https?://[^\\s/?#]+[^\\s]*$",
-            title="Url",
+            pattern='^https?://[^\\s/?#]+[^\\s]*$',
+            title='Url',
         ),
     ]
 
 
 class EndpointView(BaseModel):
-    created_at: Annotated[str, Field(title="Created At")]
-    events: Annotated[list[str], Field(title="Events")]
-    id: Annotated[UUID, Field(title="Id")]
-    url: Annotated[str, Field(title="Url")]
+    created_at: Annotated[str, Field(title='Created At')]
+    events: Annotated[list[str], Field(title='Events')]
+    id: Annotated[UUID, Field(title='Id')]
+    url: Annotated[str, Field(title='Url')]
 
 
 class ErrorDetail(BaseModel):
-    code: Annotated[str, Field(title="Code")]
-    message: Annotated[str, Field(title="Message")]
+    code: Annotated[str, Field(title='Code')]
+    message: Annotated[str, Field(title='Message')]
 
 
 class DocumentIds(RootModel[list[UUID]]):
@@ -301,17 +293,17 @@ class DocumentIds(RootModel[list[UUID]]):
             description="only these documents' chunks",
             max_length=1000,
             min_length=1,
-            title="Document Ids",
+            title='Document Ids',
         ),
     ]
 
 
 class Metadata(RootModel[str]):
-    root: Annotated[str, Field(max_length=16384, pattern="^[^\\x00]*$")]
+    root: Annotated[str, Field(max_length=16384, pattern='^[^\\x00]*$')]
 
 
 class Metadata11(RootModel[str]):
-    root: Annotated[str, Field(max_length=16384, pattern="^[^\\x00]*$")]
+    root: Annotated[str, Field(max_length=16384, pattern='^[^\\x00]*$')]
 
 
 class Metadata1(RootModel[list[Metadata11 | int | float | bool]]):
@@ -327,38 +319,38 @@ WeightsAdditionalProperty = TypeAliasType(
 
 class Fusion(BaseModel):
     model_config = ConfigDict(
-        extra="forbid",
+        extra='forbid',
     )
     alpha: Annotated[
         float | None,
-        Field(description="weight of the dense arm", ge=0.0, le=1.0, title="Alpha"),
+        Field(description='weight of the dense arm', ge=0.0, le=1.0, title='Alpha'),
     ] = 0.5
     k: Annotated[
         int | None,
         Field(
-            description="rrf: a result at rank r adds weight / (k + r)",
+            description='rrf: a result at rank r adds weight / (k + r)',
             ge=1,
             le=1000,
-            title="K",
+            title='K',
         ),
     ] = 60
     method: Annotated[
-        Literal["rrf", "convex"] | None,
+        Literal['rrf', 'convex'] | None,
         Field(
             description='"rrf": reciprocal rank fusion of the two rankings; "convex": a weighted sum of the arms\' normalized scores (alpha)',
-            title="Method",
+            title='Method',
         ),
-    ] = "rrf"
+    ] = 'rrf'
     normalization: Annotated[
-        Literal["minmax", "zscore"] | None,
+        Literal['minmax', 'zscore'] | None,
         Field(
             description="convex: how each arm's scores are scaled before the sum",
-            title="Normalization",
+            title='Normalization',
         ),
-    ] = "minmax"
+    ] = 'minmax'
     weights: Annotated[
-        dict[Literal["dense", "lexical"], WeightsAdditionalProperty] | None,
-        Field(description="rrf: each arm's weight (dense, lexical)", title="Weights"),
+        dict[Literal['dense', 'lexical'], WeightsAdditionalProperty] | None,
+        Field(description="rrf: each arm's weight (dense, lexical)", title='Weights'),
     ] = None
 
 
@@ -367,13 +359,13 @@ class IndexState(BaseModel):
     Whether Elasticsearch holds exactly the live version's chunks.
     """
 
-    chunks: Annotated[int | None, Field(title="Chunks")] = None
-    error: Annotated[str | None, Field(title="Error")] = None
-    in_sync: Annotated[bool | None, Field(title="In Sync")] = None
-    live_version_chunks: Annotated[int | None, Field(title="Live Version Chunks")] = (
+    chunks: Annotated[int | None, Field(title='Chunks')] = None
+    error: Annotated[str | None, Field(title='Error')] = None
+    in_sync: Annotated[bool | None, Field(title='In Sync')] = None
+    live_version_chunks: Annotated[int | None, Field(title='Live Version Chunks')] = (
         None
     )
-    reachable: Annotated[bool, Field(title="Reachable")]
+    reachable: Annotated[bool, Field(title='Reachable')]
 
 
 class JobError(BaseModel):
@@ -381,9 +373,9 @@ class JobError(BaseModel):
     Where and why a job failed; ``message`` never carries SQL or another row's values.
     """
 
-    class_: Annotated[str | None, Field(alias="class", title="Class")]
-    message: Annotated[str | None, Field(title="Message")]
-    stage: Annotated[str | None, Field(title="Stage")]
+    class_: Annotated[str | None, Field(alias='class', title='Class')]
+    message: Annotated[str | None, Field(title='Message')]
+    stage: Annotated[str | None, Field(title='Stage')]
 
 
 class JobRow(BaseModel):
@@ -391,84 +383,84 @@ class JobRow(BaseModel):
     A job in the operator's list.
     """
 
-    attempts: Annotated[int, Field(title="Attempts")]
-    created_at: Annotated[str, Field(title="Created At")]
-    document_id: Annotated[UUID, Field(title="Document Id")]
-    error: Annotated[str | None, Field(title="Error")]
-    error_stage: Annotated[str | None, Field(title="Error Stage")]
+    attempts: Annotated[int, Field(title='Attempts')]
+    created_at: Annotated[str, Field(title='Created At')]
+    document_id: Annotated[UUID, Field(title='Document Id')]
+    error: Annotated[str | None, Field(title='Error')]
+    error_stage: Annotated[str | None, Field(title='Error Stage')]
     external_id: Annotated[
         str | None,
         Field(
-            description="the document's external id (None: purged)", title="External Id"
+            description="the document's external id (None: purged)", title='External Id'
         ),
     ]
-    finished_at: Annotated[str | None, Field(title="Finished At")]
-    id: Annotated[UUID, Field(title="Id")]
-    lease_expires_at: Annotated[str | None, Field(title="Lease Expires At")]
-    stage_timings: Annotated[dict[str, float], Field(title="Stage Timings")]
-    state: Annotated[str, Field(title="State")]
-    tenant_id: Annotated[str, Field(title="Tenant Id")]
+    finished_at: Annotated[str | None, Field(title='Finished At')]
+    id: Annotated[UUID, Field(title='Id')]
+    lease_expires_at: Annotated[str | None, Field(title='Lease Expires At')]
+    stage_timings: Annotated[dict[str, float], Field(title='Stage Timings')]
+    state: Annotated[str, Field(title='State')]
+    tenant_id: Annotated[str, Field(title='Tenant Id')]
     title: Annotated[
         str | None,
-        Field(description="the document's title (None: purged)", title="Title"),
+        Field(description="the document's title (None: purged)", title='Title'),
     ]
-    version: Annotated[int, Field(title="Version")]
+    version: Annotated[int, Field(title='Version')]
 
 
 class JobState(
-    RootModel[Literal["queued", "running", "indexed", "failed", "dead_lettered"]]
+    RootModel[Literal['queued', 'running', 'indexed', 'failed', 'dead_lettered']]
 ):
     root: Annotated[
-        Literal["queued", "running", "indexed", "failed", "dead_lettered"],
-        Field(title="JobState"),
+        Literal['queued', 'running', 'indexed', 'failed', 'dead_lettered'],
+        Field(title='JobState'),
     ]
 
 
 class Scope(RootModel[str]):
-    root: Annotated[str, Field(pattern="^(read|write|admin)$")]
+    root: Annotated[str, Field(pattern='^(read|write|admin)$')]
 
 
 class KeyRequest(BaseModel):
     model_config = ConfigDict(
-        extra="forbid",
+        extra='forbid',
     )
     name: Annotated[
         str | None,
         Field(
-            description="a label",
+            description='a label',
             max_length=200,
             min_length=1,
-            pattern="^[^\\x00]*$",
-            title="Name",
+            pattern='^[^\\x00]*$',
+            title='Name',
         ),
-    ] = "api"
+    ] = 'api'
     scopes: Annotated[
         list[Scope] | None,
         Field(
             description="read: search and read; write: upload and delete; admin: this tenant's operations, keys and webhooks (implies read and write)",
             max_length=3,
             min_length=1,
-            title="Scopes",
+            title='Scopes',
             validate_default=True,
         ),
-    ] = ["read"]
+    ] = ['read']
 
 
 class KeyView(BaseModel):
-    created_at: Annotated[str, Field(title="Created At")]
-    id: Annotated[UUID, Field(title="Id")]
-    name: Annotated[str, Field(title="Name")]
-    prefix: Annotated[str, Field(title="Prefix")]
-    revoked: Annotated[bool, Field(title="Revoked")]
-    scopes: Annotated[list[str], Field(title="Scopes")]
-    tenant_id: Annotated[str, Field(title="Tenant Id")]
+    created_at: Annotated[str, Field(title='Created At')]
+    id: Annotated[UUID, Field(title='Id')]
+    name: Annotated[str, Field(title='Name')]
+    prefix: Annotated[str, Field(title='Prefix')]
+    revoked: Annotated[bool, Field(title='Revoked')]
+    scopes: Annotated[list[str], Field(title='Scopes')]
+    tenant_id: Annotated[str, Field(title='Tenant Id')]
 
 
 class LastReconcile(BaseModel):
-    at: Annotated[str, Field(title="At")]
-    duration_s: Annotated[float, Field(title="Duration S")]
-    repair: Annotated[bool, Field(title="Repair")]
-    total_drift: Annotated[int | None, Field(title="Total Drift")]
+    at: Annotated[str, Field(title='At')]
+    duration_s: Annotated[float, Field(title='Duration S')]
+    repair: Annotated[bool, Field(title='Repair')]
+    total_drift: Annotated[int | None, Field(title='Total Drift')]
 
 
 FieldBoostsAdditionalProperty = TypeAliasType(
@@ -483,7 +475,7 @@ class TieBreaker(RootModel[float]):
             description="multi_match best_fields: share of the other fields' scores added to the best",
             ge=0.0,
             le=1.0,
-            title="Tie Breaker",
+            title='Tie Breaker',
         ),
     ]
 
@@ -494,55 +486,45 @@ class LexicalOptions(BaseModel):
     """
 
     model_config = ConfigDict(
-        extra="forbid",
+        extra='forbid',
     )
     field_boosts: Annotated[
-        dict[Literal["title", "section", "text"], FieldBoostsAdditionalProperty] | None,
+        dict[Literal['title', 'section', 'text'], FieldBoostsAdditionalProperty] | None,
         Field(
-            description="per field (title, section, text), in (0, 100]",
-            title="Field Boosts",
+            description='per field (title, section, text), in (0, 100]',
+            title='Field Boosts',
         ),
     ] = None
     tie_breaker: Annotated[
         TieBreaker | None,
         Field(
             description="multi_match best_fields: share of the other fields' scores added to the best",
-            title="Tie Breaker",
+            title='Tie Breaker',
         ),
     ] = None
 
 
 class Mmr(BaseModel):
     model_config = ConfigDict(
-        extra="forbid",
+        extra='forbid',
     )
     lambda_: Annotated[
         float | None,
         Field(
-            alias="lambda",
-            description="relevance against diversity: 1 ranks by relevance alone, 0 by novelty",
+            alias='lambda',
+            description='relevance against diversity: 1 ranks by relevance alone, 0 by novelty',
             ge=0.0,
             le=1.0,
-            title="Lambda",
+            title='Lambda',
         ),
     ] = 0.7
 
 
 class Omission(BaseModel):
-    chunk_id: Annotated[str, Field(title="Chunk Id")]
+    chunk_id: Annotated[str, Field(title='Chunk Id')]
     reason: Annotated[
-        Literal[
-            "below_threshold",
-            "score_unavailable",
-            "missing_provenance",
-            "query_terms_absent",
-            "query_unlikely_answerable",
-            "evidence_does_not_cover_query",
-            "per_document_cap",
-            "near_duplicate",
-            "over_budget",
-        ],
-        Field(description="why this result is not among the evidence", title="Reason"),
+        Literal['below_threshold', 'score_unavailable', 'missing_provenance', 'query_terms_absent', 'query_unlikely_answerable', 'evidence_does_not_cover_query', 'per_document_cap', 'near_duplicate', 'over_budget'],
+        Field(description='why this result is not among the evidence', title='Reason'),
     ]
 
 
@@ -551,8 +533,8 @@ class AnswerabilityModel(RootModel[str]):
         str,
         Field(
             description='with score_type "answerability": the tenant\'s model (default "default")',
-            pattern="^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
-            title="Answerability Model",
+            pattern='^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$',
+            title='Answerability Model',
         ),
     ]
 
@@ -561,10 +543,10 @@ class MaxChunksPerDocument(RootModel[int]):
     root: Annotated[
         int,
         Field(
-            description="evidence chunks from one document at most; default CONCORD_POLICY_MAX_CHUNKS_PER_DOCUMENT",
+            description='evidence chunks from one document at most; default CONCORD_POLICY_MAX_CHUNKS_PER_DOCUMENT',
             ge=1,
             le=50,
-            title="Max Chunks Per Document",
+            title='Max Chunks Per Document',
         ),
     ]
 
@@ -573,10 +555,10 @@ class MinScore(RootModel[float]):
     root: Annotated[
         float,
         Field(
-            description="the abstain threshold (for answerability: on its probability; default the one stored with the model)",
+            description='the abstain threshold (for answerability: on its probability; default the one stored with the model)',
             ge=-100.0,
             le=100.0,
-            title="Min Score",
+            title='Min Score',
         ),
     ]
 
@@ -585,10 +567,10 @@ class NearDuplicateThreshold(RootModel[float]):
     root: Annotated[
         float,
         Field(
-            description="an evidence chunk this similar (cosine) to one already in is omitted (near_duplicate); default CONCORD_POLICY_NEAR_DUPLICATE_THRESHOLD",
+            description='an evidence chunk this similar (cosine) to one already in is omitted (near_duplicate); default CONCORD_POLICY_NEAR_DUPLICATE_THRESHOLD',
             ge=0.5,
             le=1.0,
-            title="Near Duplicate Threshold",
+            title='Near Duplicate Threshold',
         ),
     ]
 
@@ -600,7 +582,7 @@ class TokenBudget(RootModel[int]):
             description="the evidence's size in the embedder's tokens; what does not fit is omitted (over_budget); default CONCORD_POLICY_TOKEN_BUDGET",
             ge=16,
             le=8192,
-            title="Token Budget",
+            title='Token Budget',
         ),
     ]
 
@@ -612,62 +594,62 @@ class VerifyBelow(RootModel[float]):
             description='with score_type "answerability": verify below this probability (default the model\'s answer threshold)',
             ge=0.0,
             le=1.0,
-            title="Verify Below",
+            title='Verify Below',
         ),
     ]
 
 
 class PolicyOverrides(BaseModel):
     model_config = ConfigDict(
-        extra="forbid",
+        extra='forbid',
     )
     answerability_model: Annotated[
         AnswerabilityModel | None,
         Field(
             description='with score_type "answerability": the tenant\'s model (default "default")',
-            title="Answerability Model",
+            title='Answerability Model',
         ),
     ] = None
     max_chunks_per_document: Annotated[
         MaxChunksPerDocument | None,
         Field(
-            description="evidence chunks from one document at most; default CONCORD_POLICY_MAX_CHUNKS_PER_DOCUMENT",
-            title="Max Chunks Per Document",
+            description='evidence chunks from one document at most; default CONCORD_POLICY_MAX_CHUNKS_PER_DOCUMENT',
+            title='Max Chunks Per Document',
         ),
     ] = None
     min_score: Annotated[
         MinScore | None,
         Field(
-            description="the abstain threshold (for answerability: on its probability; default the one stored with the model)",
-            title="Min Score",
+            description='the abstain threshold (for answerability: on its probability; default the one stored with the model)',
+            title='Min Score',
         ),
     ] = None
     near_duplicate_threshold: Annotated[
         NearDuplicateThreshold | None,
         Field(
-            description="an evidence chunk this similar (cosine) to one already in is omitted (near_duplicate); default CONCORD_POLICY_NEAR_DUPLICATE_THRESHOLD",
-            title="Near Duplicate Threshold",
+            description='an evidence chunk this similar (cosine) to one already in is omitted (near_duplicate); default CONCORD_POLICY_NEAR_DUPLICATE_THRESHOLD',
+            title='Near Duplicate Threshold',
         ),
     ] = None
     score_type: Annotated[
-        Literal["dense_cosine", "rerank", "answerability"] | None,
+        Literal['dense_cosine', 'rerank', 'answerability'] | None,
         Field(
             description='the score the decision reads besides the term coverage: "dense_cosine", "rerank" (with rerank enabled) or "answerability" (a model learned from judgements); default CONCORD_POLICY_SCORE_TYPE',
-            title="Score Type",
+            title='Score Type',
         ),
     ] = None
     token_budget: Annotated[
         TokenBudget | None,
         Field(
             description="the evidence's size in the embedder's tokens; what does not fit is omitted (over_budget); default CONCORD_POLICY_TOKEN_BUDGET",
-            title="Token Budget",
+            title='Token Budget',
         ),
     ] = None
     verify_below: Annotated[
         VerifyBelow | None,
         Field(
             description='with score_type "answerability": verify below this probability (default the model\'s answer threshold)',
-            title="Verify Below",
+            title='Verify Below',
         ),
     ] = None
 
@@ -676,39 +658,39 @@ class PerDocumentCap(RootModel[int]):
     root: Annotated[
         int,
         Field(
-            description="results from one document at most",
+            description='results from one document at most',
             ge=1,
             le=100,
-            title="Per Document Cap",
+            title='Per Document Cap',
         ),
     ]
 
 
 class ProfileView(BaseModel):
-    description: Annotated[str, Field(title="Description")]
-    name: Annotated[str, Field(title="Name")]
+    description: Annotated[str, Field(title='Description')]
+    name: Annotated[str, Field(title='Name')]
     settings: Annotated[
         dict[str, Any],
         Field(
-            description="the search request fields the profile sets", title="Settings"
+            description='the search request fields the profile sets', title='Settings'
         ),
     ]
-    updated_at: Annotated[str, Field(title="Updated At")]
+    updated_at: Annotated[str, Field(title='Updated At')]
 
 
 class Provenance(BaseModel):
-    char_end: Annotated[int, Field(title="Char End")]
-    char_start: Annotated[int, Field(title="Char Start")]
-    document_id: Annotated[str, Field(title="Document Id")]
-    external_id: Annotated[str | None, Field(title="External Id")]
-    indexed_at: Annotated[str | None, Field(title="Indexed At")]
-    section: Annotated[str, Field(title="Section")]
-    version: Annotated[int | None, Field(title="Version")]
+    char_end: Annotated[int, Field(title='Char End')]
+    char_start: Annotated[int, Field(title='Char Start')]
+    document_id: Annotated[str, Field(title='Document Id')]
+    external_id: Annotated[str | None, Field(title='External Id')]
+    indexed_at: Annotated[str | None, Field(title='Indexed At')]
+    section: Annotated[str, Field(title='Section')]
+    version: Annotated[int | None, Field(title='Version')]
 
 
 class Range1(BaseModel):
     model_config = ConfigDict(
-        extra="forbid",
+        extra='forbid',
     )
     gt: float | None = None
     gte: float | None = None
@@ -718,30 +700,30 @@ class Range1(BaseModel):
 
 class Range2(BaseModel):
     model_config = ConfigDict(
-        extra="forbid",
+        extra='forbid',
     )
     gt: Annotated[
         str | None,
         Field(
-            pattern="^[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9:.]+(Z|[+-][0-9]{2}:?[0-9]{2})?)?$"
+            pattern='^[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9:.]+(Z|[+-][0-9]{2}:?[0-9]{2})?)?$'
         ),
     ] = None
     gte: Annotated[
         str | None,
         Field(
-            pattern="^[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9:.]+(Z|[+-][0-9]{2}:?[0-9]{2})?)?$"
+            pattern='^[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9:.]+(Z|[+-][0-9]{2}:?[0-9]{2})?)?$'
         ),
     ] = None
     lt: Annotated[
         str | None,
         Field(
-            pattern="^[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9:.]+(Z|[+-][0-9]{2}:?[0-9]{2})?)?$"
+            pattern='^[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9:.]+(Z|[+-][0-9]{2}:?[0-9]{2})?)?$'
         ),
     ] = None
     lte: Annotated[
         str | None,
         Field(
-            pattern="^[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9:.]+(Z|[+-][0-9]{2}:?[0-9]{2})?)?$"
+            pattern='^[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9:.]+(Z|[+-][0-9]{2}:?[0-9]{2})?)?$'
         ),
     ] = None
 
@@ -751,8 +733,8 @@ class Range(RootModel[Range1 | Range2]):
 
 
 class RankScore(BaseModel):
-    rank: Annotated[int, Field(title="Rank")]
-    score: Annotated[float, Field(title="Score")]
+    rank: Annotated[int, Field(title='Rank')]
+    score: Annotated[float, Field(title='Score')]
 
 
 class ReconcileReportView(BaseModel):
@@ -760,44 +742,44 @@ class ReconcileReportView(BaseModel):
     What a reconcile found, per drift class (missing, stale, orphaned, wrong_tenant).
     """
 
-    buckets_differing: Annotated[int, Field(title="Buckets Differing")]
-    buckets_scanned: Annotated[int, Field(title="Buckets Scanned")]
-    counts: Annotated[dict[str, int], Field(title="Counts")]
-    duration_s: Annotated[float, Field(title="Duration S")]
-    ids_read: Annotated[int, Field(title="Ids Read")]
+    buckets_differing: Annotated[int, Field(title='Buckets Differing')]
+    buckets_scanned: Annotated[int, Field(title='Buckets Scanned')]
+    counts: Annotated[dict[str, int], Field(title='Counts')]
+    duration_s: Annotated[float, Field(title='Duration S')]
+    ids_read: Annotated[int, Field(title='Ids Read')]
     in_flight: Annotated[
         int,
         Field(
-            description="chunks whose stores differ while their outbox write is still waiting (an upload not yet relayed, or a repair queued earlier): not drift, not repaired again",
-            title="In Flight",
+            description='chunks whose stores differ while their outbox write is still waiting (an upload not yet relayed, or a repair queued earlier): not drift, not repaired again',
+            title='In Flight',
         ),
     ]
-    in_flight_samples: Annotated[list[str], Field(title="In Flight Samples")]
+    in_flight_samples: Annotated[list[str], Field(title='In Flight Samples')]
     repairs_held_by_dead_letters: Annotated[
-        list[str], Field(title="Repairs Held By Dead Letters")
+        list[str], Field(title='Repairs Held By Dead Letters')
     ]
-    repairs_queued: Annotated[int, Field(title="Repairs Queued")]
-    samples: Annotated[dict[str, list[str]], Field(title="Samples")]
-    tenants: Annotated[int, Field(title="Tenants")]
+    repairs_queued: Annotated[int, Field(title='Repairs Queued')]
+    samples: Annotated[dict[str, list[str]], Field(title='Samples')]
+    tenants: Annotated[int, Field(title='Tenants')]
     total_drift: Annotated[
         int,
         Field(
-            description="chunks whose stores disagree with no write under way",
-            title="Total Drift",
+            description='chunks whose stores disagree with no write under way',
+            title='Total Drift',
         ),
     ]
-    unrepairable: Annotated[list[str], Field(title="Unrepairable")]
+    unrepairable: Annotated[list[str], Field(title='Unrepairable')]
 
 
 class ReconcileRequest(BaseModel):
     model_config = ConfigDict(
-        extra="forbid",
+        extra='forbid',
     )
     repair: Annotated[
         bool | None,
         Field(
-            description="queue repairs for the drift found, then compare again; false: a dry run",
-            title="Repair",
+            description='queue repairs for the drift found, then compare again; false: a dry run',
+            title='Repair',
         ),
     ] = False
 
@@ -805,50 +787,50 @@ class ReconcileRequest(BaseModel):
 class ReconcileResult(BaseModel):
     after_repair: Annotated[
         ReconcileReportView | None,
-        Field(description="the comparison after the repair (repair mode)"),
+        Field(description='the comparison after the repair (repair mode)'),
     ] = None
-    buckets_differing: Annotated[int, Field(title="Buckets Differing")]
-    buckets_scanned: Annotated[int, Field(title="Buckets Scanned")]
-    counts: Annotated[dict[str, int], Field(title="Counts")]
-    duration_s: Annotated[float, Field(title="Duration S")]
-    ids_read: Annotated[int, Field(title="Ids Read")]
+    buckets_differing: Annotated[int, Field(title='Buckets Differing')]
+    buckets_scanned: Annotated[int, Field(title='Buckets Scanned')]
+    counts: Annotated[dict[str, int], Field(title='Counts')]
+    duration_s: Annotated[float, Field(title='Duration S')]
+    ids_read: Annotated[int, Field(title='Ids Read')]
     in_flight: Annotated[
         int,
         Field(
-            description="chunks whose stores differ while their outbox write is still waiting (an upload not yet relayed, or a repair queued earlier): not drift, not repaired again",
-            title="In Flight",
+            description='chunks whose stores differ while their outbox write is still waiting (an upload not yet relayed, or a repair queued earlier): not drift, not repaired again',
+            title='In Flight',
         ),
     ]
-    in_flight_samples: Annotated[list[str], Field(title="In Flight Samples")]
-    mode: Annotated[Literal["dry-run", "repair"], Field(title="Mode")]
+    in_flight_samples: Annotated[list[str], Field(title='In Flight Samples')]
+    mode: Annotated[Literal['dry-run', 'repair'], Field(title='Mode')]
     repairs_held_by_dead_letters: Annotated[
-        list[str], Field(title="Repairs Held By Dead Letters")
+        list[str], Field(title='Repairs Held By Dead Letters')
     ]
-    repairs_queued: Annotated[int, Field(title="Repairs Queued")]
-    samples: Annotated[dict[str, list[str]], Field(title="Samples")]
-    tenants: Annotated[int, Field(title="Tenants")]
+    repairs_queued: Annotated[int, Field(title='Repairs Queued')]
+    samples: Annotated[dict[str, list[str]], Field(title='Samples')]
+    tenants: Annotated[int, Field(title='Tenants')]
     total_drift: Annotated[
         int,
         Field(
-            description="chunks whose stores disagree with no write under way",
-            title="Total Drift",
+            description='chunks whose stores disagree with no write under way',
+            title='Total Drift',
         ),
     ]
-    unrepairable: Annotated[list[str], Field(title="Unrepairable")]
+    unrepairable: Annotated[list[str], Field(title='Unrepairable')]
 
 
 class ReconcileRunView(BaseModel):
-    duration_s: Annotated[float, Field(title="Duration S")]
-    id: Annotated[int, Field(title="Id")]
-    repair: Annotated[bool, Field(title="Repair")]
-    report: Annotated[dict[str, Any], Field(title="Report")]
-    started_at: Annotated[str, Field(title="Started At")]
-    tenant_id: Annotated[str | None, Field(title="Tenant Id")]
+    duration_s: Annotated[float, Field(title='Duration S')]
+    id: Annotated[int, Field(title='Id')]
+    repair: Annotated[bool, Field(title='Repair')]
+    report: Annotated[dict[str, Any], Field(title='Report')]
+    started_at: Annotated[str, Field(title='Started At')]
+    tenant_id: Annotated[str | None, Field(title='Tenant Id')]
 
 
 class Replayed(BaseModel):
     replayed: Annotated[
-        str, Field(description="what was queued again", title="Replayed")
+        str, Field(description='what was queued again', title='Replayed')
     ]
 
 
@@ -859,7 +841,7 @@ class Blend(RootModel[float]):
             description="Weight of the reranker's score against the fused score, each min-max normalized over the window (1: the reranker alone). Unset: 1 for the configured reranker; for a trained one, the blend chosen on its validation queries",
             ge=0.0,
             le=1.0,
-            title="Blend",
+            title='Blend',
         ),
     ]
 
@@ -869,21 +851,21 @@ class Model(RootModel[str]):
         str,
         Field(
             description="A trained reranker of the caller's tenant (concord reranker train); unset: the configured CONCORD_RERANK_KIND / CONCORD_RERANK_MODEL",
-            pattern="^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
-            title="Model",
+            pattern='^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$',
+            title='Model',
         ),
     ]
 
 
 class Rerank(BaseModel):
     model_config = ConfigDict(
-        extra="forbid",
+        extra='forbid',
     )
     blend: Annotated[
         Blend | None,
         Field(
             description="Weight of the reranker's score against the fused score, each min-max normalized over the window (1: the reranker alone). Unset: 1 for the configured reranker; for a trained one, the blend chosen on its validation queries",
-            title="Blend",
+            title='Blend',
         ),
     ] = None
     budget_ms: Annotated[
@@ -892,61 +874,61 @@ class Rerank(BaseModel):
             description="the reranker's time budget: past it the fused order stands and the response says it is degraded",
             ge=1,
             le=30000,
-            title="Budget Ms",
+            title='Budget Ms',
         ),
     ] = 2000
     enabled: Annotated[
         bool | None,
-        Field(description="rerank the first fused candidates", title="Enabled"),
+        Field(description='rerank the first fused candidates', title='Enabled'),
     ] = False
     model: Annotated[
         Model | None,
         Field(
             description="A trained reranker of the caller's tenant (concord reranker train); unset: the configured CONCORD_RERANK_KIND / CONCORD_RERANK_MODEL",
-            title="Model",
+            title='Model',
         ),
     ] = None
     window: Annotated[
         int | None,
         Field(
-            description="how many of the first candidates are reranked",
+            description='how many of the first candidates are reranked',
             ge=1,
             le=200,
-            title="Window",
+            title='Window',
         ),
     ] = 20
 
 
 class RerankTrace(BaseModel):
-    rank_change: Annotated[int, Field(title="Rank Change")]
-    score: Annotated[float, Field(title="Score")]
+    rank_change: Annotated[int, Field(title='Rank Change')]
+    score: Annotated[float, Field(title='Score')]
 
 
 class RerankerView(BaseModel):
-    base_model: Annotated[str, Field(title="Base Model")]
+    base_model: Annotated[str, Field(title='Base Model')]
     card: Annotated[
         dict[str, Any],
         Field(
-            description="the model card: data, pair counts, hyper-parameters, validation nDCG@10",
-            title="Card",
+            description='the model card: data, pair counts, hyper-parameters, validation nDCG@10',
+            title='Card',
         ),
     ]
-    created_at: Annotated[str, Field(title="Created At")]
-    name: Annotated[str, Field(title="Name")]
+    created_at: Annotated[str, Field(title='Created At')]
+    name: Annotated[str, Field(title='Name')]
 
 
 class SearchPage(BaseModel):
     model_config = ConfigDict(
-        extra="forbid",
+        extra='forbid',
     )
     cursor: Annotated[
         str,
         Field(
-            description="next_cursor of the previous page",
+            description='next_cursor of the previous page',
             max_length=200,
             min_length=4,
-            pattern="^[A-Za-z0-9_-]+$",
-            title="Cursor",
+            pattern='^[A-Za-z0-9_-]+$',
+            title='Cursor',
         ),
     ]
 
@@ -956,8 +938,8 @@ class Profile(RootModel[str]):
         str,
         Field(
             description="A saved search profile of the caller's tenant; fields set in the request replace the profile's fields of the same name",
-            pattern="^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
-            title="Profile",
+            pattern='^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$',
+            title='Profile',
         ),
     ]
 
@@ -972,18 +954,18 @@ class Stats(BaseModel):
     A store that did not answer is reported as ``unavailable (<error>)``.
     """
 
-    chunks_elasticsearch: Annotated[int | str, Field(title="Chunks Elasticsearch")]
-    chunks_postgres: Annotated[int, Field(title="Chunks Postgres")]
-    dead_letters: Annotated[int, Field(title="Dead Letters")]
-    deleted_documents: Annotated[int, Field(title="Deleted Documents")]
-    document_versions: Annotated[int, Field(title="Document Versions")]
-    documents: Annotated[int, Field(title="Documents")]
+    chunks_elasticsearch: Annotated[int | str, Field(title='Chunks Elasticsearch')]
+    chunks_postgres: Annotated[int, Field(title='Chunks Postgres')]
+    dead_letters: Annotated[int, Field(title='Dead Letters')]
+    deleted_documents: Annotated[int, Field(title='Deleted Documents')]
+    document_versions: Annotated[int, Field(title='Document Versions')]
+    documents: Annotated[int, Field(title='Documents')]
     jobs: Annotated[
-        dict[str, int], Field(description="ingest jobs per state", title="Jobs")
+        dict[str, int], Field(description='ingest jobs per state', title='Jobs')
     ]
     last_reconcile: LastReconcile | None
-    outbox_backlog: Annotated[int, Field(title="Outbox Backlog")]
-    queue_depth: Annotated[dict[str, int] | str, Field(title="Queue Depth")]
+    outbox_backlog: Annotated[int, Field(title='Outbox Backlog')]
+    queue_depth: Annotated[dict[str, int] | str, Field(title='Queue Depth')]
 
 
 class TermCoverage(BaseModel):
@@ -995,44 +977,44 @@ class TermCoverage(BaseModel):
 
     absent: Annotated[
         list[str] | None,
-        Field(description="held by no chunk of the corpus", title="Absent"),
+        Field(description='held by no chunk of the corpus', title='Absent'),
     ] = None
     absent_names_weight: Annotated[
         float | None,
         Field(
-            description="the share of the absent terms that are names (no English word, or written as an identifier): what the corpus lacks, where an absent English word may be wording",
-            title="Absent Names Weight",
+            description='the share of the absent terms that are names (no English word, or written as an identifier): what the corpus lacks, where an absent English word may be wording',
+            title='Absent Names Weight',
         ),
     ] = 0.0
     absent_weight: Annotated[
         float | None,
         Field(
-            description="the absent terms' share of the weight", title="Absent Weight"
+            description="the absent terms' share of the weight", title='Absent Weight'
         ),
     ] = 0.0
     covered: Annotated[
         float | None,
-        Field(description="the first results' share of the weight", title="Covered"),
+        Field(description="the first results' share of the weight", title='Covered'),
     ] = 1.0
     terms: Annotated[
-        list[str] | None, Field(description="the informative words", title="Terms")
+        list[str] | None, Field(description='the informative words', title='Terms')
     ] = None
     uncovered: Annotated[
         list[str] | None,
-        Field(description="in the corpus, not in the first results", title="Uncovered"),
+        Field(description='in the corpus, not in the first results', title='Uncovered'),
     ] = None
     unstated: Annotated[
         list[str] | None,
         Field(
             description='what the question asks for that the first results do not state: "default", "version", or a version it names',
-            title="Unstated",
+            title='Unstated',
         ),
     ] = None
     wording: Annotated[
         list[str] | None,
         Field(
             description="absent English words that are not what the question is about: the asker's wording, which weighs nothing",
-            title="Wording",
+            title='Wording',
         ),
     ] = None
 
@@ -1048,43 +1030,37 @@ class TextDocument(BaseModel):
     """
 
     model_config = ConfigDict(
-        extra="forbid",
+        extra='forbid',
     )
     content_type: Annotated[
         str | None,
         Field(
-            description="how to read text: text/plain, text/markdown, text/html, application/json, text/csv, ... (binary formats such as docx or PDF: upload the file as multipart)",
-            title="Content Type",
+            description='how to read text: text/plain, text/markdown, text/html, application/json, text/csv, ... (binary formats such as docx or PDF: upload the file as multipart)',
+            title='Content Type',
         ),
-    ] = "text/plain"
+    ] = 'text/plain'
     external_id: Annotated[
         str,
         Field(
             description="the caller's name for the document: the same id again is a new version",
             max_length=512,
             min_length=1,
-            title="External Id",
+            title='External Id',
         ),
     ]
     metadata: Annotated[
-        dict[
-            Annotated[
-                str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
-            ],
-            str | float | bool | Metadata2 | None,
-        ]
-        | None,
+        dict[Annotated[str, StringConstraints(pattern=r'^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$')], str | float | bool | Metadata2 | None] | None,
         Field(
-            description="filterable values per key (scalars or lists of scalars)",
+            description='filterable values per key (scalars or lists of scalars)',
             max_length=64,
-            title="Metadata",
+            title='Metadata',
         ),
     ] = None
-    text: Annotated[str, Field(description="the content", min_length=1, title="Text")]
+    text: Annotated[str, Field(description='the content', min_length=1, title='Text')]
     title: Annotated[
         str | None,
-        Field(description="shown in results", max_length=1000, title="Title"),
-    ] = ""
+        Field(description='shown in results', max_length=1000, title='Title'),
+    ] = ''
 
 
 class Trace(BaseModel):
@@ -1094,10 +1070,10 @@ class Trace(BaseModel):
     """
 
     dense: RankScore | None
-    final_rank: Annotated[int, Field(title="Final Rank")]
+    final_rank: Annotated[int, Field(title='Final Rank')]
     fused: RankScore
     lexical: RankScore | None
-    policy: Annotated[str, Field(title="Policy")]
+    policy: Annotated[str, Field(title='Policy')]
     rerank: RerankTrace | None
 
 
@@ -1107,17 +1083,17 @@ class TrainingJobView(BaseModel):
     when it has written no progress for ten minutes.
     """
 
-    created_at: Annotated[str, Field(title="Created At")]
-    error: Annotated[str | None, Field(title="Error")]
-    id: Annotated[UUID, Field(title="Id")]
-    kind: Annotated[Literal["reranker_training"], Field(title="Kind")] = (
-        "reranker_training"
+    created_at: Annotated[str, Field(title='Created At')]
+    error: Annotated[str | None, Field(title='Error')]
+    id: Annotated[UUID, Field(title='Id')]
+    kind: Annotated[Literal['reranker_training'], Field(title='Kind')] = (
+        'reranker_training'
     )
-    name: Annotated[str, Field(title="Name")]
-    progress: Annotated[dict[str, Any], Field(title="Progress")]
-    result: Annotated[dict[str, Any] | None, Field(title="Result")]
-    state: Annotated[str, Field(title="State")]
-    updated_at: Annotated[str, Field(title="Updated At")]
+    name: Annotated[str, Field(title='Name')]
+    progress: Annotated[dict[str, Any], Field(title='Progress')]
+    result: Annotated[dict[str, Any] | None, Field(title='Result')]
+    state: Annotated[str, Field(title='State')]
+    updated_at: Annotated[str, Field(title='Updated At')]
 
 
 class UploadAccepted(BaseModel):
@@ -1126,31 +1102,31 @@ class UploadAccepted(BaseModel):
     newest job when the same content was uploaded again.
     """
 
-    document_id: Annotated[UUID, Field(title="Document Id")]
-    job_id: Annotated[UUID | None, Field(title="Job Id")]
-    status: Annotated[Literal["accepted", "unchanged"], Field(title="Status")]
-    version: Annotated[int, Field(title="Version")]
+    document_id: Annotated[UUID, Field(title='Document Id')]
+    job_id: Annotated[UUID | None, Field(title='Job Id')]
+    status: Annotated[Literal['accepted', 'unchanged'], Field(title='Status')]
+    version: Annotated[int, Field(title='Version')]
 
 
 class ValidationError(BaseModel):
-    ctx: Annotated[dict[str, Any] | None, Field(title="Context")] = None
-    input: Annotated[Any | None, Field(title="Input")] = None
-    loc: Annotated[list[str | int], Field(title="Location")]
-    msg: Annotated[str, Field(title="Message")]
-    type: Annotated[str, Field(title="Error Type")]
+    ctx: Annotated[dict[str, Any] | None, Field(title='Context')] = None
+    input: Annotated[Any | None, Field(title='Input')] = None
+    loc: Annotated[list[str | int], Field(title='Location')]
+    msg: Annotated[str, Field(title='Message')]
+    type: Annotated[str, Field(title='Error Type')]
 
 
 class VersionView(BaseModel):
-    created_at: Annotated[str, Field(title="Created At")]
-    tombstone: Annotated[bool, Field(title="Tombstone")]
-    version: Annotated[int, Field(title="Version")]
+    created_at: Annotated[str, Field(title='Created At')]
+    tombstone: Annotated[bool, Field(title='Tombstone')]
+    version: Annotated[int, Field(title='Version')]
 
 
 class ChunkList(BaseModel):
-    chunks: Annotated[list[ChunkView], Field(title="Chunks")]
-    document_id: Annotated[UUID, Field(title="Document Id")]
-    section: Annotated[str | None, Field(title="Section")]
-    version: Annotated[int, Field(title="Version")]
+    chunks: Annotated[list[ChunkView], Field(title='Chunks')]
+    document_id: Annotated[UUID, Field(title='Document Id')]
+    section: Annotated[str | None, Field(title='Section')]
+    version: Annotated[int, Field(title='Version')]
 
 
 class Decision(BaseModel):
@@ -1167,59 +1143,42 @@ class Decision(BaseModel):
     answerability: AnswerabilityTrace | None = None
     coverage: Annotated[
         TermCoverage | None,
-        Field(description="the term coverage the default decision read"),
+        Field(description='the term coverage the default decision read'),
     ] = None
     reason: Annotated[
-        Literal[
-            "no_hits",
-            "all_filtered",
-            "below_threshold",
-            "unlikely_answerable",
-            "score_unavailable",
-            "missing_provenance",
-            "over_budget",
-            "query_terms_absent",
-            "evidence_does_not_cover_query",
-            "uncertain_answerability",
-            "answerability_unavailable",
-            "possible_prompt_injection",
-            "doubtful_extraction",
-            "partial_coverage",
-            "answer_not_stated",
-        ]
-        | None,
+        Literal['no_hits', 'all_filtered', 'below_threshold', 'unlikely_answerable', 'score_unavailable', 'missing_provenance', 'over_budget', 'query_terms_absent', 'evidence_does_not_cover_query', 'uncertain_answerability', 'answerability_unavailable', 'possible_prompt_injection', 'doubtful_extraction', 'partial_coverage', 'answer_not_stated'] | None,
         Field(
-            description="why it abstains or asks to verify; null when answerable",
-            title="Reason",
+            description='why it abstains or asks to verify; null when answerable',
+            title='Reason',
         ),
     ]
     score_type: Annotated[
-        Literal["dense_cosine", "rerank", "answerability"], Field(title="Score Type")
+        Literal['dense_cosine', 'rerank', 'answerability'], Field(title='Score Type')
     ]
-    status: Annotated[Literal["answerable", "verify", "abstain"], Field(title="Status")]
-    threshold: Annotated[float, Field(title="Threshold")]
+    status: Annotated[Literal['answerable', 'verify', 'abstain'], Field(title='Status')]
+    threshold: Annotated[float, Field(title='Threshold')]
     threshold_source: Annotated[
-        Literal["request", "calibrated", "default", "model"] | None,
+        Literal['request', 'calibrated', 'default', 'model'] | None,
         Field(
             description="where the threshold came from: the request or its profile, the tenant's calibration from its own corpus (concord calibrate), the deployment's default (CONCORD_POLICY_MIN_SCORE), or the answerability model",
-            title="Threshold Source",
+            title='Threshold Source',
         ),
-    ] = "default"
+    ] = 'default'
     top_score: Annotated[
         float | None,
         Field(
-            description="the best score judged (for answerability: the probability)",
-            title="Top Score",
+            description='the best score judged (for answerability: the probability)',
+            title='Top Score',
         ),
     ]
-    verify_below: Annotated[float | None, Field(title="Verify Below")] = None
+    verify_below: Annotated[float | None, Field(title='Verify Below')] = None
 
 
 class DocumentList(BaseModel):
-    documents: Annotated[list[DocumentSummary], Field(title="Documents")]
+    documents: Annotated[list[DocumentSummary], Field(title='Documents')]
     next_after: Annotated[
         str | None,
-        Field(description="pass as ``after`` for the next page", title="Next After"),
+        Field(description='pass as ``after`` for the next page', title='Next After'),
     ]
 
 
@@ -1237,40 +1196,34 @@ class EvidenceItem(BaseModel):
     and flags such as ``possible_prompt_injection``.
     """
 
-    chunk_id: Annotated[str, Field(title="Chunk Id")]
-    flags: Annotated[list[str], Field(title="Flags")]
+    chunk_id: Annotated[str, Field(title='Chunk Id')]
+    flags: Annotated[list[str], Field(title='Flags')]
     provenance: Provenance
-    score: Annotated[float | None, Field(title="Score")]
-    text: Annotated[str, Field(title="Text")]
-    tokens: Annotated[int, Field(title="Tokens")]
-    truncated: Annotated[bool, Field(title="Truncated")]
+    score: Annotated[float | None, Field(title='Score')]
+    text: Annotated[str, Field(title='Text')]
+    tokens: Annotated[int, Field(title='Tokens')]
+    truncated: Annotated[bool, Field(title='Truncated')]
 
 
 class Filters(BaseModel):
     model_config = ConfigDict(
-        extra="forbid",
+        extra='forbid',
     )
     document_ids: Annotated[
         DocumentIds | None,
-        Field(description="only these documents' chunks", title="Document Ids"),
+        Field(description="only these documents' chunks", title='Document Ids'),
     ] = None
     metadata: Annotated[
-        dict[
-            Annotated[
-                str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
-            ],
-            Metadata | int | float | bool | Metadata1 | Range,
-        ]
-        | None,
+        dict[Annotated[str, StringConstraints(pattern=r'^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$')], Metadata | int | float | bool | Metadata1 | Range] | None,
         Field(
-            description="conditions on document metadata, all of which must hold: per key a value (equal), a list of values (any of them), or a range {gt, gte, lt, lte} of numbers or of ISO-8601 dates",
-            title="Metadata",
+            description='conditions on document metadata, all of which must hold: per key a value (equal), a list of values (any of them), or a range {gt, gte, lt, lte} of numbers or of ISO-8601 dates',
+            title='Metadata',
         ),
     ] = None
 
 
 class HTTPValidationError(BaseModel):
-    detail: Annotated[list[ValidationError] | None, Field(title="Detail")] = None
+    detail: Annotated[list[ValidationError] | None, Field(title='Detail')] = None
 
 
 class IngestJobView(BaseModel):
@@ -1279,18 +1232,18 @@ class IngestJobView(BaseModel):
     time each stage took.
     """
 
-    attempts: Annotated[int, Field(title="Attempts")]
-    created_at: Annotated[str, Field(title="Created At")]
-    detail: Annotated[dict[str, Any], Field(title="Detail")]
-    document_id: Annotated[UUID, Field(title="Document Id")]
+    attempts: Annotated[int, Field(title='Attempts')]
+    created_at: Annotated[str, Field(title='Created At')]
+    detail: Annotated[dict[str, Any], Field(title='Detail')]
+    document_id: Annotated[UUID, Field(title='Document Id')]
     error: JobError | None
-    finished_at: Annotated[str | None, Field(title="Finished At")]
-    id: Annotated[UUID, Field(title="Id")]
-    kind: Annotated[Literal["ingest"], Field(title="Kind")] = "ingest"
-    stage_timings: Annotated[dict[str, float], Field(title="Stage Timings")]
-    started_at: Annotated[str | None, Field(title="Started At")]
-    state: Annotated[str, Field(title="State")]
-    version: Annotated[int, Field(title="Version")]
+    finished_at: Annotated[str | None, Field(title='Finished At')]
+    id: Annotated[UUID, Field(title='Id')]
+    kind: Annotated[Literal['ingest'], Field(title='Kind')] = 'ingest'
+    stage_timings: Annotated[dict[str, float], Field(title='Stage Timings')]
+    started_at: Annotated[str | None, Field(title='Started At')]
+    state: Annotated[str, Field(title='State')]
+    version: Annotated[int, Field(title='Version')]
 
 
 class ProfileSettings(BaseModel):
@@ -1299,137 +1252,137 @@ class ProfileSettings(BaseModel):
     """
 
     model_config = ConfigDict(
-        extra="forbid",
+        extra='forbid',
     )
     boost: Annotated[
-        Boost | None, Field(description="lift results by a metadata value")
+        Boost | None, Field(description='lift results by a metadata value')
     ] = None
     candidate_depth: Annotated[
-        CandidateDepth | None, Field(description="how many candidates each arm returns")
+        CandidateDepth | None, Field(description='how many candidates each arm returns')
     ] = None
     filters: Annotated[
         Filters | None,
-        Field(description="which chunks may be found, applied in both arms"),
+        Field(description='which chunks may be found, applied in both arms'),
     ] = None
     fusion: Annotated[
-        Fusion | None, Field(description="how hybrid fuses the two arms")
+        Fusion | None, Field(description='how hybrid fuses the two arms')
     ] = None
     group_by: Annotated[
-        Literal["document"] | None,
+        Literal['document'] | None,
         Field(
             description='"document": also return the results grouped by document (documents in the order of their best result, each with its results best first); per_document_cap bounds the chunks per document',
-            title="Group By",
+            title='Group By',
         ),
     ] = None
     highlight: Annotated[
         bool | None,
         Field(
             description="add each result's matched query terms as character offsets into its text",
-            title="Highlight",
+            title='Highlight',
         ),
     ] = False
     lexical: Annotated[
-        LexicalOptions | None, Field(description="how the BM25 arm weighs fields")
+        LexicalOptions | None, Field(description='how the BM25 arm weighs fields')
     ] = None
     mmr: Annotated[
         Mmr | None,
-        Field(description="diversify the results by maximal marginal relevance"),
+        Field(description='diversify the results by maximal marginal relevance'),
     ] = None
     mode: Annotated[
-        Literal["dense", "lexical", "hybrid"] | None,
+        Literal['dense', 'lexical', 'hybrid'] | None,
         Field(
             description='"hybrid": both arms fused; "dense": pgvector cosine only; "lexical": Elasticsearch BM25 only (score is then the arm\'s own score)',
-            title="Mode",
+            title='Mode',
         ),
-    ] = "hybrid"
+    ] = 'hybrid'
     paginate: Annotated[
         bool | None,
         Field(
             description="return next_cursor for the results after these top_k (POST /v1/search/next); pages follow this search's ranking whatever is written meanwhile",
-            title="Paginate",
+            title='Paginate',
         ),
     ] = False
     per_document_cap: Annotated[
         PerDocumentCap | None,
         Field(
-            description="results from one document at most", title="Per Document Cap"
+            description='results from one document at most', title='Per Document Cap'
         ),
     ] = None
     policy: Annotated[
         PolicyOverrides | None,
         Field(description="the evidence decision's settings for this request"),
     ] = None
-    rerank: Annotated[Rerank | None, Field(description="cross-encoder reranking")] = (
+    rerank: Annotated[Rerank | None, Field(description='cross-encoder reranking')] = (
         None
     )
     top_k: Annotated[
-        int | None, Field(description="how many results", ge=1, le=100, title="Top K")
+        int | None, Field(description='how many results', ge=1, le=100, title='Top K')
     ] = 10
 
 
 class SearchRequest(BaseModel):
     model_config = ConfigDict(
-        extra="forbid",
+        extra='forbid',
     )
     boost: Annotated[
-        Boost | None, Field(description="lift results by a metadata value")
+        Boost | None, Field(description='lift results by a metadata value')
     ] = None
     candidate_depth: Annotated[
-        CandidateDepth | None, Field(description="how many candidates each arm returns")
+        CandidateDepth | None, Field(description='how many candidates each arm returns')
     ] = None
     explain: Annotated[
         bool | None,
         Field(
             description="add each result's rank trace (each arm's rank and score, fusion, rerank) and the signals the decision read",
-            title="Explain",
+            title='Explain',
         ),
     ] = False
     filters: Annotated[
         Filters | None,
-        Field(description="which chunks may be found, applied in both arms"),
+        Field(description='which chunks may be found, applied in both arms'),
     ] = None
     fusion: Annotated[
-        Fusion | None, Field(description="how hybrid fuses the two arms")
+        Fusion | None, Field(description='how hybrid fuses the two arms')
     ] = None
     group_by: Annotated[
-        Literal["document"] | None,
+        Literal['document'] | None,
         Field(
             description='"document": also return the results grouped by document (documents in the order of their best result, each with its results best first); per_document_cap bounds the chunks per document',
-            title="Group By",
+            title='Group By',
         ),
     ] = None
     highlight: Annotated[
         bool | None,
         Field(
             description="add each result's matched query terms as character offsets into its text",
-            title="Highlight",
+            title='Highlight',
         ),
     ] = False
     lexical: Annotated[
-        LexicalOptions | None, Field(description="how the BM25 arm weighs fields")
+        LexicalOptions | None, Field(description='how the BM25 arm weighs fields')
     ] = None
     mmr: Annotated[
         Mmr | None,
-        Field(description="diversify the results by maximal marginal relevance"),
+        Field(description='diversify the results by maximal marginal relevance'),
     ] = None
     mode: Annotated[
-        Literal["dense", "lexical", "hybrid"] | None,
+        Literal['dense', 'lexical', 'hybrid'] | None,
         Field(
             description='"hybrid": both arms fused; "dense": pgvector cosine only; "lexical": Elasticsearch BM25 only (score is then the arm\'s own score)',
-            title="Mode",
+            title='Mode',
         ),
-    ] = "hybrid"
+    ] = 'hybrid'
     paginate: Annotated[
         bool | None,
         Field(
             description="return next_cursor for the results after these top_k (POST /v1/search/next); pages follow this search's ranking whatever is written meanwhile",
-            title="Paginate",
+            title='Paginate',
         ),
     ] = False
     per_document_cap: Annotated[
         PerDocumentCap | None,
         Field(
-            description="results from one document at most", title="Per Document Cap"
+            description='results from one document at most', title='Per Document Cap'
         ),
     ] = None
     policy: Annotated[
@@ -1440,71 +1393,71 @@ class SearchRequest(BaseModel):
         Profile | None,
         Field(
             description="A saved search profile of the caller's tenant; fields set in the request replace the profile's fields of the same name",
-            title="Profile",
+            title='Profile',
         ),
     ] = None
     query: Annotated[
         str,
         Field(
-            description="the question or keywords",
+            description='the question or keywords',
             max_length=2000,
             min_length=1,
-            title="Query",
+            title='Query',
         ),
     ]
-    rerank: Annotated[Rerank | None, Field(description="cross-encoder reranking")] = (
+    rerank: Annotated[Rerank | None, Field(description='cross-encoder reranking')] = (
         None
     )
     top_k: Annotated[
-        int | None, Field(description="how many results", ge=1, le=100, title="Top K")
+        int | None, Field(description='how many results', ge=1, le=100, title='Top K')
     ] = 10
 
 
 class SearchResult(BaseModel):
-    char_end: Annotated[int | None, Field(title="Char End")]
-    char_start: Annotated[int | None, Field(title="Char Start")]
-    chunk_id: Annotated[str, Field(title="Chunk Id")]
+    char_end: Annotated[int | None, Field(title='Char End')]
+    char_start: Annotated[int | None, Field(title='Char Start')]
+    chunk_id: Annotated[str, Field(title='Chunk Id')]
     copies: Annotated[
         list[Copy] | None,
         Field(
-            description="other chunks of the same text (another document holding the same page), shown once as this result",
-            title="Copies",
+            description='other chunks of the same text (another document holding the same page), shown once as this result',
+            title='Copies',
         ),
     ] = None
-    document_id: Annotated[str, Field(title="Document Id")]
-    external_id: Annotated[str | None, Field(title="External Id")]
+    document_id: Annotated[str, Field(title='Document Id')]
+    external_id: Annotated[str | None, Field(title='External Id')]
     flags: Annotated[
         list[str] | None,
         Field(
             description="what ingest noticed about the chunk's text: ocr (read from a page image by OCR), doubtful_extraction (a thin or garbled text layer, or OCR: check before use)",
-            title="Flags",
+            title='Flags',
         ),
     ] = None
-    found_by: Annotated[list[Literal["dense", "lexical"]], Field(title="Found By")]
+    found_by: Annotated[list[Literal['dense', 'lexical']], Field(title='Found By')]
     highlights: Annotated[
         list[Highlight] | None,
         Field(
-            description="with highlight: [start, end) offsets into text of the words that match a query term (as BM25 matches them: lowercased, stemmed, stop words dropped)",
-            title="Highlights",
+            description='with highlight: [start, end) offsets into text of the words that match a query term (as BM25 matches them: lowercased, stemmed, stop words dropped)',
+            title='Highlights',
         ),
     ] = None
-    indexed_at: Annotated[str | None, Field(title="Indexed At")]
+    indexed_at: Annotated[str | None, Field(title='Indexed At')]
     score: Annotated[
         float,
         Field(
-            description="what the mode ranks by: hybrid, the fused score; dense, the cosine; lexical, the BM25 score",
-            title="Score",
+            description='what the mode ranks by: hybrid, the fused score; dense, the cosine; lexical, the BM25 score',
+            title='Score',
         ),
     ]
     scores: Annotated[
         dict[str, float],
-        Field(description="dense_cosine, and rerank when reranked", title="Scores"),
+        Field(description='dense_cosine, and rerank when reranked', title='Scores'),
     ]
-    section: Annotated[str, Field(title="Section")]
-    text: Annotated[str, Field(title="Text")]
-    title: Annotated[str, Field(title="Title")]
-    trace: Annotated[Trace | None, Field(description="with explain")] = None
-    version: Annotated[int | None, Field(title="Version")]
+    section: Annotated[str, Field(title='Section')]
+    text: Annotated[str, Field(title='Text')]
+    title: Annotated[str, Field(title='Title')]
+    trace: Annotated[Trace | None, Field(description='with explain')] = None
+    version: Annotated[int | None, Field(title='Version')]
 
 
 class DocumentGroup(BaseModel):
@@ -1512,55 +1465,55 @@ class DocumentGroup(BaseModel):
     One document among the results, with its results (best first).
     """
 
-    document_id: Annotated[str, Field(title="Document Id")]
-    external_id: Annotated[str | None, Field(title="External Id")]
-    results: Annotated[list[SearchResult], Field(title="Results")]
+    document_id: Annotated[str, Field(title='Document Id')]
+    external_id: Annotated[str | None, Field(title='External Id')]
+    results: Annotated[list[SearchResult], Field(title='Results')]
     score: Annotated[
-        float, Field(description="its best result's fused score", title="Score")
+        float, Field(description="its best result's fused score", title='Score')
     ]
-    title: Annotated[str, Field(title="Title")]
+    title: Annotated[str, Field(title='Title')]
 
 
 class DocumentView(BaseModel):
-    chunk_count: Annotated[int, Field(title="Chunk Count")]
-    deleted: Annotated[bool, Field(title="Deleted")]
+    chunk_count: Annotated[int, Field(title='Chunk Count')]
+    deleted: Annotated[bool, Field(title='Deleted')]
     elasticsearch: IndexState
-    external_id: Annotated[str, Field(title="External Id")]
-    id: Annotated[UUID, Field(title="Id")]
+    external_id: Annotated[str, Field(title='External Id')]
+    id: Annotated[UUID, Field(title='Id')]
     job: Annotated[
         IngestJobView | None,
         Field(
             description="the live version's newest ingest job: its state, and where and why it failed when it did (a document whose job failed holds no chunks)"
         ),
     ] = None
-    metadata: Annotated[dict[str, Any], Field(title="Metadata")]
-    title: Annotated[str, Field(title="Title")]
-    version: Annotated[int, Field(title="Version")]
-    versions: Annotated[list[VersionView], Field(title="Versions")]
+    metadata: Annotated[dict[str, Any], Field(title='Metadata')]
+    title: Annotated[str, Field(title='Title')]
+    version: Annotated[int, Field(title='Version')]
+    versions: Annotated[list[VersionView], Field(title='Versions')]
 
 
 class Evidence(BaseModel):
-    items: Annotated[list[EvidenceItem], Field(title="Items")]
-    omitted: Annotated[list[Omission], Field(title="Omitted")]
-    token_budget: Annotated[int, Field(title="Token Budget")]
-    tokens_used: Annotated[int, Field(title="Tokens Used")]
+    items: Annotated[list[EvidenceItem], Field(title='Items')]
+    omitted: Annotated[list[Omission], Field(title='Omitted')]
+    token_budget: Annotated[int, Field(title='Token Budget')]
+    tokens_used: Annotated[int, Field(title='Tokens Used')]
 
 
 class ProfileBody(BaseModel):
     model_config = ConfigDict(
-        extra="forbid",
+        extra='forbid',
     )
     description: Annotated[
         str | None,
         Field(
-            description="what the profile is for",
+            description='what the profile is for',
             max_length=2000,
-            pattern="^[^\\x00]*$",
-            title="Description",
+            pattern='^[^\\x00]*$',
+            title='Description',
         ),
-    ] = ""
+    ] = ''
     settings: Annotated[
-        ProfileSettings, Field(description="the search request fields the profile sets")
+        ProfileSettings, Field(description='the search request fields the profile sets')
     ]
 
 
@@ -1569,31 +1522,31 @@ class SearchResponse(BaseModel):
     degraded: Annotated[
         list[str],
         Field(
-            description="dense_unavailable, lexical_unavailable, rerank_unavailable",
-            title="Degraded",
+            description='dense_unavailable, lexical_unavailable, rerank_unavailable',
+            title='Degraded',
         ),
     ]
     dropped_stale: Annotated[
         int,
         Field(
-            description="hits Postgres does not hold live, dropped",
-            title="Dropped Stale",
+            description='hits Postgres does not hold live, dropped',
+            title='Dropped Stale',
         ),
     ]
     evidence: Evidence
     groups: Annotated[
-        list[DocumentGroup] | None, Field(description="with group_by", title="Groups")
+        list[DocumentGroup] | None, Field(description='with group_by', title='Groups')
     ] = None
-    mode: Annotated[Literal["dense", "lexical", "hybrid"], Field(title="Mode")]
+    mode: Annotated[Literal['dense', 'lexical', 'hybrid'], Field(title='Mode')]
     next_cursor: Annotated[
         str | None,
         Field(
-            description="with paginate: pass to POST /v1/search/next for the next page; null at the end",
-            title="Next Cursor",
+            description='with paginate: pass to POST /v1/search/next for the next page; null at the end',
+            title='Next Cursor',
         ),
     ] = None
-    query: Annotated[str, Field(title="Query")]
-    results: Annotated[list[SearchResult], Field(title="Results")]
+    query: Annotated[str, Field(title='Query')]
+    results: Annotated[list[SearchResult], Field(title='Results')]
     timings_ms: Annotated[
-        dict[str, float] | None, Field(description="with explain", title="Timings Ms")
+        dict[str, float] | None, Field(description='with explain', title='Timings Ms')
     ] = None
