@@ -20,7 +20,7 @@ from email.message import EmailMessage
 from typing import Any
 
 from shared.errors import ParseError
-from shared.parsing.containers import MAX_INFLATED_BYTES, ZIP_SIGNATURE, stated_inflated_bytes
+from shared.parsing.containers import MAX_INFLATED_BYTES, stated_inflated_bytes
 from shared.parsing.document import ParsedDocument, ParseOptions, TextBuilder
 from shared.parsing.html import parse_html
 from shared.retry import is_retriable
@@ -37,16 +37,23 @@ class Budget:
     parts: int = field(default_factory=lambda: MAX_ATTACHMENTS)
     inflated_bytes: int = field(default_factory=lambda: MAX_INFLATED_BYTES)
 
-    def admit(self, data: bytes) -> str | None:
-        """Why the attachment ``data`` is not read (None: it is, and its share is spent)."""
+    def admit(self, data: bytes) -> str | int:
+        """Why the attachment ``data`` is not read, or what it reserves of the budget: its
+        archive's stated inflated size (an archive is known by its central directory, found
+        from the end: bytes before it do not hide one)."""
         if self.parts <= 0:
             return f"past the {MAX_ATTACHMENTS} attachments a message's are read to"
-        inflated = stated_inflated_bytes(data) if data.startswith(ZIP_SIGNATURE) else 0
+        inflated = stated_inflated_bytes(data)
         if inflated > self.inflated_bytes:
             return f"its archive would pass the {MAX_INFLATED_BYTES:,} bytes a message's inflate to"
         self.parts -= 1
         self.inflated_bytes -= inflated
-        return None
+        return inflated
+
+    def release(self, inflated: int) -> None:
+        """Give back what an attachment that was not read (no supported type) reserved."""
+        self.parts += 1
+        self.inflated_bytes += inflated
 
 
 def parse_eml(raw: bytes, options: ParseOptions) -> ParsedDocument:
@@ -94,10 +101,15 @@ def _message(
         out.paragraph(text)
     listed: list[str] = []
     for name, content_type, data in attachments:
-        refused = budget.admit(data) if data.strip() else None
-        parsed = None if refused else _attachment(name, content_type, data, options, depth, budget)
+        reserved = budget.admit(data) if data.strip() else 0
+        if isinstance(reserved, str):  # past the budget: listed with why
+            listed.append(f"{name} ({reserved})")
+            continue
+        parsed = _attachment(name, content_type, data, options, depth, budget)
         if parsed is None:
-            listed.append(f"{name} ({refused})" if refused else name)
+            if data.strip():
+                budget.release(reserved)
+            listed.append(name)
         else:
             out.include(parsed, 2, f"Attachment: {name}")
     if listed:

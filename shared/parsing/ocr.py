@@ -73,8 +73,9 @@ def open_image(raw: bytes) -> Any:
 
 
 class ImageTooLarge(ParseError):
-    """A page image of more than MAX_PIXELS: an uploaded image is refused; a page of a PDF
-    or of a multi-page TIFF is left unread and named in the parse's notes."""
+    """A page image of more than MAX_PIXELS: an uploaded image is refused (for a TIFF, by
+    its first page, at intake); a PDF page, or a later page of a TIFF, is left unread and
+    named in the parse's notes."""
 
 
 def check_pixels(width: int, height: int) -> None:
@@ -141,12 +142,23 @@ def ocr_pages(
 TESSERACT = "tesseract"
 
 
+def ocr_size(width: int, height: int) -> tuple[int, int]:
+    """The size a page is read at: scaled up to MIN_OCR_WIDTH, but never past MAX_PIXELS (a
+    strip 100 pixels wide and 600,000 high is within it; 16 times wider, 15 GB)."""
+    if width >= MIN_OCR_WIDTH:
+        return width, height
+    scale = min(MIN_OCR_WIDTH / width, (MAX_PIXELS / (width * height)) ** 0.5)
+    if scale <= 1:
+        return width, height
+    return max(1, int(width * scale)), max(1, int(height * scale))
+
+
 def ocr_image(image: Any, timeout_s: float) -> str | None:
     """The page's text (None when reading it took past ``timeout_s``)."""
     image = image.convert("L")  # grey: what Tesseract binarizes from anyway
-    if image.width < MIN_OCR_WIDTH:
-        scale = MIN_OCR_WIDTH / image.width
-        image = image.resize((MIN_OCR_WIDTH, max(1, int(image.height * scale))))
+    size = ocr_size(image.width, image.height)
+    if size != image.size:
+        image = image.resize(size)
     png = io.BytesIO()
     image.save(png, format="PNG")
     # Tesseract spreads a page over OpenMP threads: on cores the worker's processes already

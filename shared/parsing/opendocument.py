@@ -45,6 +45,7 @@ def _q(name: str) -> str:
 
 H, P, LIST, LIST_ITEM = _q("text:h"), _q("text:p"), _q("text:list"), _q("text:list-item")
 NOTE, LINK = _q("text:note"), _q("text:a")
+BOOKMARK, BOOKMARK_START = _q("text:bookmark"), _q("text:bookmark-start")
 NOTE_BODY, NOTE_CITATION = _q("text:note-body"), _q("text:note-citation")
 TABLE, ROW, CELL = _q("table:table"), _q("table:table-row"), _q("table:table-cell")
 COVERED = _q("table:covered-table-cell")
@@ -120,15 +121,33 @@ def _text(out: TextBuilder, element: Any, notes: list[str]) -> None:
 
 
 def _heading_text(heading: Any, notes: list[str]) -> str:
-    """A heading's text without its permalink: a link within the document (``#anchor``)
-    whose text is a sign, at the heading's end (a web page's "Error events#" made a file)."""
+    """A heading's text without its permalink (a web page's "Error events#" made a file): a
+    sign, last in the heading, linking within the document to the heading's own bookmark or
+    to none (converters rename the bookmark and keep the page's anchor). A sign that links
+    to another part of the document, or has text after it, is the heading's own."""
     text = _inline(heading, notes)
+    own = {f"#{b.get(_q('text:name'))}" for b in heading.iter(BOOKMARK, BOOKMARK_START)}
+    root = heading.getroottree().getroot()
     for link in heading.iter(LINK):
-        sign = "".join(link.itertext()).strip()
         href = link.get(_q("xlink:href")) or ""
-        if href.startswith("#") and sign in PERMALINK_SIGNS and text.endswith(sign):
-            text = text[: -len(sign)].rstrip()
+        sign = "".join(link.itertext()).strip()
+        after = (link.tail or "") + "".join(
+            "".join(sibling.itertext()) + (sibling.tail or "") for sibling in link.itersiblings()
+        )
+        if (
+            href.startswith("#")
+            and (href in own or not _bookmarked(root, href[1:]))
+            and sign in PERMALINK_SIGNS
+            and not after.strip()
+            and len(text) > len(sign)
+            and text.endswith(sign)
+        ):
+            return text[: -len(sign)].rstrip()
     return text
+
+
+def _bookmarked(root: Any, name: str) -> bool:
+    return any(b.get(_q("text:name")) == name for b in root.iter(BOOKMARK, BOOKMARK_START))
 
 
 def _inline(element: Any, notes: list[str]) -> str:

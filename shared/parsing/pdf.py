@@ -93,56 +93,71 @@ def _has_images(page: Any) -> bool:
             found.get_object().get("/Subtype") == "/Image"
             for found in objects.get_object().values()
         )
-    except Exception:  # a page pypdf cannot describe is left as its text layer has it
+    except Exception as e:  # a page pypdf cannot describe is left as its text layer has it
+        if is_retriable(e):
+            raise
         return False
 
 
 def _largest_image_loader(page: Any) -> Callable[[], Any]:
-    """Decodes the page's largest embedded image (a scan's page is one) when called, or
-    gives None. The sizes the page's images state are checked first (``ImageTooLarge``):
-    pypdf decodes every image of a page at once, and a stream that states 100,000 pixels
-    square would be gigabytes of memory before any size could be read from the pixels."""
+    """Decodes the page's largest image (a scan's page is one) when called, or gives None.
+    Only that image is decoded, and only once the size it states is within MAX_PIXELS
+    (``ImageTooLarge`` otherwise): pypdf's ``page.images`` decodes every image of a page, a
+    stream stating 100,000 pixels square among them (10 GB), before any size is known. The
+    decoded size is checked again (a JPEG may hold more than its stream states)."""
 
     def load() -> Any:
-        stated = _stated_image_sizes(page)
-        if stated:
-            check_pixels(*max(stated, key=lambda size: size[0] * size[1]))
-        try:
-            images = [found.image for found in page.images]
-        except Exception:  # an image pypdf cannot decode leaves the page as its layer has it
+        images = _page_images(page)
+        if not images:
             return None
-        images = [image for image in images if image is not None]
-        return max(images, key=lambda image: image.width * image.height, default=None)
+        width, height, largest = max(images, key=lambda found: found[0] * found[1])
+        check_pixels(width, height)
+        try:
+            image = largest.decode_as_image()
+        except Exception as e:  # an image pypdf cannot decode leaves the page as its layer has it
+            if is_retriable(e):  # the task's time limit, memory: the job's, not the page's
+                raise
+            return None
+        if image is not None:
+            check_pixels(*image.size)
+        return image
 
     return load
 
 
-# Form XObjects nest: how deep a page's images are looked for, and how many are looked at.
+# Form XObjects nest: how deep a page's images are looked for, and how many XObjects in all.
 MAX_FORM_DEPTH = 4
-MAX_PAGE_IMAGES = 1000
+MAX_PAGE_XOBJECTS = 1000
 
 
-def _stated_image_sizes(page: Any) -> list[tuple[int, int]]:
-    """The width and height each image of the page states, in its resources and those of
-    the forms it draws (nothing decoded). ``ImageTooLarge`` where they cannot be known: an
-    image that states no size, more than MAX_PAGE_IMAGES of them, resources pypdf cannot
-    read (the page is then left unread, its text layer kept)."""
-    sizes: list[tuple[int, int]] = []
+def _page_images(page: Any) -> list[tuple[int, int, Any]]:
+    """The page's images (in its resources and those of the forms it draws), each with the
+    width and height it states; nothing decoded. Each XObject is visited once, and at most
+    MAX_PAGE_XOBJECTS of them (a form drawing itself a hundred times over is a few KB). An
+    inline image (``BI ... EI`` in a content stream) is not read. ``ImageTooLarge`` where the
+    sizes cannot be known: an image without a size, resources pypdf cannot read (the page is
+    then left unread, its text layer kept)."""
+    images: list[tuple[int, int, Any]] = []
+    visited: set[Any] = set()
 
     def visit(resources: Any, depth: int) -> None:
         objects: Any = resources.get_object().get("/XObject") if resources else None
         if objects is None or depth > MAX_FORM_DEPTH:
             return
         for reference in objects.get_object().values():
+            key = getattr(reference, "idnum", None) or id(reference)
+            if key in visited:
+                continue
+            visited.add(key)
+            if len(visited) > MAX_PAGE_XOBJECTS:
+                raise ImageTooLarge(f"the page draws more than {MAX_PAGE_XOBJECTS} objects")
             found = reference.get_object()
-            if len(sizes) >= MAX_PAGE_IMAGES:  # a form drawing itself, or a page of thousands
-                raise ImageTooLarge(f"the page draws more than {MAX_PAGE_IMAGES} images")
             if found.get("/Subtype") == "/Image":
-                width, height = found.get("/Width"), found.get("/Height")
-                if not (isinstance(width, int) and isinstance(height, int)):
+                width, height = _number(found, "/Width"), _number(found, "/Height")
+                if width is None or height is None:
                     raise ImageTooLarge("an image of the page states no size")
-                sizes.append((int(width), int(height)))
-            elif found.get("/Subtype") == "/Form":
+                images.append((width, height, found))
+            else:  # a form, or a stream pypdf would read as one
                 visit(found.get("/Resources"), depth + 1)
 
     try:
@@ -150,8 +165,16 @@ def _stated_image_sizes(page: Any) -> list[tuple[int, int]]:
     except ImageTooLarge:
         raise
     except Exception as e:  # resources pypdf cannot read: nothing is decoded from them
+        if is_retriable(e):
+            raise
         raise ImageTooLarge(f"the page's images could not be described ({type(e).__name__})") from e
-    return sizes
+    return images
+
+
+def _number(stream: Any, key: str) -> int | None:
+    value = stream.get(key)
+    value = value.get_object() if hasattr(value, "get_object") else value
+    return int(value) if isinstance(value, int) else None
 
 
 def _alphanumeric(text: str) -> int:

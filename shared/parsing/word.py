@@ -29,13 +29,14 @@ def parse(raw: bytes, options: ParseOptions) -> ParsedDocument:
     except Exception as e:  # python-docx raises ValueError, KeyError, lxml errors
         raise ParseError(f"the Word document could not be read ({type(e).__name__}: {e})") from e
     out = TextBuilder()
+    bookmarks = {b.get(f"{_W}name") for b in document.element.body.iter(f"{_W}bookmarkStart")}
     for block in document.iter_inner_content():
         if isinstance(block, Table):
             _table(out, block)
             continue
         level = _heading_level(block)
         if level is not None:
-            out.heading(level, _heading_text(block))
+            out.heading(level, _heading_text(block, bookmarks))
         elif _is_list_item(block):
             out.paragraph(f"- {block.text.strip()}" if block.text.strip() else "")
         else:
@@ -56,14 +57,33 @@ def _heading_level(paragraph: Any) -> int | None:
     return int(found.group(1)) + 1 if found else None
 
 
-def _heading_text(paragraph: Any) -> str:
-    """A heading's text without its permalink: a link within the document (``w:anchor``)
-    whose text is a sign, at the heading's end (a web page's "Error events#" made a Word file)."""
+def _heading_text(paragraph: Any, bookmarks: set[str]) -> str:
+    """A heading's text without its permalink (a web page's "Error events#" made a Word
+    file): a sign, last in the heading, linking within the document to the heading's own
+    bookmark or to none (converters rename the bookmark and keep the page's anchor). A sign
+    that links to another part of the document, or has text after it, is the heading's own."""
     text = str(paragraph.text).rstrip()
-    for link in paragraph._p.iter(f"{_W}hyperlink"):
+    p = paragraph._p
+    own = {b.get(f"{_W}name") for b in p.iter(f"{_W}bookmarkStart")}
+    before = p.getprevious()
+    while before is not None and before.tag == f"{_W}bookmarkStart":  # pandoc puts it there
+        own.add(before.get(f"{_W}name"))
+        before = before.getprevious()
+    for link in p.iter(f"{_W}hyperlink"):
+        anchor = link.get(f"{_W}anchor")
         sign = "".join(t.text or "" for t in link.iter(f"{_W}t")).strip()
-        if link.get(f"{_W}anchor") and sign in PERMALINK_SIGNS and text.endswith(sign):
-            text = text[: -len(sign)].rstrip()
+        after = "".join(
+            t.text or "" for sibling in link.itersiblings() for t in sibling.iter(f"{_W}t")
+        )
+        if (
+            anchor
+            and (anchor in own or anchor not in bookmarks)
+            and sign in PERMALINK_SIGNS
+            and not after.strip()
+            and len(text) > len(sign)
+            and text.endswith(sign)
+        ):
+            return text[: -len(sign)].rstrip()
     return text
 
 

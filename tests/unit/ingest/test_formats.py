@@ -580,3 +580,140 @@ def test_a_web_pages_heading_permalinks_stay_out_of_the_section_path() -> None:
     paths = {s.path for s in doc.sections}
     assert "node-events > Node.js v20.20.2 documentation > Events > Error events" in paths
     assert not [p for p in paths if p.endswith("#")]
+
+
+def _pdf(objects: list[bytes]) -> bytes:
+    """A PDF of ``objects`` (object 1 the catalog), with a correct cross-reference table."""
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1,
+        xref,
+    )
+    return bytes(out)
+
+
+def _one_page(resources: bytes, *more: bytes) -> bytes:
+    draw = b"q 612 0 0 842 0 0 cm /Fm0 Do Q"
+    return _pdf(
+        [
+            b"<< /Type /Catalog /Pages 2 0 R >>",
+            b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 842] /Contents 4 0 R "
+            b"/Resources " + resources + b" >>",
+            b"<< /Length %d >>\nstream\n" % len(draw) + draw + b"\nendstream",
+            *more,
+        ]
+    )
+
+
+def test_a_form_that_draws_itself_many_times_is_walked_once() -> None:
+    """24 references of a form to itself were 24^5 visits (6 s; 100 of them, hours)."""
+    from pypdf import PdfReader
+
+    from shared.parsing import pdf
+
+    selves = b" ".join(b"/S%d 5 0 R" % n for n in range(24))
+    raw = _one_page(
+        b"<< /XObject << /Fm0 5 0 R >> >>",
+        b"<< /Type /XObject /Subtype /Form /BBox [0 0 1 1] /Resources << /XObject << "
+        + selves
+        + b" >> >> /Length 0 >>\nstream\n\nendstream",
+    )
+    page = PdfReader(io.BytesIO(raw)).pages[0]
+    assert pdf._page_images(page) == []
+
+
+def test_an_image_whose_size_is_an_indirect_number_is_read_and_its_real_size_checked() -> None:
+    from pypdf import PdfReader
+
+    from shared.parsing import pdf
+
+    pixels = b"\xff" * 6
+    raw = _one_page(
+        b"<< /XObject << /Fm0 5 0 R >> >>",
+        b"<< /Type /XObject /Subtype /Image /Width 6 0 R /Height 1 /ColorSpace /DeviceGray "
+        b"/BitsPerComponent 8 /Length 6 >>\nstream\n" + pixels + b"\nendstream",
+        b"6",
+    )
+    page = PdfReader(io.BytesIO(raw)).pages[0]
+    [(width, height, _)] = pdf._page_images(page)
+    assert (width, height) == (6, 1)
+    assert pdf._largest_image_loader(page)().size == (6, 1)
+
+
+def test_a_narrow_page_is_scaled_up_for_ocr_but_never_past_the_pixel_limit() -> None:
+    from shared.parsing.ocr import MAX_PIXELS, MIN_OCR_WIDTH, ocr_size
+
+    assert ocr_size(800, 1000) == (MIN_OCR_WIDTH, 2000)
+    assert ocr_size(2400, 3000) == (2400, 3000)
+    width, height = ocr_size(100, 600_000)  # within the limit; 16 times wider, 15 GB
+    assert width * height <= MAX_PIXELS and width == 100
+
+
+def test_an_archive_behind_other_bytes_is_charged_to_the_e_mails_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A .docx with two bytes before it is still read as one (the registry knows it by its
+    central directory, found from the end), so the budget must charge it too; an attachment
+    of no supported type uses none of the budget."""
+    from email.message import EmailMessage
+
+    from shared.parsing import mail
+
+    docx = (DATA / "zstd-readme.docx").read_bytes()
+    inflated = sum(i.file_size for i in zipfile.ZipFile(io.BytesIO(docx)).infolist())
+    monkeypatch.setattr(mail, "MAX_INFLATED_BYTES", inflated + 1)
+    monkeypatch.setattr(mail, "MAX_ATTACHMENTS", 2)
+    message = EmailMessage()
+    message["Subject"] = "Padded"
+    message.set_content("body")
+    message.add_attachment(b"\x89PNG not really", maintype="image", subtype="x-unknown",
+                           filename="junk.bin")  # fmt: skip
+    for n in (1, 2):
+        message.add_attachment(
+            b"\r\n" + docx, maintype="application", subtype="octet-stream", filename=f"r{n}.docx"
+        )
+    doc = parse(message.as_bytes(), "message/rfc822")
+    paths = " ".join(s.path for s in doc.sections)
+    assert "Attachment: r1.docx" in paths and "Attachment: r2.docx" not in paths
+    assert "- r2.docx (its archive would pass the" in doc.text
+    assert "- junk.bin" in doc.text
+
+
+def test_a_sign_that_is_part_of_a_heading_stays() -> None:
+    """Only a sign last in the heading, linking to the heading itself (or to no bookmark),
+    is a permalink: "Learning C#" whose "#" links to another section keeps it."""
+    import docx as python_docx
+
+    document = python_docx.Document()
+    target = document.add_heading("Operators", level=1)
+    start = target._p.makeelement(
+        "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}bookmarkStart",
+        {
+            "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}id": "1",
+            "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}name": "operators",
+        },
+    )
+    target._p.append(start)
+    document.add_paragraph("The operators of the language.")
+    heading = document.add_heading("Learning C", level=1)
+    w = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
+    link = heading._p.makeelement(f"{w}hyperlink", {f"{w}anchor": "operators"})
+    run = link.makeelement(f"{w}r", {})
+    text = run.makeelement(f"{w}t", {})
+    text.text = "#"
+    run.append(text)
+    link.append(run)
+    heading._p.append(link)
+    document.add_paragraph("C# has operators.")
+    buffer = io.BytesIO()
+    document.save(buffer)
+    doc = parse(buffer.getvalue(), f"{OOXML}.wordprocessingml.document")
+    assert "Learning C#" in {s.path for s in doc.sections}
