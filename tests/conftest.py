@@ -31,7 +31,10 @@ _SUFFIX = "".join(f"_{part}" for part in (_RUN, XDIST_WORKER) if part)
 TEST_ENV = {
     "CONCORD_ENVIRONMENT": "test",
     "CONCORD_PG_DATABASE": f"concord_test{_SUFFIX}",
-    "CONCORD_ES_INDEX_PREFIX": f"concord-test{_SUFFIX.replace('_', '-')}",
+    # "main" for a run without xdist: its reset deletes "<prefix>-*", which for a bare
+    # "concord-test" was every parallel worker's indices too (a unit test run beside the
+    # suite on the same servers emptied them mid-run).
+    "CONCORD_ES_INDEX_PREFIX": f"concord-test{(_SUFFIX or '_main').replace('_', '-')}",
     "CONCORD_REDIS_DB": str(2 + _WORKER_NUMBER),  # 1 without xdist; 0 is the dev stack's
     "CONCORD_TASK_SOFT_TIME_LIMIT_S": "15",
     "CONCORD_TASK_TIME_LIMIT_S": "18",
