@@ -339,6 +339,11 @@ def pdf_with_pages(pages: list[str]) -> bytes:
         )
         objects.append(b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream")
     objects.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
+    return pdf_of(objects)
+
+
+def pdf_of(objects: list[bytes]) -> bytes:
+    """A PDF of ``objects`` (object 1 the catalog), with a correct cross-reference table."""
     out = bytearray(b"%PDF-1.4\n")
     offsets = []
     for number, body in enumerate(objects, start=1):

@@ -15,6 +15,7 @@ from shared.errors import ParseError, UnsupportedMediaType
 from shared.ingest.chunking import Chunker
 from shared.parsing import TABLE, parse, resolve_content_type, spreadsheets
 from shared.parsing import slides as slides_module
+from tests.helpers import pdf_of
 from tests.unit.ingest.test_parsing_and_chunking import word_offsets
 
 DATA = Path(__file__).parents[2] / "data" / "formats"
@@ -488,19 +489,7 @@ def _pdf_with_a_scan_page_stating(width: int, height: int, text_page: str) -> by
         b"<< /Length %d >>\nstream\n" % len(text) + text + b"\nendstream",
         b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
     ]
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
-        len(objects) + 1,
-        xref,
-    )
-    return bytes(out)
+    return pdf_of(objects)
 
 
 def test_a_pdf_page_image_stating_too_many_pixels_is_never_decoded(
@@ -582,26 +571,9 @@ def test_a_web_pages_heading_permalinks_stay_out_of_the_section_path() -> None:
     assert not [p for p in paths if p.endswith("#")]
 
 
-def _pdf(objects: list[bytes]) -> bytes:
-    """A PDF of ``objects`` (object 1 the catalog), with a correct cross-reference table."""
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
-        len(objects) + 1,
-        xref,
-    )
-    return bytes(out)
-
-
 def _one_page(resources: bytes, *more: bytes) -> bytes:
     draw = b"q 612 0 0 842 0 0 cm /Fm0 Do Q"
-    return _pdf(
+    return pdf_of(
         [
             b"<< /Type /Catalog /Pages 2 0 R >>",
             b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
