@@ -36,6 +36,7 @@ from shared.search.fusion import fuse  # noqa: E402
 from shared.search.retrieve import dense_arm, lexical_arm, query_vector  # noqa: E402
 from shared.search.schemas import SearchRequest  # noqa: E402
 from shared.settings import get_settings  # noqa: E402
+from shared.stores.compose import connect  # noqa: E402
 from shared.stores.schemas import ArmHit, document_of_chunk  # noqa: E402
 from training.repository import external_ids_by_document  # noqa: E402
 
@@ -61,8 +62,8 @@ def ranked_without(
     )
     vector = query_vector(request.query, settings)
     with unit_of_work() as uow:
-        dense = dense_arm(uow.session, tenant, vector, deeper, settings)
-    arms = {"dense": dense, "lexical": lexical_arm(tenant, deeper, settings)}
+        dense = dense_arm(connect().vectors(uow.session), tenant, vector, deeper)
+    arms = {"dense": dense, "lexical": lexical_arm(connect().index, tenant, deeper)}
     kept: dict[str, list[ArmHit]] = {}
     for arm, hits in arms.items():
         left = [h for h in hits if external_of.get(document_of_chunk(h.chunk_id)) not in withheld]

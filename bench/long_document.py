@@ -29,6 +29,7 @@ from shared.ingest import pipeline  # noqa: E402
 from shared.models import Chunk, IngestJob  # noqa: E402
 from shared.relay import service as relay  # noqa: E402
 from shared.settings import get_settings  # noqa: E402
+from shared.stores.compose import connect  # noqa: E402
 from shared.stores.elastic import get_es  # noqa: E402
 
 
@@ -60,10 +61,10 @@ def main() -> None:
         )
     assert result.job_id is not None
     started = time.monotonic()
-    pipeline.process_job(unit_of_work, result.job_id)
+    pipeline.process_job(connect(), unit_of_work, result.job_id)
     processed_s = time.monotonic() - started
     relay_started = time.monotonic()
-    relay.drain(unit_of_work, max_batches=10_000)
+    relay.drain(connect(), unit_of_work, max_batches=10_000)
     relay_s = time.monotonic() - relay_started
     es, alias = get_es(), settings.es_chunks_alias()
     es.indices.refresh(index=alias)
@@ -95,8 +96,8 @@ def main() -> None:
     args.out.write_text(json.dumps(row, indent=2))
     # Clean up as a user would: delete the document (both stores, through the outbox).
     with unit_of_work() as uow:
-        delete_document(uow, tenant, result.document_id)
-    relay.drain(unit_of_work, max_batches=10_000)
+        delete_document(uow, connect().vectors(uow.session), tenant, result.document_id)
+    relay.drain(connect(), unit_of_work, max_batches=10_000)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from shared.db import unit_of_work  # noqa: E402
 from shared.ingest.embedding import get_embedder  # noqa: E402
 from shared.reconcile.service import reconcile, reconcile_and_verify  # noqa: E402
 from shared.settings import get_settings  # noqa: E402
+from shared.stores.compose import connect  # noqa: E402
 from shared.stores.elastic import get_es  # noqa: E402
 from shared.stores.es_index import tenant_alias  # noqa: E402
 
@@ -59,7 +60,7 @@ def main() -> None:
             drop_tenant(tenant)
         texts = base_passages(args.dataset, 1000)
         populate(tenant, args.size, texts, get_embedder().embed_passages(texts))
-    _, after = reconcile_and_verify(unit_of_work, tenant)  # start from agreement
+    _, after = reconcile_and_verify(connect(), unit_of_work, tenant)  # start from agreement
     assert after.total() == 0, after.as_dict()
 
     es, alias = get_es(), tenant_alias(get_settings(), tenant)  # the tenant's own index
@@ -85,7 +86,7 @@ def main() -> None:
         )
         es.indices.refresh(index=alias)
         started = time.monotonic()
-        report = reconcile(unit_of_work, tenant, repair=False)
+        report = reconcile(connect(), unit_of_work, tenant, repair=False)
         elapsed = time.monotonic() - started
         row = {
             "chunks": len(ids),
@@ -98,7 +99,7 @@ def main() -> None:
         }
         if victims:
             started = time.monotonic()
-            _, after = reconcile_and_verify(unit_of_work, tenant)
+            _, after = reconcile_and_verify(connect(), unit_of_work, tenant)
             row["repair_seconds"] = round(time.monotonic() - started, 3)
             row["drift_after_repair"] = after.total()
             assert after.total() == 0, after.as_dict()

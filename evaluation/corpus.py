@@ -21,7 +21,7 @@ from shared.jobs.repository import live_job_states
 from shared.models import Chunk
 from shared.outbox.repository import outbox_backlog
 from shared.queue import publish_upload_events
-from shared.stores.chunk_index import ElasticsearchChunkIndex
+from shared.stores.compose import connect
 from shared.stores.partitions import place_tenants
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -86,7 +86,7 @@ def sync_uploads(
     for external_id, (doc_id, _) in existing.items():
         if external_id not in wanted:
             with unit_of_work() as uow:
-                delete_document(uow, tenant_id, doc_id)
+                delete_document(uow, connect().vectors(uow.session), tenant_id, doc_id)
             result.deleted += 1
     states = _wait_jobs(tenant_id, sorted(wanted), progress, timeout_s)
     result.indexed = sum(1 for s in states.values() if s == "indexed")
@@ -118,7 +118,7 @@ def _wait_jobs(
 
 def wait_elasticsearch(tenant_id: str, timeout_s: float, interval_s: float = 0.5) -> None:
     """Until the relay has drained the tenant's outbox and Elasticsearch holds every chunk."""
-    index = ElasticsearchChunkIndex()
+    index = connect().index
     deadline = time.monotonic() + timeout_s
     while True:
         with unit_of_work() as uow:

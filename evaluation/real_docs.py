@@ -43,6 +43,7 @@ from shared.search.calibration import calibrate
 from shared.search.schemas import SearchRequest, SearchResult
 from shared.search.service import search
 from shared.settings import get_settings
+from shared.stores.compose import connect
 
 TOP = 5
 MRR_DEPTH = 10
@@ -294,15 +295,17 @@ def run_devset(
     canonical = same_text(uploads)
     settings = get_settings()
     # as beat would within its interval: the tenant's threshold from its own corpus
-    calibrated = calibrate(unit_of_work, tenant_id, settings)
+    stores = connect(settings)
+    calibrated = calibrate(stores, unit_of_work, tenant_id, settings)
     rows, latencies = [], []
     for i, question in enumerate(questions, start=1):
         started = time.perf_counter()
         response = search(
+            stores,
             unit_of_work,
             tenant_id,
             SearchRequest(query=question.question, top_k=MRR_DEPTH),
-            settings,
+            settings=settings,
         )
         latencies.append((time.perf_counter() - started) * 1e3)
         packed = [item.text for item in response.evidence.items]

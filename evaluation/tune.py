@@ -30,6 +30,7 @@ from shared.search.profiles import save_profile
 from shared.search.retrieve import dense_arm, lexical_arm, query_vector
 from shared.search.schemas import CandidateDepth, Fusion, LexicalOptions, SearchRequest
 from shared.settings import get_settings
+from shared.stores.compose import connect
 from shared.stores.schemas import ArmHit
 
 DEPTHS = (20, 50, 100, 200)
@@ -170,6 +171,7 @@ def _collect_arms(
 ) -> list[QueryArms]:
     depth = max(DEPTHS)
     collected = []
+    stores = connect(settings)
     for i, (qid, text) in enumerate(queries, start=1):
         vector = query_vector(text, settings)
         request = SearchRequest(
@@ -181,9 +183,9 @@ def _collect_arms(
                 field_boosts={**settings.lexical_field_boosts, "title": title}, tie_breaker=tie
             )
             variant = request.model_copy(update={"lexical": options})
-            lexical[(title, tie)] = lexical_arm(tenant, variant, settings)
+            lexical[(title, tie)] = lexical_arm(stores.index, tenant, variant)
         with unit_of_work() as uow:
-            dense = dense_arm(uow.session, tenant, vector, request, settings)
+            dense = dense_arm(stores.vectors(uow.session), tenant, vector, request)
         collected.append(QueryArms(qid, np.asarray(vector, np.float32), dense, lexical))
         progress("retrieve (train queries)", i, len(queries))
     return collected

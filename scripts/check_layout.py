@@ -15,6 +15,10 @@
    read them bottom up (stores, tenants, documents, ingest, relay, search, reconcile, ...).
 7. Only ``shared/stores`` imports the Elasticsearch client: its adapters raise Concord's
    store errors (shared/errors.StoreError) instead of the driver's, and callers catch those.
+8. No module constructs a store adapter (``ElasticsearchChunkIndex``, ``PgVectorStore``, the
+   in-memory ones) but ``shared/stores/compose.py`` and the adapter's own module: the
+   composition roots (the API app, the worker, the CLI, evaluation, training) call
+   ``compose.connect`` and every service and stage receives the stores it uses.
 
 Prints each violation and exits 1 if there is any.
 """
@@ -187,6 +191,23 @@ def imports_elasticsearch(path: Path, tree: ast.AST) -> list[str]:
     ]
 
 
+ADAPTERS = {"ElasticsearchChunkIndex", "PgVectorStore", "RedisSnapshots", "MemoryChunkIndex",
+            "MemoryVectorStore", "MemorySnapshots"}  # fmt: skip
+MAY_CONSTRUCT = {"shared.stores.compose", "shared.stores.chunk_index", "shared.stores.vector_store",
+                 "shared.stores.snapshots", "shared.stores.memory"}  # fmt: skip
+
+
+def constructs_adapters(path: Path, tree: ast.AST) -> list[str]:
+    return [
+        f"{path}:{node.lineno}: constructs {node.func.id} (only the composition roots do, "
+        "through shared/stores/compose.py)"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ADAPTERS
+    ]
+
+
 def _opens_uow(tree: ast.AST) -> bool:
     return any(
         isinstance(n, ast.ImportFrom)
@@ -205,6 +226,8 @@ def main() -> int:
         path = known[name].relative_to(ROOT)
         problems += sql_outside_repositories(path, tree)
         problems += imports_elasticsearch(path, tree)
+        if name not in MAY_CONSTRUCT:
+            problems += constructs_adapters(path, tree)
         if name.startswith("workers"):
             problems += [f"{path}: imports {t}" for t in graph[name] if t.startswith("services")]
         if name.startswith("shared.") and not name.startswith("shared.db") and _opens_uow(tree):

@@ -108,7 +108,7 @@ def _purge_redis() -> None:
     redis.Redis(host=s.redis_host, port=s.redis_port, db=s.redis_db).flushdb()
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def fresh_stores() -> None:
     from shared.migrate import upgrade_head
 
@@ -116,6 +116,15 @@ def fresh_stores() -> None:
     upgrade_head(get_settings())
     _reset_elasticsearch()
     _purge_redis()
+
+
+@pytest.fixture(autouse=True)
+def _stores_for_tiers_that_use_them(request: pytest.FixtureRequest) -> None:
+    """Every tier but the unit tier works on the real stores, made fresh once per session;
+    the unit tier needs no service running (its store-backed tests use the in-memory stores
+    of shared/stores/memory.py, and a unit test that asks for ``fresh_stores`` gets them)."""
+    if _tier(request.node.nodeid) != "unit":
+        request.getfixturevalue("fresh_stores")
 
 
 @pytest.fixture

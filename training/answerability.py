@@ -46,6 +46,7 @@ from shared.search.retrieve import dense_arm, lexical_arm, query_vector
 from shared.search.schemas import SearchRequest
 from shared.search.service import search
 from shared.settings import get_settings
+from shared.stores.compose import Stores, connect
 from shared.stores.schemas import ArmHit, document_of_chunk
 from training import repository as repo
 from training.reranker import TrainingRefused, refuse_test_split
@@ -96,7 +97,7 @@ def train_answerability(
                 f"need {FOLDS}+: train it with --max-queries to leave some"
             )
 
-    x, y, groups = _examples(tenant, queries, qrels, external_of, reranker, progress)
+    x, y, groups = _examples(connect(), tenant, queries, qrels, external_of, reranker, progress)
     folds = learn.folds_by_group(groups, FOLDS, options.seed)
     names = list(FEATURE_NAMES) + (list(RERANK_FEATURE_NAMES) if reranker else [])
     candidates = []
@@ -179,6 +180,7 @@ def _queries_seen(card: dict[str, Any], split: str) -> int:
 
 
 def _examples(
+    stores: Stores,
     tenant: str,
     queries: list[tuple[str, str]],
     qrels: beir.Qrels,
@@ -193,8 +195,8 @@ def _examples(
         request = SearchRequest(query=text)  # the arms as a default search runs them
         vector = query_vector(text, settings)
         with unit_of_work() as uow:
-            dense = dense_arm(uow.session, tenant, vector, request, settings)
-        lexical = lexical_arm(tenant, request, settings)
+            dense = dense_arm(stores.vectors(uow.session), tenant, vector, request)
+        lexical = lexical_arm(stores.index, tenant, request)
         relevant = {d for d, r in qrels[qid].items() if r > 0}
 
         unanswered = (
@@ -203,7 +205,7 @@ def _examples(
         )
         first: tuple[list[str], list[str]] = ([], [])
         if reranker is not None:
-            first = _first_results(tenant, request, unanswered)
+            first = _first_results(stores, tenant, request, unanswered)
         for label, d, lex, results in (
             (1, dense, lexical, first[0]),
             (0, *unanswered, first[1]),
@@ -227,12 +229,15 @@ def _without(hits: list[ArmHit], relevant: set[str], external_of: dict[str, str]
 
 
 def _first_results(
-    tenant: str, request: SearchRequest, unanswered: tuple[list[ArmHit], list[ArmHit]]
+    stores: Stores,
+    tenant: str,
+    request: SearchRequest,
+    unanswered: tuple[list[ArmHit], list[ArmHit]],
 ) -> tuple[list[str], list[str]]:
     """The reranker passages of the first RERANK_WINDOW live results in fused order (what a
     search's judgement reads): as the search serves them, and as the index without the
     query's relevant documents would (both arms without them, fused again)."""
-    served = search(unit_of_work, tenant, request.model_copy(update={"top_k": 100})).results
+    served = search(stores, unit_of_work, tenant, request.model_copy(update={"top_k": 100})).results
     passage_of = {r.chunk_id: rerank_passage(r.title, r.text) for r in served}
     without = fuse({"dense": unanswered[0], "lexical": unanswered[1]}, request.fusion)
     return (

@@ -45,6 +45,7 @@ from shared.search.rerank import blend_scores
 from shared.search.schemas import SearchRequest
 from shared.search.service import search
 from shared.settings import get_settings
+from shared.stores.compose import connect
 from shared.tenants import repository as tenants_repo
 from training import repository as repo
 
@@ -244,6 +245,7 @@ def mine_pairs(
 
     pairs: list[Pair] = []
     validation = Validation()
+    stores = connect()
     for i, (qid, text) in enumerate(all_queries, start=1):
         request = SearchRequest.model_validate(
             {
@@ -255,7 +257,7 @@ def mine_pairs(
                 **({"profile": options.profile} if options.profile else {}),
             }
         )
-        results = search(unit_of_work, tenant, request).results
+        results = search(stores, unit_of_work, tenant, request).results
         retrieved = [
             (r.external_id or "", rerank_passage(r.title, r.text), r.score) for r in results
         ]

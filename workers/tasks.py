@@ -53,6 +53,7 @@ from shared.stores import partitions
 from shared.webhooks import delivery as webhook_delivery
 from workers import deliveries
 from workers.base import concord_task, retry_if_retriable
+from workers.stores import worker_stores
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +69,14 @@ def _dead_letter_job(task: Task, error: Exception, job_id: str) -> None:
 def process_job(self: Task, job_id: str) -> dict[str, Any]:
     """claim → parse → chunk → embed → write (shared/ingest/pipeline.process_job)."""
     with job_context(job_id, None):
-        return pipeline.process_job(unit_of_work, uuid.UUID(job_id)).as_dict()
+        return pipeline.process_job(worker_stores(), unit_of_work, uuid.UUID(job_id)).as_dict()
 
 
 @concord_task(PROCESS_JOBS_TASK, INGEST_QUEUE, max_retries=0)
 def process_jobs(self: Task, job_ids: list[str]) -> dict[str, Any]:
     """Jobs accepted together, as one batch. Not retried as a whole: on failure each job is
     back in the queue with its own ``process_job`` message (see pipeline.run)."""
-    outcomes = pipeline.process_jobs(unit_of_work, [uuid.UUID(j) for j in job_ids])
+    outcomes = pipeline.process_jobs(worker_stores(), unit_of_work, [uuid.UUID(j) for j in job_ids])
     return {"jobs": len(job_ids), "states": dict(Counter(o.state for o in outcomes.values()))}
 
 
@@ -85,7 +86,7 @@ def _events(message: Any) -> list[Any]:
 
 def _accept_together(events: list[Any]) -> EventsOutcome:
     with unit_of_work() as uow:
-        return upload_events.accept_upload_events(uow, events, get_settings())
+        return upload_events.accept_upload_events(worker_stores(), uow, events, get_settings())
 
 
 def _accept_one_at_a_time(task: Task, error: Exception, events: Any) -> EventsOutcome:
@@ -176,7 +177,7 @@ def accept_upload_event(self: Task, event: Any) -> dict[str, Any]:
 @concord_task(RELAY_TASK, RELAY_QUEUE, max_retries=0)
 def drain_outbox(self: Task) -> dict[str, Any]:
     relay_started()  # before the drain claims rows: later commits ask for the next drain
-    return vars(relay.drain(unit_of_work))
+    return vars(relay.drain(worker_stores(), unit_of_work))
 
 
 @concord_task(WEBHOOKS_TASK, WEBHOOKS_QUEUE, max_retries=0)
@@ -194,14 +195,14 @@ def reconcile_all(self: Task) -> dict[str, Any]:
     queue: the relay worker's one process would hold the sweep (a dead worker's jobs) and
     the outbox relay behind it, and the task time limit would cut it before the last
     tenants. It is acknowledged on start: a run lost with its worker is the next one's."""
-    return periodic_reconcile(unit_of_work)
+    return periodic_reconcile(worker_stores(), unit_of_work)
 
 
 @concord_task(CALIBRATE_TASK, TRAINING_QUEUE, max_retries=0, long_running=True)
 def calibrate_tenants(self: Task) -> dict[str, Any]:
     """Periodic: the decision threshold of each tenant whose corpus is new or has changed
     (shared/search/calibration.py)."""
-    done = calibration.calibrate_due(unit_of_work, get_settings())
+    done = calibration.calibrate_due(worker_stores(), unit_of_work, get_settings())
     return {"calibrated": {c.tenant_id: c.min_score for c in done}}
 
 
@@ -210,7 +211,9 @@ def calibrate_settled_tenants(self: Task) -> dict[str, Any]:
     """After an ingest batch: the threshold of each tenant whose ingest has settled and whose
     corpus is new or has changed, without waiting for beat."""
     calibration_started()  # a batch written from now on asks for a run of its own
-    done = calibration.calibrate_due(unit_of_work, get_settings(), settled_only=True)
+    done = calibration.calibrate_due(
+        worker_stores(), unit_of_work, get_settings(), settled_only=True
+    )
     return {"calibrated": {c.tenant_id: c.min_score for c in done}}
 
 

@@ -36,6 +36,7 @@ from shared.errors import ConcordError, validation_error
 from shared.logs import configure_json_logging, new_request_id, request_id_var
 from shared.metrics import API_REQUEST_SECONDS, SystemCollector
 from shared.settings import get_settings
+from shared.stores.compose import Stores, connect
 
 CONSOLE_DIR = Path(__file__).resolve().parent / "console"
 
@@ -121,9 +122,11 @@ class RequestContextMiddleware:
             request_id_var.reset(token)
 
 
-def create_app(warm_up: WarmUp | None = None) -> FastAPI:
-    """``warm_up``: what the app loads once it starts (services/api/warm_up.py); its steps
-    can be replaced (a test holds one to see /readyz wait)."""
+def create_app(warm_up: WarmUp | None = None, stores: Stores | None = None) -> FastAPI:
+    """The API process's composition root. ``warm_up``: what the app loads once it starts
+    (services/api/warm_up.py); its steps can be replaced (a test holds one to see /readyz
+    wait). ``stores``: the stores its routes work with (``StoresDep``), the real ones by
+    default."""
     configure_json_logging()
     _register_system_metrics()
     warming = warm_up or WarmUp()
@@ -145,6 +148,7 @@ def create_app(warm_up: WarmUp | None = None) -> FastAPI:
         description="Hybrid retrieval over Postgres/pgvector and Elasticsearch.",
         static_url="/docs-assets",
     )
+    app.state.stores = stores or connect(get_settings())
     app.include_router(documents.router)
     app.include_router(jobs.router)
     app.include_router(search.router)
@@ -199,7 +203,10 @@ def create_app(warm_up: WarmUp | None = None) -> FastAPI:
     def readyz() -> JSONResponse:
         """Ready to serve: the start-up warm-up is done, Postgres, Elasticsearch and Redis
         answer and migrations are current."""
-        checks = {"warm_up": warming.check(), **readiness_checks(get_settings())}
+        checks = {
+            "warm_up": warming.check(),
+            **readiness_checks(get_settings(), app.state.stores.index),
+        }
         ready = all(c["ok"] for c in checks.values())
         return JSONResponse(
             {"status": "ready" if ready else "unready", "checks": checks},

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from shared.db import unit_of_work
 from shared.errors import Unauthorized
 from shared.settings import Settings, get_settings
+from shared.stores.compose import Stores
 from shared.tenants import admission, ratelimit
 from shared.tenants.service import (
     Principal,
@@ -94,6 +95,15 @@ async def admin(principal: Annotated[Principal, Depends(current_principal)]) -> 
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def _stores(request: Request) -> Stores:
+    """The stores the app was built with (services/api/app.py, its composition root)."""
+    stores: Stores = request.app.state.stores
+    return stores
+
+
+StoresDep = Annotated[Stores, Depends(_stores)]
 Reader = Annotated[Principal, Depends(reader)]
 Writer = Annotated[Principal, Depends(writer)]
 Admin = Annotated[Principal, Depends(admin)]

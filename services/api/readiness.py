@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -12,7 +13,7 @@ from shared.db.repository import schema_revision
 from shared.migrate import ROOT
 from shared.redis_client import redis_client
 from shared.settings import Settings
-from shared.stores.chunk_index import ElasticsearchChunkIndex
+from shared.stores.ports import IndexHealth
 
 MIGRATIONS = ROOT / "migrations"
 
@@ -32,8 +33,8 @@ def _postgres(settings: Settings) -> dict[str, Any]:
     return {"ok": True, "detail": f"schema at {current}"}
 
 
-def _elasticsearch(settings: Settings) -> dict[str, Any]:
-    status = ElasticsearchChunkIndex(settings=settings).cluster_status(timeout_s=2)
+def _elasticsearch(index: IndexHealth) -> dict[str, Any]:
+    status = index.cluster_status(timeout_s=2)
     return {"ok": status in ("green", "yellow"), "detail": f"cluster {status}"}
 
 
@@ -42,12 +43,16 @@ def _redis(settings: Settings) -> dict[str, Any]:
     return {"ok": True, "detail": "ping"}
 
 
-def readiness_checks(settings: Settings) -> dict[str, dict[str, Any]]:
+def readiness_checks(settings: Settings, index: IndexHealth) -> dict[str, dict[str, Any]]:
     checks = {}
-    for name, check in (("postgres", _postgres), ("elasticsearch", _elasticsearch),
-                        ("redis", _redis)):  # fmt: skip
+    probes: dict[str, Callable[[], dict[str, Any]]] = {
+        "postgres": lambda: _postgres(settings),
+        "elasticsearch": lambda: _elasticsearch(index),
+        "redis": lambda: _redis(settings),
+    }
+    for name, check in probes.items():
         try:
-            checks[name] = check(settings)
+            checks[name] = check()
         except Exception as e:  # unready, with the reason; never a 500
             checks[name] = {"ok": False, "detail": f"{type(e).__name__}: {str(e)[:200]}"}
     return checks

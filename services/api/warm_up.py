@@ -79,9 +79,10 @@ def _connections() -> None:
     from shared.documents.service import accept_uploads
     from shared.queue import connect_producer
     from shared.settings import get_settings
+    from shared.stores.compose import connect
 
     settings = get_settings()
-    readiness_checks(settings)
+    readiness_checks(settings, connect(settings).index)
     connect_producer()
     upload = Upload(
         tenant_id="warm-up", external_id="warm-up", raw=b"warm up", content_type="text/plain"

@@ -41,13 +41,16 @@ def reconcile(
     from shared.db import unit_of_work
     from shared.reconcile.service import reconcile as run
     from shared.reconcile.service import reconcile_and_verify
+    from shared.stores.compose import connect
+
+    stores = connect()
 
     def progress(tenant: str, done: int, total: int) -> None:
         # stderr, so that --json output stays one parseable document
         typer.echo(f"{tenant}: {done}/{total} buckets compared", err=True)
 
     if dry_run:
-        report = run(unit_of_work, tenant, repair=False, deep=deep, progress=progress)
+        report = run(stores, unit_of_work, tenant, repair=False, deep=deep, progress=progress)
         body: dict[str, Any] = {"mode": "dry-run", **report.as_dict()}
         remaining = report.total()
     else:
@@ -63,6 +66,7 @@ def reconcile(
                 )
 
         found, after = reconcile_and_verify(
+            stores,
             unit_of_work,
             tenant,
             deep=deep,
@@ -116,7 +120,10 @@ def reindex(
     from shared.reconcile.reindex import reindex as run
     from shared.reconcile.service import reconcile as check
     from shared.stores.chunk_index import ReindexCopyRefused
+    from shared.stores.compose import connect
     from shared.tenants.repository import tenant_exists
+
+    stores = connect()
 
     if tenant is not None:
         with unit_of_work() as uow:
@@ -126,6 +133,7 @@ def reindex(
         with Progress(console=console) as bar:
             task = bar.add_task("copying chunks", total=None)
             result = run(
+                stores,
                 unit_of_work,
                 lambda done, total: bar.update(task, completed=done, total=total),
                 notice=console.print,
@@ -139,7 +147,7 @@ def reindex(
         f"{f' of tenant {tenant}' if tenant else ''} into generation {result.new_index} in "
         f"{result.seconds:.1f}s; removed {len(result.old_indices)} indices"
     )
-    drift = check(unit_of_work, tenant, repair=False)
+    drift = check(stores, unit_of_work, tenant, repair=False)
     console.print(f"drift after the switch: {drift.total()}")
     if drift.total():
         raise typer.Exit(1)
@@ -194,8 +202,9 @@ def calibrate(
     from shared.db import unit_of_work
     from shared.search.calibration import MIN_SAMPLES, calibrate
     from shared.settings import get_settings
+    from shared.stores.compose import connect
 
-    result = calibrate(unit_of_work, tenant, get_settings())
+    result = calibrate(connect(), unit_of_work, tenant, get_settings())
     if result is None:
         print_error(
             console, f"tenant {tenant!r} has too few chunks to draw {MIN_SAMPLES} questions from"
@@ -349,8 +358,9 @@ def stats(
     """Documents, versions, chunks per store, outbox backlog, dead letters, last reconcile."""
     from shared.admin.service import system_stats
     from shared.db import unit_of_work
+    from shared.stores.compose import connect
 
-    stats_ = system_stats(unit_of_work, tenant)
+    stats_ = system_stats(connect(), unit_of_work, tenant)
     if as_json:
         typer.echo(stats_.model_dump_json(indent=2))
         return

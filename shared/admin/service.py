@@ -22,8 +22,8 @@ from shared.outbox import repository as outbox_repo
 from shared.queue import publish_relay, queue_depths
 from shared.reconcile import repository as reconcile_repo
 from shared.settings import get_settings
-from shared.stores.chunk_index import ElasticsearchChunkIndex
-from shared.stores.vector_store import PgVectorStore
+from shared.stores.compose import Stores
+from shared.stores.ports import ChunkAudit
 
 
 def list_jobs(
@@ -114,30 +114,32 @@ def discard_dead_letter(session: Session, letter_id: int, tenant_id: str | None 
     jobs_repo.discard_dead_letter(session, letter_id)
 
 
-def system_stats(transactions: Transactions, tenant_id: str | None = None) -> Stats:
+def system_stats(stores: Stores, transactions: Transactions, tenant_id: str | None = None) -> Stats:
     """Counts for one tenant (the API) or all (the operator's CLI); queue depths are shared.
     Postgres is counted first, in a transaction that ends before Redis and Elasticsearch are
     asked; either being down is reported in its field and the rest still answers."""
     with transactions() as uow:
-        counted = _postgres_counts(uow.session, tenant_id)
+        counted = _postgres_counts(uow.session, stores.vectors(uow.session), tenant_id)
     try:
         depths: dict[str, int] | str = queue_depths()
     except Exception as e:  # Redis down: say so, answer the rest
         depths = f"unavailable ({type(e).__name__})"
     try:
-        es_chunks: int | str = ElasticsearchChunkIndex().count_of_tenant(tenant_id)
+        es_chunks: int | str = stores.index.count_of_tenant(tenant_id)
     except StoreError as e:  # stats must answer when ES is down
         es_chunks = f"unavailable ({type(e).__name__})"
     return Stats(**counted, queue_depth=depths, chunks_elasticsearch=es_chunks)
 
 
-def _postgres_counts(session: Session, tenant_id: str | None) -> dict[str, Any]:
+def _postgres_counts(
+    session: Session, vectors: ChunkAudit, tenant_id: str | None
+) -> dict[str, Any]:
     last = reconcile_repo.last_run(session, tenant_id)
     return {
         "documents": count_rows(session, Document, tenant_id, Document.deleted.is_(False)),
         "deleted_documents": count_rows(session, Document, tenant_id, Document.deleted.is_(True)),
         "document_versions": count_rows(session, DocumentVersion, tenant_id),
-        "chunks_postgres": PgVectorStore(session).count_of_tenant(tenant_id),
+        "chunks_postgres": vectors.count_of_tenant(tenant_id),
         "outbox_backlog": outbox_repo.outbox_backlog(session, tenant_id),
         "dead_letters": jobs_repo.dead_letter_count(session, tenant_id),
         "jobs": jobs_repo.job_state_counts(session, tenant_id),

@@ -57,6 +57,7 @@ from shared.errors import BadRequest, ConcordError, NotFound, PayloadTooLarge
 from shared.parsing import resolve_content_type
 from shared.queue import publish_ingest_jobs
 from shared.settings import Settings
+from shared.stores.compose import Stores
 from shared.tenants.service import validate_tenant_id
 
 SCHEMA_ID = "concord.upload/v1"
@@ -272,7 +273,9 @@ class EventsOutcome:
         }
 
 
-def accept_upload_events(uow: UnitOfWork, events: list[Any], settings: Settings) -> EventsOutcome:
+def accept_upload_events(
+    stores: Stores, uow: UnitOfWork, events: list[Any], settings: Settings
+) -> EventsOutcome:
     """Accept a message's events in the caller's transaction; each one that can never be
     accepted is dead-lettered in the same transaction, with its reason. The accepted jobs are
     published after commit in batches of ``ingest_batch_jobs``, one message each."""
@@ -307,7 +310,8 @@ def accept_upload_events(uow: UnitOfWork, events: list[Any], settings: Settings)
         items = list(run)
         if is_deletion:
             for deletion in (d for d in items if isinstance(d, Deletion)):
-                if delete_by_external_id(uow, deletion.tenant_id, deletion.external_id):
+                vectors = stores.vectors(uow.session)
+                if delete_by_external_id(uow, vectors, deletion.tenant_id, deletion.external_id):
                     outcome.deleted += 1
                 else:
                     outcome.unchanged += 1

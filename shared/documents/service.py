@@ -27,7 +27,7 @@ from shared.outbox import repository as outbox_repo
 from shared.queue import publish_ingest_job, publish_relay
 from shared.retry import describe_error
 from shared.settings import Settings
-from shared.stores.vector_store import PgVectorStore
+from shared.stores.ports import VectorWriter
 from shared.tenants import repository as tenants_repo
 from shared.text import storable_text
 
@@ -248,7 +248,9 @@ def _letter_value(value: Any, depth: int = 0) -> Any:
     return value
 
 
-def delete_document(uow: UnitOfWork, tenant_id: str, document_id: uuid.UUID) -> int:
+def delete_document(
+    uow: UnitOfWork, vectors: VectorWriter, tenant_id: str, document_id: uuid.UUID
+) -> int:
     """Record a tombstone as a new version, remove the chunks from Postgres and queue their
     deletion from Elasticsearch in the same transaction. Returns the tombstone version."""
     session = uow.session
@@ -274,7 +276,7 @@ def delete_document(uow: UnitOfWork, tenant_id: str, document_id: uuid.UUID) -> 
             tombstone=True,
         ),
     )
-    removed = PgVectorStore(session).delete_superseded({doc.id: doc.version}).get(doc.id, [])
+    removed = vectors.delete_superseded({doc.id: doc.version}).get(doc.id, [])
     outbox_repo.add_outbox(
         session,
         tenant_id=tenant_id,
@@ -287,7 +289,9 @@ def delete_document(uow: UnitOfWork, tenant_id: str, document_id: uuid.UUID) -> 
     return doc.version
 
 
-def delete_by_external_id(uow: UnitOfWork, tenant_id: str, external_id: str) -> bool:
+def delete_by_external_id(
+    uow: UnitOfWork, vectors: VectorWriter, tenant_id: str, external_id: str
+) -> bool:
     """Delete the tenant's live document of that external id (a delete event); False when
     there is none, so that replaying a delete is a no-op."""
     # The key an upload of the same document takes: serialized with uploads, the external id
@@ -299,7 +303,7 @@ def delete_by_external_id(uow: UnitOfWork, tenant_id: str, external_id: str) -> 
     doc = found.get((tenant_id, external_id))
     if doc is None or doc.deleted:
         return False
-    delete_document(uow, tenant_id, doc.id)
+    delete_document(uow, vectors, tenant_id, doc.id)
     return True
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 from billiard.exceptions import SoftTimeLimitExceeded
+from sqlalchemy.orm import Session
 
 from shared.db import Transactions, UnitOfWork
 from shared.db.repository import lock_keys, now
@@ -52,8 +53,9 @@ from shared.queue import (
 )
 from shared.retry import describe_error, is_retriable
 from shared.settings import Settings, get_settings
+from shared.stores.compose import Stores
+from shared.stores.ports import VectorWriter
 from shared.stores.schemas import ChunkRow, VersionChunks, chunk_id
-from shared.stores.vector_store import PgVectorStore
 from shared.timing import StageTimes
 from shared.webhooks import service as webhooks
 
@@ -117,7 +119,7 @@ def _chunker(settings: Settings, embedder: Embedder) -> Chunker:
 
 
 def process_job(
-    transactions: Transactions, job_id: uuid.UUID, settings: Settings | None = None
+    stores: Stores, transactions: Transactions, job_id: uuid.UUID, settings: Settings | None = None
 ) -> JobOutcome:
     """``job_id`` (and a batch of other queued jobs): claimed in one transaction, then
     parsed, chunked, embedded and written (:func:`run`); returns ``job_id``'s outcome. On an
@@ -134,9 +136,9 @@ def process_job(
     # at the back of the queue again, see claim), and then it simply waits its turn.
     waits = JobOutcome(str(job_id), JobState.QUEUED, {"waits_its_turn": True})
     if any(c.job_id == job_id for c in claimed):
-        return run(claimed, transactions, settings, retried_by_task=job_id)[job_id]
+        return run(stores, claimed, transactions, settings, retried_by_task=job_id)[job_id]
     try:
-        return run(claimed, transactions, settings).get(job_id, waits)
+        return run(stores, claimed, transactions, settings).get(job_id, waits)
     except Exception:
         # The batch's own jobs are back in the queue (or owed, see _release); the error is
         # not ``job_id``'s, whose task would otherwise retry it and, its retries spent,
@@ -147,7 +149,10 @@ def process_job(
 
 
 def process_jobs(
-    transactions: Transactions, job_ids: list[uuid.UUID], settings: Settings | None = None
+    stores: Stores,
+    transactions: Transactions,
+    job_ids: list[uuid.UUID],
+    settings: Settings | None = None,
 ) -> dict[uuid.UUID, JobOutcome]:
     """Jobs accepted together (one message for all of them): a batch claimed as any other
     is (the first of them, then queued jobs round-robin over tenants, within the batch's
@@ -161,7 +166,7 @@ def process_jobs(
         claims, rest = claim_listed(uow, job_ids, settings)
         if rest:
             uow.after_commit(lambda: publish_ingest_jobs(rest))
-    return run(claims, transactions, settings)
+    return run(stores, claims, transactions, settings)
 
 
 # ------------------------------------------------------------------ claim
@@ -283,9 +288,11 @@ def _start(
 
 
 def run(
+    stores: Stores,
     claims: list[Claim],
     transactions: Transactions,
     settings: Settings | None = None,
+    *,
     retried_by_task: uuid.UUID | None = None,
 ) -> dict[uuid.UUID, JobOutcome]:
     """parse → chunk → embed → write the claimed jobs, each job's failure its own, under a
@@ -298,7 +305,7 @@ def run(
     than leaving them to their leases, and propagates; ``retried_by_task`` (the task's own
     job) is retried by its task instead of being published again."""
     settings = settings or get_settings()
-    steps = _Steps(transactions, {})
+    steps = _Steps(transactions, stores.vectors, {})
 
     turn_left = settings.ingest_turn_chunks  # chunks the batch may still encode
 
@@ -349,6 +356,7 @@ class _Steps:
     transaction of its own."""
 
     transactions: Transactions
+    vectors: Callable[[Session], VectorWriter]  # the vector store in a write's transaction
     outcomes: dict[uuid.UUID, JobOutcome]
 
     def wait_their_turn(self, claims: list[Claim], settings: Settings) -> list[Claim]:
@@ -412,7 +420,7 @@ class _Steps:
         """The batch's write; its jobs count as finished only once it has committed (a
         commit that fails releases them like any other unfinished job)."""
         with self.transactions() as uow:
-            written = write_batch(uow, claims)
+            written = write_batch(uow, claims, self.vectors(uow.session))
         self.outcomes.update(written)
 
     def _job_failed(self, claim: Claim, stage: str, error: Exception) -> JobOutcome:
@@ -627,7 +635,9 @@ def embed_batch(
     return len(missing)
 
 
-def write_batch(uow: UnitOfWork, claims: list[Claim]) -> dict[uuid.UUID, JobOutcome]:
+def write_batch(
+    uow: UnitOfWork, claims: list[Claim], vectors: VectorWriter
+) -> dict[uuid.UUID, JobOutcome]:
     """Write the batch in the caller's transaction with a fixed number of statements whatever
     its size: the documents' locks, the jobs, the documents, the chunks, the superseded chunks
     and the outbox rows each take one round trip."""
@@ -668,7 +678,7 @@ def write_batch(uow: UnitOfWork, claims: list[Claim]) -> dict[uuid.UUID, JobOutc
         jobs.finish(job, detail, finished_at)
         outcomes[claim.job_id] = JobOutcome(str(claim.job_id), JobState.INDEXED, detail)
         finished.append((job, claim))
-    _write_versions(uow, list(writes.values()), docs)
+    _write_versions(uow, list(writes.values()), docs, vectors)
     webhooks.job_finished(uow, [job for job, _ in finished])  # one statement for the batch
     # Each job is charged its share of the batch's write time by chunk count.
     write_s = time.perf_counter() - write_started
@@ -685,13 +695,14 @@ def write_batch(uow: UnitOfWork, claims: list[Claim]) -> dict[uuid.UUID, JobOutc
     return outcomes
 
 
-def _write_versions(uow: UnitOfWork, claims: list[Claim], docs: dict[uuid.UUID, Document]) -> None:
+def _write_versions(
+    uow: UnitOfWork, claims: list[Claim], docs: dict[uuid.UUID, Document], store: VectorWriter
+) -> None:
     """The chunks and embeddings of each claimed live version, the removal of the chunks
     they supersede, and the outbox rows that carry both to Elasticsearch; the relay is
     nudged once they are committed."""
     if not claims:
         return
-    store = PgVectorStore(uow.session)
     store.upsert(
         [
             VersionChunks(

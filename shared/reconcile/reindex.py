@@ -34,13 +34,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sqlalchemy.orm import Session
+
 from shared.db import Transactions
 from shared.db.repository import run_unlock, try_run_lock
 from shared.errors import Conflict
-from shared.settings import get_settings
-from shared.stores.chunk_index import ElasticsearchChunkIndex
-from shared.stores.ports import IndexReindex
-from shared.stores.vector_store import PgVectorStore
+from shared.stores.compose import Stores
+from shared.stores.ports import IndexReindex, ReindexSource
 
 PAGE = 1000
 
@@ -65,10 +65,11 @@ class ReindexResult:
 
 
 def reindex(
+    stores: Stores,
     transactions: Transactions,
     progress: Callable[[int, int], None] | None = None,
+    *,
     page_size: int = PAGE,
-    index: IndexReindex | None = None,
     notice: Callable[[str], None] | None = None,
     tenant_id: str | None = None,
 ) -> ReindexResult:
@@ -84,33 +85,41 @@ def reindex(
                 "whose process died has ended: this one resumes it)"
             )
         try:
-            return _reindex(transactions, progress, page_size, index, notice, tenant_id)
+            return _reindex(
+                stores.index,
+                stores.vectors,
+                transactions,
+                progress,
+                page_size=page_size,
+                notice=notice,
+                tenant_id=tenant_id,
+            )
         finally:
             run_unlock(guard.session, _REINDEX_LOCK)
 
 
 def _reindex(
+    index: IndexReindex,
+    source: Callable[[Session], ReindexSource],
     transactions: Transactions,
     progress: Callable[[int, int], None] | None,
+    *,
     page_size: int,
-    index: IndexReindex | None,
     notice: Callable[[str], None] | None,
     tenant_id: str | None,
 ) -> ReindexResult:
-    settings = get_settings()
-    index = index or ElasticsearchChunkIndex(settings=settings)
     started = time.monotonic()
     start = index.start_reindex(tenant_id)
     if start.started_again_because and notice:
         notice(f"started again: {start.started_again_because}")
     target, last_id = start.generation, start.last_id  # target: the generation built
     with transactions() as uow:
-        store = PgVectorStore(uow.session, settings)
+        store = source(uow.session)
         total = store.count_of_tenant(tenant_id)
         done = store.count_up_to(last_id, tenant_id) if last_id else 0
     while True:
         with transactions() as uow:
-            store = PgVectorStore(uow.session, settings)
+            store = source(uow.session)
             page = store.page_after(last_id, page_size, tenant_id)
         if not page:
             break

@@ -41,10 +41,9 @@ from shared.outbox import repository as outbox_repo
 from shared.reconcile import repository as repo
 from shared.relay import service as relay
 from shared.stores.buckets import BUCKETS
-from shared.stores.chunk_index import ElasticsearchChunkIndex
-from shared.stores.ports import IndexAudit
+from shared.stores.compose import Stores
+from shared.stores.ports import IndexAudit, VectorAudit
 from shared.stores.schemas import EsCopy, Fingerprints, document_id_of
-from shared.stores.vector_store import PgVectorStore
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +114,11 @@ class ReconcileReport:
 
 
 def reconcile(
+    stores: Stores,
     transactions: Transactions,
     tenant: str | None = None,
+    *,
     repair: bool = False,
-    index: IndexAudit | None = None,
     deep: bool = False,
     progress: Progress | None = None,
 ) -> ReconcileReport:
@@ -128,7 +128,7 @@ def reconcile(
     ``deep`` compares every bucket chunk by chunk instead of trusting agreeing bucket sums:
     it also finds a copy edited outside Concord whose stored fingerprint was left as it was.
     """
-    index = index or ElasticsearchChunkIndex()
+    index = stores.index
     started = time.monotonic()
     report = ReconcileReport()
     index.refresh(tenant)  # compare against every write acknowledged so far
@@ -136,11 +136,11 @@ def reconcile(
         tenants = [tenant]
     else:
         with transactions() as uow:
-            tenants = sorted(PgVectorStore(uow.session).tenants() | index.tenants())
+            tenants = sorted(stores.vectors(uow.session).tenants() | index.tenants())
     report.tenants = len(tenants)
     for t in tenants:
         _reconcile_tenant(
-            transactions, index, t, report, repair=repair, deep=deep, progress=progress
+            transactions, stores, t, report, repair=repair, deep=deep, progress=progress
         )
     report.duration_s = time.monotonic() - started
     with transactions() as uow:
@@ -158,7 +158,7 @@ def reconcile(
 _PERIODIC_LOCK = 0x636F6E637265636E
 
 
-def periodic_reconcile(transactions: Transactions) -> dict[str, Any]:
+def periodic_reconcile(stores: Stores, transactions: Transactions) -> dict[str, Any]:
     """Beat's repairing reconcile of every tenant, one run at a time: a run that outlasts the
     interval (a large corpus) is not joined by the next, which skips instead of comparing
     the same ranges beside it and taking another worker process."""
@@ -166,12 +166,13 @@ def periodic_reconcile(transactions: Transactions) -> dict[str, Any]:
         if not try_run_lock(guard.session, _PERIODIC_LOCK):
             return {"skipped": "the previous periodic reconcile is still running"}
         try:
-            return reconcile(transactions, repair=True).as_dict()
+            return reconcile(stores, transactions, repair=True).as_dict()
         finally:
             run_unlock(guard.session, _PERIODIC_LOCK)
 
 
 def reconcile_and_verify(
+    stores: Stores,
     transactions: Transactions,
     tenant: str | None = None,
     deep: bool = False,
@@ -181,12 +182,12 @@ def reconcile_and_verify(
 ) -> tuple[ReconcileReport, ReconcileReport]:
     """Repair, drain the outbox now (waiting up to ``wait_s`` for repairs Elasticsearch
     postpones), and compare again: the second report shows what remains."""
-    first = reconcile(transactions, tenant, repair=True, deep=deep, progress=progress)
+    first = reconcile(stores, transactions, tenant, repair=True, deep=deep, progress=progress)
     drained = first.repaired_ids | first.in_flight
     if drained:
-        drain_repairs(transactions, drained, wait_s, waiting)
-        ElasticsearchChunkIndex().refresh(tenant)
-    after = reconcile(transactions, tenant, repair=False)
+        drain_repairs(stores, transactions, drained, wait_s, waiting)
+        stores.index.refresh(tenant)
+    after = reconcile(stores, transactions, tenant, repair=False)
     after.count_as_drift(drained)  # what the drain did not get applied still differs
     return first, after
 
@@ -196,6 +197,7 @@ RepairProgress = Callable[[int, int, float], None]
 
 
 def drain_repairs(
+    stores: Stores,
     transactions: Transactions,
     chunk_ids: set[str],
     wait_s: float = 30.0,
@@ -216,7 +218,7 @@ def drain_repairs(
     deadline = started + wait_s
     ids = sorted(chunk_ids)
     while True:
-        relay.drain(transactions, max_batches=10_000, deadline=deadline)
+        relay.drain(stores, transactions, max_batches=10_000, deadline=deadline)
         with transactions() as uow:
             pending = outbox_repo.outbox_rows_for(uow.session, ids)
         if not pending or time.monotonic() >= deadline:
@@ -254,7 +256,7 @@ class _RangeDrift:
 
 def _reconcile_tenant(
     transactions: Transactions,
-    index: IndexAudit,
+    stores: Stores,
     tenant: str,
     report: ReconcileReport,
     *,
@@ -262,8 +264,9 @@ def _reconcile_tenant(
     deep: bool,
     progress: Progress | None,
 ) -> None:
+    index = stores.index
     with transactions() as uow:
-        pg_stats = PgVectorStore(uow.session).bucket_stats(tenant)
+        pg_stats = stores.vectors(uow.session).bucket_stats(tenant)
     es_stats, unbucketed = index.bucket_stats(tenant)
     report.buckets_scanned += BUCKETS
     differing = sorted(
@@ -275,9 +278,10 @@ def _reconcile_tenant(
     done = 0
     for buckets in _bucket_ranges(to_read, sizes):
         with transactions() as uow:
-            pg_rows = PgVectorStore(uow.session).fingerprints_in_buckets(tenant, buckets)
+            vectors = stores.vectors(uow.session)
+            pg_rows = vectors.fingerprints_in_buckets(tenant, buckets)
             es_rows = index.copies_in_buckets(tenant, buckets)
-            _compare_range(uow.session, index, tenant, pg_rows, es_rows, report, repair)
+            _compare_range(uow.session, vectors, index, tenant, pg_rows, es_rows, report, repair)
         done += len(buckets)
         if progress:
             progress(tenant, done, len(to_read))
@@ -285,16 +289,20 @@ def _reconcile_tenant(
     if unbucketed:  # legacy copies without a bucket: compare them with their Postgres rows
         with transactions() as uow:
             es_rows = index.copies_in_buckets(tenant, [], unbucketed=True)
-            pg_rows = PgVectorStore(uow.session).fingerprints_by_ids(tenant, sorted(es_rows))
-            _compare_range(uow.session, index, tenant, pg_rows, es_rows, report, repair)
+            vectors = stores.vectors(uow.session)
+            pg_rows = vectors.fingerprints_by_ids(tenant, sorted(es_rows))
+            _compare_range(uow.session, vectors, index, tenant, pg_rows, es_rows, report, repair)
     foreign = index.foreign_copies(tenant)
     if foreign:
         with transactions() as uow:
-            _purge_foreign(uow.session, tenant, foreign, report, repair)
+            _purge_foreign(
+                uow.session, stores.vectors(uow.session), tenant, foreign, report, repair
+            )
 
 
 def _purge_foreign(
     session: Session,
+    vectors: VectorAudit,
     tenant: str,
     foreign: dict[str, EsCopy],
     report: ReconcileReport,
@@ -304,7 +312,7 @@ def _purge_foreign(
     chunks (its copy's tenant field edited) is found by the bucket sums and rewritten there;
     any other is another tenant's copy, or no one's, in the wrong index: deleted from it."""
     report.ids_read += len(foreign)
-    owners = PgVectorStore(session).owners(sorted(foreign))
+    owners = vectors.owners(sorted(foreign))
     strays = {cid: copy for cid, copy in foreign.items() if owners.get(cid) != tenant}
     waiting = outbox_repo.chunks_with_queued_writes(session, sorted(strays), tenant)
     report.in_flight |= waiting
@@ -325,6 +333,7 @@ def _purge_foreign(
 
 def _compare_range(
     session: Session,
+    vectors: VectorAudit,
     index: IndexAudit,
     tenant: str,
     pg_rows: Fingerprints,
@@ -349,7 +358,7 @@ def _compare_range(
         else:
             found.drift["missing"].add(cid)
     extra = [cid for cid in es_rows if cid not in pg_rows]
-    owners = PgVectorStore(session).owners(extra)
+    owners = vectors.owners(extra)
     for cid in extra:
         owner = owners.get(cid)
         if owner and owner != tenant:
@@ -385,10 +394,12 @@ def _compare_range(
         report.drift[name] |= ids
     report.unrepairable.extend(sorted(found.unrepairable))
     if repair:
-        _queue_repairs(session, found, report)
+        _queue_repairs(session, vectors, found, report)
 
 
-def _queue_repairs(session: Session, found: _RangeDrift, report: ReconcileReport) -> None:
+def _queue_repairs(
+    session: Session, vectors: VectorAudit, found: _RangeDrift, report: ReconcileReport
+) -> None:
     drifted = set().union(*found.drift.values())  # chunks in flight are not among them
     # A write that is a dead letter at this version (or a newer one) would fail again: held
     # for the operator. One of an older version does not block the repair of a newer one.
@@ -403,7 +414,7 @@ def _queue_repairs(session: Session, found: _RangeDrift, report: ReconcileReport
         outbox_repo.OutboxEntry(
             chunk.tenant_id, chunk.document_id, OutboxOp.REPAIR, chunk.version, [chunk.id]
         )
-        for chunk in PgVectorStore(session).chunks_by_ids(sorted(rewrite)).values()
+        for chunk in vectors.chunks_by_ids(sorted(rewrite)).values()
     ]
     orphans = sorted(found.drift["orphaned"] - held)
     versions = documents_repo.document_versions_for_chunks(session, orphans)

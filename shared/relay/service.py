@@ -33,10 +33,9 @@ from shared.redis_client import redis_client
 from shared.retry import retry_delay
 from shared.settings import Settings, get_settings
 from shared.stores.chunk_document import es_document
-from shared.stores.chunk_index import ElasticsearchChunkIndex
-from shared.stores.ports import ChunkWriter
+from shared.stores.compose import Stores
+from shared.stores.ports import ChunkWriter, VectorReads
 from shared.stores.schemas import IndexUnavailable, TenantLines, document_id_of
-from shared.stores.vector_store import PgVectorStore
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +67,11 @@ def backoff_seconds(attempts: int, cap: float = 60.0) -> float:
 
 
 def drain(
+    stores: Stores,
     transactions: Transactions,
+    *,
     max_batches: int = 20,
     settings: Settings | None = None,
-    index: ChunkWriter | None = None,
     deadline: float | None = None,
 ) -> RelayReport:
     """Relay up to ``max_batches`` batches of due rows, each claimed, sent and settled in a
@@ -80,11 +80,10 @@ def drain(
     rows possibly left, it asks for the next drain: the request that started this one was
     cleared when it started, and those rows must not wait for beat."""
     settings = settings or get_settings()
-    index = index or ElasticsearchChunkIndex(settings=settings)
     total = RelayReport()
     for _ in range(max_batches):
         with transactions() as uow:
-            batch = _relay_batch(uow.session, settings, index)
+            batch = _relay_batch(uow.session, settings, stores.index, stores.vectors(uow.session))
         total.add(batch)
         if batch.claimed < settings.relay_batch_size or batch.unreachable:
             break
@@ -96,7 +95,9 @@ def drain(
     return total
 
 
-def _relay_batch(session: Session, settings: Settings, index: ChunkWriter) -> RelayReport:
+def _relay_batch(
+    session: Session, settings: Settings, index: ChunkWriter, vectors: VectorReads
+) -> RelayReport:
     report = RelayReport()
     rows = repo.claim_outbox(session, settings.relay_batch_size)
     report.claimed = len(rows)
@@ -112,7 +113,7 @@ def _relay_batch(session: Session, settings: Settings, index: ChunkWriter) -> Re
         if key not in newest or _order(row) > _order(newest[key]):
             newest[key] = row
     # Deletes too: each is checked against Postgres now, when it is applied.
-    chunks = PgVectorStore(session, settings).chunks_by_ids([cid for _, cid in newest])
+    chunks = vectors.chunks_by_ids([cid for _, cid in newest])
     docs = documents_repo.documents_by_ids(session, [c.document_id for c in chunks.values()])
     requests = _actions(list(newest.values()), chunks, docs)
     report.sent = len(requests)
@@ -350,7 +351,7 @@ def _reason(result: dict[str, Any]) -> str:
 
 
 def queue_stale_copy_purges(
-    uow: UnitOfWork, settings: Settings, tenant_id: str, stale_ids: list[str]
+    stores: Stores, uow: UnitOfWork, settings: Settings, tenant_id: str, stale_ids: list[str]
 ) -> None:
     """Queue the Elasticsearch delete of hits Postgres does not hold live (a search met them).
 
@@ -366,7 +367,7 @@ def queue_stale_copy_purges(
             by_doc.setdefault(doc_id, []).append(cid)
     session = uow.session
     docs = documents_repo.documents_by_ids(session, list(by_doc))
-    store = PgVectorStore(session, settings)
+    store = stores.vectors(session)
     for doc_id, cids in by_doc.items():
         doc = docs.get(doc_id)
         if doc is None or doc.tenant_id != tenant_id:

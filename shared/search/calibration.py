@@ -43,7 +43,7 @@ from shared.models import TenantCalibration
 from shared.search import repository as repo
 from shared.search.coverage import QueryTerms
 from shared.settings import Settings
-from shared.stores.vector_store import PgVectorStore
+from shared.stores.compose import Stores
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +102,13 @@ def threshold(own: list[float], far: list[float]) -> tuple[float | None, float, 
     return (round((low + high) / 2, 4) if high < low else None), low, high
 
 
-def calibrate(transactions: Transactions, tenant_id: str, settings: Settings) -> Calibration | None:
+def calibrate(
+    stores: Stores, transactions: Transactions, tenant_id: str, settings: Settings
+) -> Calibration | None:
     """Calibrate the tenant and store it; None (nothing stored) for a corpus too small to
     draw ``MIN_SAMPLES`` questions from."""
     with transactions() as uow:
-        store = PgVectorStore(uow.session, settings)
+        store = stores.vectors(uow.session)
         chunks = store.count_of_tenant(tenant_id)
         texts = store.sample_texts(tenant_id, SAMPLE_CHUNKS, seed=0.5)
     questions = own_questions(texts, tenant_id)
@@ -114,7 +116,7 @@ def calibrate(transactions: Transactions, tenant_id: str, settings: Settings) ->
         return None
     embedder = get_embedder()
     with transactions() as uow:
-        store = PgVectorStore(uow.session, settings)
+        store = stores.vectors(uow.session)
 
         def best(question: str) -> float:
             hits = store.nearest(tenant_id, embedder.embed_query(question).tolist(), 1)
@@ -141,7 +143,7 @@ def calibrate(transactions: Transactions, tenant_id: str, settings: Settings) ->
 
 
 def calibrate_due(
-    transactions: Transactions, settings: Settings, settled_only: bool = False
+    stores: Stores, transactions: Transactions, settings: Settings, settled_only: bool = False
 ) -> list[Calibration]:
     """Calibrate up to ``TENANTS_PER_RUN`` tenants whose corpus was never calibrated or has
     changed by ``RECALIBRATE_CHANGE`` since (the biggest change first); with
@@ -149,7 +151,7 @@ def calibrate_due(
     an ingest batch: a tenant still uploading is calibrated when its last batch is written,
     on its whole corpus, not on the first tenth of it)."""
     with transactions() as uow:
-        store = PgVectorStore(uow.session, settings)
+        store = stores.vectors(uow.session)
         known = repo.calibrations(uow.session)
         counts = store.counts_by_tenant()
         unsettled = jobs_repo.tenants_with_jobs_in_flight(uow.session) if settled_only else set()
@@ -163,7 +165,7 @@ def calibrate_due(
             due.append((change, tenant))
     results = []
     for _, tenant in sorted(due, reverse=True)[:TENANTS_PER_RUN]:
-        calibrated = calibrate(transactions, tenant, settings)
+        calibrated = calibrate(stores, transactions, tenant, settings)
         if calibrated is not None:
             results.append(calibrated)
     return results

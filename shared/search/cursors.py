@@ -2,12 +2,13 @@
 it whatever is written meanwhile.
 
 A search with ``paginate: true`` stores its retrieval (both arms' hits, the fused ranking, the
-query vector and the resolved request) in Redis for ``search_cursor_ttl_s`` under a random
-id, and returns an opaque cursor: that id and where the next page starts. ``POST
-/v1/search/next`` reads the next page from the stored ranking, hydrating it from Postgres
-then, so nothing stale or deleted is served (a chunk deleted since is dropped) and nothing new
-shifts the pages (a document written since is not in this ranking: a new search finds it).
-A cursor belongs to the tenant that made it: another tenant's lookup finds nothing.
+query vector and the resolved request) in Redis (shared/stores/snapshots.py) for
+``search_cursor_ttl_s`` under a random id, and returns an opaque cursor: that id and where the
+next page starts. ``POST /v1/search/next`` reads the next page from the stored ranking,
+hydrating it from Postgres then, so nothing stale or deleted is served (a chunk deleted since
+is dropped) and nothing new shifts the pages (a document written since is not in this
+ranking: a new search finds it). A cursor belongs to the tenant that made it: another
+tenant's lookup finds nothing.
 
 Redis is also the broker, so what cursors hold is bounded: a snapshot is stored compressed
 (a deep request's is about 280 KB of JSON, 85 KB compressed) and may be at most
@@ -20,26 +21,20 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
 import json
 import re
 import secrets
 import zlib
-from typing import Any, NamedTuple, cast
-
-import redis
-from redis.commands.core import Script
-from redis.exceptions import RedisError, ResponseError
+from typing import Any, NamedTuple
 
 from shared.errors import BadRequest, NotFound, StoreUnavailable
-from shared.redis_client import redis_client
 from shared.search.coverage import CorpusCounts
 from shared.search.schemas import SearchRequest
 from shared.search.values import Retrieved
 from shared.settings import Settings
+from shared.stores.ports import SnapshotStore
 from shared.stores.schemas import ArmHit
 
-PREFIX = "concord:search-cursor:"
 # What save() issues (secrets.token_urlsafe(16)); checked before any read, so no forged id
 # can name another key under PREFIX (a tenant's cursor list, say).
 _CURSOR_ID = re.compile(r"[A-Za-z0-9_-]{22}")
@@ -55,7 +50,7 @@ class Stored(NamedTuple):
     retrieved: Retrieved
 
 
-def save(settings: Settings, tenant_id: str, stored_search: Stored) -> str:
+def save(snapshots: SnapshotStore, tenant_id: str, stored_search: Stored) -> str:
     cursor_id = secrets.token_urlsafe(16)
     request, retrieved = stored_search.request, stored_search.retrieved
     snapshot = {
@@ -81,60 +76,18 @@ def save(settings: Settings, tenant_id: str, stored_search: Stored) -> str:
             "lower candidate_depth)"
         )
     try:
-        _save_script(_redis(settings))(
-            keys=[PREFIX + cursor_id, _live_cursors(tenant_id)],
-            args=[
-                stored,
-                settings.search_cursor_ttl_s,
-                max(1, settings.search_cursors_per_tenant),
-                cursor_id,
-                PREFIX,
-            ],
-        )
-    except RedisError as e:
-        raise StoreUnavailable(f"the cursor could not be stored (Redis: {e})") from e
+        snapshots.put(tenant_id, cursor_id, stored)
+    except StoreUnavailable as e:
+        raise StoreUnavailable(f"the cursor could not be stored ({e})") from e
     return cursor_id
 
 
-@functools.cache
-def _save_script(client: redis.Redis) -> Script:
-    """The save script, bound to the process's client (registered once: its SHA-1 is sent
-    after the first call, the script itself only when Redis does not know it)."""
-    return client.register_script(_SAVE_SCRIPT)
-
-
-def _live_cursors(tenant_id: str) -> str:
-    """The tenant's cursors, each scored by when it expires (Redis' clock)."""
-    return f"{PREFIX}tenant:{tenant_id}"
-
-
-# Store the snapshot, forget the tenant's expired cursors and drop its oldest past the cap,
-# in one step (a script: two saves at once cannot both count the same excess and drop twice
-# as many). KEYS: the snapshot's key, the tenant's set; ARGV: the snapshot, the TTL, the cap,
-# the cursor's id, the snapshots' key prefix.
-_SAVE_SCRIPT = """
-local time = redis.call('TIME')  -- to the microsecond: the oldest goes first, not the least id
-local now = tonumber(time[1]) + tonumber(time[2]) / 1000000
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[4])
-redis.call('EXPIRE', KEYS[2], ARGV[2])
-local excess = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[3])
-if excess > 0 then
-  local oldest = redis.call('ZPOPMIN', KEYS[2], excess)
-  for i = 1, #oldest, 2 do redis.call('DEL', ARGV[5] .. oldest[i]) end
-end
-"""
-
-
-def load(settings: Settings, tenant_id: str, cursor_id: str) -> Stored:
+def load(snapshots: SnapshotStore, settings: Settings, tenant_id: str, cursor_id: str) -> Stored:
     try:
-        raw = _redis(settings).get(PREFIX + cursor_id)
-    except ResponseError:  # not a snapshot's key (only a forged id could name one)
-        raw = None
-    except RedisError as e:
-        raise StoreUnavailable(f"the cursor could not be read ({type(e).__name__})") from e
-    snapshot = _snapshot(cast(bytes, raw)) if raw else None
+        raw = snapshots.get(cursor_id)
+    except StoreUnavailable as e:
+        raise StoreUnavailable(f"the cursor could not be read ({e})") from e
+    snapshot = _snapshot(raw) if raw else None
     if snapshot is None or snapshot["tenant"] != tenant_id:
         raise NotFound(
             f"no such cursor: it expired (cursors live {settings.search_cursor_ttl_s} s) "
@@ -171,7 +124,3 @@ def decode(cursor: str) -> tuple[str, int]:
         return cursor_id, int(offset)
     except (ValueError, binascii.Error, UnicodeDecodeError) as e:
         raise BadRequest("malformed cursor: pass next_cursor from a search response as is") from e
-
-
-def _redis(settings: Settings) -> redis.Redis:
-    return redis_client(settings.redis_socket_timeout_s)

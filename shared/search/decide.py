@@ -9,8 +9,6 @@ from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import replace
 
-from sqlalchemy.orm import Session
-
 from shared.answerability.features import RERANK_WINDOW
 from shared.answerability.schemas import AnswerabilityTrace
 from shared.ingest.embedding import get_embedder
@@ -27,6 +25,7 @@ from shared.search.policy import (
 )
 from shared.search.rerank import RerankInfo
 from shared.search.values import Candidates, Query, Retrieved
+from shared.stores.ports import VectorSearch
 from shared.stores.schemas import document_of_chunk
 
 log = logging.getLogger(__name__)
@@ -103,7 +102,7 @@ def policy_config(
 
 def judge(
     query: Query,
-    session: Session,
+    vectors: VectorSearch,
     retrieved: Retrieved,
     page: Candidates,
     offset: int,
@@ -118,7 +117,7 @@ def judge(
         return None
     rerank_scores: list[float] | None = None
     if model.reranker is not None:
-        first = _first_live_results(query, session, retrieved, page, offset)
+        first = _first_live_results(query, vectors, retrieved, page, offset)
         rerank_scores = _first_results_scores(query, first, rerank_info)
         if rerank_scores is None:
             return None
@@ -135,7 +134,7 @@ def judge(
 
 
 def _first_live_results(
-    query: Query, session: Session, retrieved: Retrieved, page: Candidates, offset: int
+    query: Query, vectors: VectorSearch, retrieved: Retrieved, page: Candidates, offset: int
 ) -> list[Candidate]:
     """The first RERANK_WINDOW live chunks of the ranking the search serves from (fused, then
     boosted or, for a paginated search, capped per document, as the request asks): the same
@@ -146,7 +145,7 @@ def _first_live_results(
     if all(cid in by_id for cid in window):
         return [by_id[cid] for cid in window]
     # Twice the window: room for stale hits, which are dropped as the page's own are.
-    more = hydrate(query, session, retrieved.fused[: 2 * RERANK_WINDOW], retrieved.vector, [])
+    more = hydrate(query, vectors, retrieved.fused[: 2 * RERANK_WINDOW], retrieved.vector, [])
     page.stale += [cid for cid in more.stale if cid not in page.stale]
     return more.items[:RERANK_WINDOW]
 

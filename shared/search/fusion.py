@@ -12,15 +12,13 @@ from __future__ import annotations
 import statistics
 from datetime import UTC, datetime
 
-from sqlalchemy.orm import Session
-
 from shared.search.boost import boosted
 from shared.search.diversify import within_cap
 from shared.search.passages import PassageMatch, Question, competing, reorder_within_documents
 from shared.search.schemas import Fusion
 from shared.search.values import Arms, Query, Retrieved
+from shared.stores.ports import VectorSearch
 from shared.stores.schemas import ArmHit, document_of_chunk
-from shared.stores.vector_store import PgVectorStore
 from shared.timing import StageTimes
 
 
@@ -71,7 +69,9 @@ def _ordered(scores: dict[str, float]) -> list[tuple[str, float]]:
     return sorted(scores.items(), key=lambda item: (-item[1], item[0]))
 
 
-def fused_ranking(query: Query, arms: Arms, session: Session, timings: StageTimes) -> Retrieved:
+def fused_ranking(
+    query: Query, arms: Arms, vectors: VectorSearch, timings: StageTimes
+) -> Retrieved:
     """The arms' hits fused as the request asks, lifted by its boost (the values read from
     Postgres for every fused candidate, in one query), the first candidates' chunks ordered
     within their documents by how exactly they answer (passages.py); for a paginated search,
@@ -82,14 +82,14 @@ def fused_ranking(query: Query, arms: Arms, session: Session, timings: StageTime
     boost = request.boost
     if boost is not None:
         with timings.stage("boost"):
-            values = PgVectorStore(session, query.settings).metadata_values(
+            values = vectors.metadata_values(
                 query.tenant_id, [cid for cid, _ in fused], boost.field
             )
             fused = boosted(fused, values, boost, datetime.now(UTC))
     window = query.settings.search_passage_window
     if window and len(fused) > 1:
         with timings.stage("passages"):
-            matches = passage_matches(query, session, fused[:window], arms)
+            matches = passage_matches(query, vectors, fused[:window], arms)
             fused = reorder_within_documents(fused, matches)
     if request.paginate and request.per_document_cap is not None:
         fused = within_cap(fused, request.per_document_cap, lambda hit: document_of_chunk(hit[0]))
@@ -97,7 +97,7 @@ def fused_ranking(query: Query, arms: Arms, session: Session, timings: StageTime
 
 
 def passage_matches(
-    query: Query, session: Session, window: list[tuple[str, float]], arms: Arms
+    query: Query, vectors: VectorSearch, window: list[tuple[str, float]], arms: Arms
 ) -> dict[str, PassageMatch]:
     """How each of the ``window`` candidates that compete with another chunk of their
     document answers the question (one read of their texts and sections; a candidate no
@@ -106,5 +106,5 @@ def passage_matches(
     if not ids:
         return {}
     question = Question.of(query.request.query, arms.counts)
-    texts = PgVectorStore(session, query.settings).texts(query.tenant_id, ids)
+    texts = vectors.texts(query.tenant_id, ids)
     return {cid: question.match(text, section) for cid, (text, section) in texts.items()}

@@ -8,13 +8,11 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from sqlalchemy.orm import Session
-
 from shared.search.diversify import cap_per_document, within_cap
 from shared.search.policy import Candidate
 from shared.search.values import Candidates, Query, Retrieved
+from shared.stores.ports import VectorSearch
 from shared.stores.schemas import document_of_chunk
-from shared.stores.vector_store import PgVectorStore
 from shared.vector_type import vector_from_bytes
 
 EMPTY_SCORES: Mapping[str, float] = {}
@@ -23,7 +21,9 @@ EMPTY_SCORES: Mapping[str, float] = {}
 EMBEDDINGS_UP_FRONT = 24
 
 
-def hydrate_page(query: Query, session: Session, retrieved: Retrieved, offset: int) -> Candidates:
+def hydrate_page(
+    query: Query, vectors: VectorSearch, retrieved: Retrieved, offset: int
+) -> Candidates:
     """The candidates of the page that starts at ``offset`` in the fused ranking, in slices
     until the page can be filled: twice top_k (room for stale drops) or the rerank window at
     first, more only while a per-document cap leaves fewer than top_k results, and never past
@@ -51,7 +51,7 @@ def hydrate_page(query: Query, session: Session, retrieved: Retrieved, offset: i
         wanted = set(likely)
         page = hydrate(
             query,
-            session,
+            vectors,
             [hit for hit in fused if hit[0] in wanted],
             retrieved.vector,
             likely[:EMBEDDINGS_UP_FRONT],
@@ -63,7 +63,7 @@ def hydrate_page(query: Query, session: Session, retrieved: Retrieved, offset: i
     for start in range(0, len(fused), step):
         part = [hit for hit in fused[start : start + step] if hit[0] not in hydrated]
         more = hydrate(
-            query, session, part, retrieved.vector, likely[:EMBEDDINGS_UP_FRONT], cosines
+            query, vectors, part, retrieved.vector, likely[:EMBEDDINGS_UP_FRONT], cosines
         )
         page.items += more.items
         page.dropped += more.dropped
@@ -81,7 +81,7 @@ def hydrate_page(query: Query, session: Session, retrieved: Retrieved, offset: i
 
 def hydrate(
     query: Query,
-    session: Session,
+    vectors: VectorSearch,
     fused: list[tuple[str, float]],
     vector: list[float],
     embeddings_for: list[str],
@@ -93,9 +93,7 @@ def hydrate(
     some hit lacks one (a hit of the lexical arm alone)."""
     ids = [cid for cid, _ in fused]
     known = all(cid in cosines for cid in ids)
-    live = PgVectorStore(session, query.settings).hydrate(
-        query.tenant_id, ids, None if known else vector, embeddings_for
-    )
+    live = vectors.hydrate(query.tenant_id, ids, None if known else vector, embeddings_for)
     candidates = []
     for cid in ids:
         row = live.get(cid)
@@ -126,12 +124,12 @@ def hydrate(
     return Candidates(candidates, len(stale), stale)
 
 
-def attach_embeddings(query: Query, session: Session, candidates: list[Candidate]) -> None:
+def attach_embeddings(query: Query, vectors: VectorSearch, candidates: list[Candidate]) -> None:
     """Read the embeddings of the candidates hydrated without one."""
     missing = [c.chunk_id for c in candidates if c.embedding is None]
     if not missing:
         return
-    found = PgVectorStore(session, query.settings).embeddings(query.tenant_id, missing)
+    found = vectors.embeddings(query.tenant_id, missing)
     for c in candidates:
         if c.embedding is None and c.chunk_id in found:
             c.embedding = found[c.chunk_id]

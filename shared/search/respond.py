@@ -18,6 +18,7 @@ from shared.search.schemas import (
     Trace,
 )
 from shared.search.values import Query, Ranked, Retrieved
+from shared.stores.ports import SnapshotStore
 from shared.stores.schemas import ArmHit
 from shared.timing import StageTimes
 
@@ -29,9 +30,11 @@ def respond(
     query: Query,
     retrieved: Retrieved,
     ranked: Ranked,
+    *,
     policy: PolicyResult,
     dropped: int,
     timings: StageTimes,
+    snapshots: SnapshotStore,
     offset: int = 0,
     cursor_id: str | None = None,
 ) -> SearchResponse:
@@ -75,7 +78,14 @@ def respond(
     if request.group_by == "document":
         response.groups = group_by_document(items)
     if request.paginate:
-        response.next_cursor = next_cursor(query, retrieved, offset, ranked.results, cursor_id)
+        response.next_cursor = next_cursor(
+            query,
+            retrieved,
+            ranked.results,
+            snapshots=snapshots,
+            offset=offset,
+            cursor_id=cursor_id,
+        )
     if request.explain:
         response.timings_ms = timings.totals
     return response
@@ -84,8 +94,10 @@ def respond(
 def next_cursor(
     query: Query,
     retrieved: Retrieved,
-    offset: int,
     results: list[Candidate],
+    *,
+    snapshots: SnapshotStore,
+    offset: int,
     cursor_id: str | None,
 ) -> str | None:
     """Where the next page starts (past this page's last result), or None at the end; the
@@ -98,7 +110,7 @@ def next_cursor(
         return None
     if cursor_id is None:
         stored = cursors.Stored(query.request, query.calibrated_min_score, retrieved)
-        cursor_id = cursors.save(query.settings, query.tenant_id, stored)
+        cursor_id = cursors.save(snapshots, query.tenant_id, stored)
     return cursors.encode(cursor_id, following)
 
 

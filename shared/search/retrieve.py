@@ -17,19 +17,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from functools import lru_cache
 
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session
-
-from shared.db import repository as db_repo
 from shared.errors import StoreError, StoreUnavailable
 from shared.ingest.embedding import get_embedder
 from shared.search.coverage import CorpusCounts, QueryTerms
 from shared.search.schemas import SearchRequest
 from shared.search.values import Arms, Query
 from shared.settings import Settings
-from shared.stores.chunk_index import ElasticsearchChunkIndex
+from shared.stores.ports import LexicalSearch, VectorSearch
 from shared.stores.schemas import ArmHit
-from shared.stores.vector_store import PgVectorStore
 from shared.timing import StageTimes
 
 log = logging.getLogger(__name__)
@@ -39,7 +34,7 @@ log = logging.getLogger(__name__)
 # than a wait that ran out).
 _lexical_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="search-lexical")
 ARM_WAIT_MARGIN_S = 1.0
-ARM_ERRORS = (StoreError, SQLAlchemyError)
+ARM_ERRORS = (StoreError,)  # the adapters raise Concord's store errors, never a driver's
 # Dense arms one tenant may run at once in this process: a tenant whose searches Postgres is
 # slow to answer holds at most this many of the process's connections (15), not all of them.
 DENSE_ARMS_PER_TENANT = 4
@@ -51,7 +46,9 @@ _dense_slots_guard = threading.Lock()
 ALL_CORES = max(1, min(2, os.cpu_count() or 1))
 
 
-def retrieve(query: Query, session: Session, timings: StageTimes) -> Arms:
+def retrieve(
+    query: Query, *, index: LexicalSearch, vectors: VectorSearch, timings: StageTimes
+) -> Arms:
     """Both arms (the lexical one beside the query's encoding), each degrading alone; a 503
     when neither answers."""
     tenant_id, request, settings = query.tenant_id, query.request, query.settings
@@ -60,13 +57,13 @@ def retrieve(query: Query, session: Session, timings: StageTimes) -> Arms:
     with timings.stage("retrieve"):
         if request.mode in ("lexical", "hybrid"):
             lexical = _lexical_pool.submit(
-                timings.timed, "lexical", lambda: lexical_arm(tenant_id, request, settings)
+                timings.timed, "lexical", lambda: lexical_arm(index, tenant_id, request)
             )
         terms = QueryTerms.of(request.query)
         counting: Future[CorpusCounts | None] | None = None
         if terms.stems and coverage_decides(query):
             counting = _lexical_pool.submit(
-                timings.timed, "term_counts", lambda: corpus_counts(tenant_id, terms, settings)
+                timings.timed, "term_counts", lambda: corpus_counts(index, tenant_id, terms)
             )
         lexical_deadline = time.monotonic() + settings.search_store_timeout_s + ARM_WAIT_MARGIN_S
         threads = ALL_CORES if request.mode == "dense" else 1
@@ -77,7 +74,7 @@ def retrieve(query: Query, session: Session, timings: StageTimes) -> Arms:
             ),
         )
         if request.mode in ("dense", "hybrid"):
-            dense = _dense_within_slot(query, session, timings, vector)
+            dense = _dense_within_slot(query, vectors, timings, vector)
         hits: dict[str, list[ArmHit]] = {}
         degraded: list[str] = []
         if lexical is not None:
@@ -112,28 +109,29 @@ def coverage_decides(query: Query) -> bool:
     return request.policy.score_type != "answerability" and query.settings.policy_coverage
 
 
-def corpus_counts(tenant_id: str, terms: QueryTerms, settings: Settings) -> CorpusCounts | None:
-    counted = ElasticsearchChunkIndex(settings=settings).term_counts(tenant_id, list(terms.stems))
+def corpus_counts(index: LexicalSearch, tenant_id: str, terms: QueryTerms) -> CorpusCounts | None:
+    counted = index.term_counts(tenant_id, list(terms.stems))
     return None if counted is None else CorpusCounts(*counted)
 
 
 def dense_arm(
-    session: Session,
+    vectors: VectorSearch,
     tenant_id: str,
     vector: list[float],
     request: SearchRequest,
-    settings: Settings,
+    *,
+    within_s: float | None = None,
 ) -> list[ArmHit]:
     """The pgvector arm: the request's dense candidates, nearest first."""
-    hits = PgVectorStore(session, settings).nearest(
-        tenant_id, vector, request.candidate_depth.dense, request.filters
+    hits = vectors.nearest(
+        tenant_id, vector, request.candidate_depth.dense, request.filters, within_s=within_s
     )
     return [ArmHit(cid, rank, cosine) for rank, (cid, cosine) in enumerate(hits, start=1)]
 
 
-def lexical_arm(tenant_id: str, request: SearchRequest, settings: Settings) -> list[ArmHit]:
+def lexical_arm(index: LexicalSearch, tenant_id: str, request: SearchRequest) -> list[ArmHit]:
     """The BM25 arm; the chunk index builds the query (user text only in a match query)."""
-    hits = ElasticsearchChunkIndex(settings=settings).lexical_search(
+    hits = index.lexical_search(
         tenant_id,
         request.query,
         request.filters,
@@ -145,11 +143,11 @@ def lexical_arm(tenant_id: str, request: SearchRequest, settings: Settings) -> l
 
 
 def _dense_within_slot(
-    query: Query, session: Session, timings: StageTimes, vector: list[float]
+    query: Query, vectors: VectorSearch, timings: StageTimes, vector: list[float]
 ) -> list[ArmHit] | Exception:
     """The dense arm's hits, or why there are none: the store's error, or the tenant's slots
-    all taken. Waiting for a slot and the query share one ``search_store_timeout_s``. The arm
-    runs in a savepoint: a statement Postgres cancels leaves the read transaction usable."""
+    all taken. Waiting for a slot and the query share one ``search_store_timeout_s`` (the
+    store ends its search within what is left, and leaves the read transaction usable)."""
     limit = query.settings.search_store_timeout_s
     deadline = time.monotonic() + limit
     slot = _dense_slot(query.tenant_id)
@@ -159,17 +157,10 @@ def _dense_within_slot(
         left = deadline - time.monotonic()
         if left <= 0:
             return TimeoutError("no time left for the dense arm after waiting for a slot")
-        shortened = left < limit - 0.05  # what is left of the wait, not all of it again
-        with session.begin_nested():
-            if shortened:
-                db_repo.limit_statements(session, left)
-            hits = timings.timed(
-                "dense",
-                lambda: dense_arm(session, query.tenant_id, vector, query.request, query.settings),
-            )
-        if shortened:
-            db_repo.limit_statements(session, limit)
-        return hits
+        return timings.timed(
+            "dense",
+            lambda: dense_arm(vectors, query.tenant_id, vector, query.request, within_s=left),
+        )
     except ARM_ERRORS as e:
         return e
     finally:

@@ -44,15 +44,19 @@ from shared.search.retrieve import retrieve
 from shared.search.schemas import SearchRequest, SearchResponse
 from shared.search.values import Query, Ranked, Retrieved
 from shared.settings import Settings, get_settings
+from shared.stores.compose import Stores
+from shared.stores.ports import SnapshotStore, VectorSearch
 from shared.timing import StageTimes
 
 log = logging.getLogger(__name__)
 
 
 def search(
+    stores: Stores,
     transactions: Transactions,
     tenant_id: str,
     request: SearchRequest,
+    *,
     settings: Settings | None = None,
     replica: Transactions | None = None,
     embedding_cache: bool = True,
@@ -67,16 +71,19 @@ def search(
     timings = StageTimes(scale=1e3, digits=3)  # milliseconds
     latency = SEARCH_SECONDS.labels(query.request.mode)
     with latency.time(), _reads(transactions, replica, query) as session:
-        arms = retrieve(query, session, timings)
-        retrieved = fused_ranking(query, arms, session, timings)
-        response = _page(query, session, retrieved, timings)
-    return _finish(transactions, query, response, timings, purge_stale)
+        vectors = stores.vectors(session)
+        arms = retrieve(query, index=stores.index, vectors=vectors, timings=timings)
+        retrieved = fused_ranking(query, arms, vectors, timings)
+        response = page_of(query, retrieved, timings, vectors=vectors, snapshots=stores.snapshots)
+    return _finish(stores, transactions, query, response, timings, purge_stale)
 
 
 def search_next_page(
+    stores: Stores,
     transactions: Transactions,
     tenant_id: str,
     cursor: str,
+    *,
     settings: Settings | None = None,
     replica: Transactions | None = None,
     purge_stale: bool = True,
@@ -84,7 +91,7 @@ def search_next_page(
     """The page after the one ``cursor`` came with: from the stored ranking, hydrated now."""
     settings = settings or get_settings()
     cursor_id, offset = cursors.decode(cursor)
-    request, calibrated, retrieved = cursors.load(settings, tenant_id, cursor_id)
+    request, calibrated, retrieved = cursors.load(stores.snapshots, settings, tenant_id, cursor_id)
     judge_model = None
     if request.policy.score_type == "answerability":
         with transactions() as uow:
@@ -95,15 +102,25 @@ def search_next_page(
     timings = StageTimes(scale=1e3, digits=3)
     latency = SEARCH_SECONDS.labels(query.request.mode)
     with latency.time(), _reads(transactions, replica, query) as session:
-        response = _page(query, session, retrieved, timings, offset, cursor_id)
-    return _finish(transactions, query, response, timings, purge_stale)
+        response = page_of(
+            query,
+            retrieved,
+            timings,
+            vectors=stores.vectors(session),
+            snapshots=stores.snapshots,
+            offset=offset,
+            cursor_id=cursor_id,
+        )
+    return _finish(stores, transactions, query, response, timings, purge_stale)
 
 
-def _page(
+def page_of(
     query: Query,
-    session: Session,
     retrieved: Retrieved,
     timings: StageTimes,
+    *,
+    vectors: VectorSearch,
+    snapshots: SnapshotStore,
     offset: int = 0,
     cursor_id: str | None = None,
 ) -> SearchResponse:
@@ -111,9 +128,9 @@ def _page(
     request = query.request
 
     def load_embeddings(candidates: list[Candidate]) -> None:
-        attach_embeddings(query, session, candidates)
+        attach_embeddings(query, vectors, candidates)
 
-    page = timings.timed("hydrate", lambda: hydrate_page(query, session, retrieved, offset))
+    page = timings.timed("hydrate", lambda: hydrate_page(query, vectors, retrieved, offset))
     ordered, degraded = crumbs_last(collapse_copies(page.items)), []
     rerank_info: RerankInfo = {}
     if request.rerank.enabled:
@@ -123,7 +140,7 @@ def _page(
     judged = None
     if query.answerability is not None:
         judged = timings.timed(
-            "answerability", lambda: judge(query, session, retrieved, page, offset, rerank_info)
+            "answerability", lambda: judge(query, vectors, retrieved, page, offset, rerank_info)
         )
     with timings.stage("mmr") if request.mmr is not None else nullcontext():
         ordered, results = diversify(query, ordered, load_embeddings)
@@ -138,7 +155,17 @@ def _page(
             load_embeddings,
             retrieved.counts,
         )
-    response = respond(query, retrieved, ranked, policy, page.dropped, timings, offset, cursor_id)
+    response = respond(
+        query,
+        retrieved,
+        ranked,
+        policy=policy,
+        dropped=page.dropped,
+        timings=timings,
+        snapshots=snapshots,
+        offset=offset,
+        cursor_id=cursor_id,
+    )
     response._stale = page.stale
     return response
 
@@ -166,6 +193,7 @@ def _reads(
 
 
 def _finish(
+    stores: Stores,
     transactions: Transactions,
     query: Query,
     response: SearchResponse,
@@ -182,27 +210,35 @@ def _finish(
         DEGRADED_QUERIES.labels(reason).inc()
     STALE_HITS_DROPPED.inc(response.dropped_stale)
     if purge_stale:
-        queue_purges(transactions, query.settings, query.tenant_id, response)
+        queue_purges(stores, transactions, query.settings, query.tenant_id, response)
     return response
 
 
 def queue_purges(
-    transactions: Transactions, settings: Settings, tenant_id: str, response: SearchResponse
+    stores: Stores,
+    transactions: Transactions,
+    settings: Settings,
+    tenant_id: str,
+    response: SearchResponse,
 ) -> None:
     """Queue the purge of the stale copies ``response`` met (none: no transaction)."""
     if response._stale:
         with transactions() as uow:
-            queue_stale_copy_purges(uow, settings, tenant_id, response._stale)
+            queue_stale_copy_purges(stores, uow, settings, tenant_id, response._stale)
 
 
 def queue_purges_after_response(
-    transactions: Transactions, settings: Settings, tenant_id: str, response: SearchResponse
+    stores: Stores,
+    transactions: Transactions,
+    settings: Settings,
+    tenant_id: str,
+    response: SearchResponse,
 ) -> None:
     """:func:`queue_purges` once the response is sent, where a failure can no longer be
     answered: a store that fails then costs only the purge (logged), which the next search
     to meet the stale copy queues again (and reconciliation removes the copy anyway). An
     error let through would close the client's connection under its next request."""
     try:
-        queue_purges(transactions, settings, tenant_id, response)
+        queue_purges(stores, transactions, settings, tenant_id, response)
     except Exception as e:
         log.warning("stale copies' purge not queued: %s: %s", type(e).__name__, e)

@@ -169,9 +169,15 @@ class ChunkIndex(ChunkWriter, LexicalSearch, IndexAudit, IndexReindex, IndexHeal
 @raises_store_errors
 class ElasticsearchChunkIndex:
     def __init__(self, es: Elasticsearch | None = None, settings: Settings | None = None) -> None:
-        self.es = es or get_es()
+        self._es = es
         self.settings = settings or get_settings()
         self.alias = self.settings.es_chunks_alias()  # the read alias over every live index
+
+    @property
+    def es(self) -> Elasticsearch:
+        """The client given, or the process's (looked up at each use: a composition root
+        makes one adapter for the process's life, and the client may be made again)."""
+        return self._es or get_es()
 
     # -- where a tenant's copies are
 

@@ -14,7 +14,8 @@ to a store:
   (``IndexReindex``);
 * operators' views: ``IndexHealth``, ``VectorReads``;
 * the calibration of a tenant's decision threshold draws questions from its chunks:
-  ``CorpusSample``.
+  ``CorpusSample``;
+* a paginated search keeps its ranking for the next pages: ``SnapshotStore`` (Redis).
 
 ``ElasticsearchChunkIndex`` implements every ``Index*`` port and ``ChunkWriter`` and
 ``LexicalSearch``; ``PgVectorStore`` every ``Vector*`` port and ``ReindexSource``; both
@@ -133,7 +134,13 @@ class VectorSearch(Protocol):
     """The search's dense arm, hydration and what ranking reads of the hits."""
 
     def nearest(
-        self, tenant_id: str, vector: list[float], size: int, filters: Filters | None = None
+        self,
+        tenant_id: str,
+        vector: list[float],
+        size: int,
+        filters: Filters | None = None,
+        *,
+        within_s: float | None = None,
     ) -> list[tuple[str, float]]: ...
     def hydrate(
         self,
@@ -143,6 +150,7 @@ class VectorSearch(Protocol):
         embeddings_for: Sequence[str] = (),
     ) -> dict[str, Any]: ...
     def embeddings(self, tenant_id: str, ids: Sequence[str]) -> dict[str, np.ndarray]: ...
+    def texts(self, tenant_id: str, ids: Sequence[str]) -> dict[str, tuple[str, str]]: ...
     def metadata_values(self, tenant_id: str, ids: Sequence[str], key: str) -> dict[str, Any]: ...
 
 
@@ -181,3 +189,14 @@ class VectorReads(Protocol):
         self, tenant_id: str, document_id: uuid.UUID, section: str | None = None
     ) -> Sequence[Chunk]: ...
     def count_of_document(self, document_id: uuid.UUID) -> int: ...
+
+
+# -- Redis's
+
+
+class SnapshotStore(Protocol):
+    """Short-lived snapshots under random ids, a bounded number per tenant (the paginated
+    search's cursors): gone after their time to live, or once the tenant keeps too many."""
+
+    def put(self, tenant_id: str, snapshot_id: str, blob: bytes) -> None: ...
+    def get(self, snapshot_id: str) -> bytes | None: ...

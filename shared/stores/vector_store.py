@@ -24,9 +24,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from shared.db import any_of
+from shared.db import repository as db_repo
+from shared.errors import StoreUnavailable
 from shared.models import Chunk, Document
 from shared.settings import Settings, get_settings
 from shared.stores import repository as repo
@@ -77,12 +80,38 @@ class PgVectorStore:
     # -- search and hydration (one tenant)
 
     def nearest(
-        self, tenant_id: str, vector: list[float], size: int, filters: Filters | None = None
+        self,
+        tenant_id: str,
+        vector: list[float],
+        size: int,
+        filters: Filters | None = None,
+        *,
+        within_s: float | None = None,
     ) -> list[tuple[str, float]]:
         """(chunk id, cosine similarity), best first, among the tenant's chunks that pass
         ``filters``. A tenant in the shared partition is scanned exactly (it is small: there
         is no graph there, and at its size a scan is faster); one with a partition of its own
-        walks that partition's HNSW graph (an exact scan while the graph is being built)."""
+        walks that partition's HNSW graph (an exact scan while the graph is being built).
+
+        With ``within_s`` (a search's): Postgres cancels the search past that many seconds,
+        and it runs in a savepoint, rolled back after (a read writes nothing): a cancelled
+        statement leaves the caller's transaction usable, and the caller's own statement
+        limit is back in force after. A failure is StoreUnavailable."""
+        if within_s is None:
+            return self._nearest(tenant_id, vector, size, filters)
+        try:
+            savepoint = self.session.begin_nested()
+            try:
+                db_repo.limit_statements(self.session, within_s)
+                return self._nearest(tenant_id, vector, size, filters)
+            finally:
+                savepoint.rollback()
+        except SQLAlchemyError as e:
+            raise StoreUnavailable(f"Postgres: {type(e).__name__}: {e}", store="Postgres") from e
+
+    def _nearest(
+        self, tenant_id: str, vector: list[float], size: int, filters: Filters | None
+    ) -> list[tuple[str, float]]:
         exact = not self._has_own_graph(tenant_id)
         rows = repo.nearest_chunks(
             self.session,

@@ -20,8 +20,10 @@ from shared.settings import get_settings
 from shared.stores import ports
 from shared.stores.chunk_document import es_document
 from shared.stores.chunk_index import ElasticsearchChunkIndex, ReindexOfAnotherScope
+from shared.stores.compose import connect
 from shared.stores.elastic import get_es
 from shared.stores.es_index import anchor_index, ensure_index, tenant_alias, tenant_index
+from shared.stores.memory import MemorySnapshots
 from shared.stores.schemas import ReindexStart
 from shared.stores.vector_store import PgVectorStore
 from tests.contract import test_stores
@@ -211,7 +213,7 @@ def written(fresh_stores: None) -> tuple[str, str, list[Record]]:
 class TestVectorSearchPort:
     """The dense arm's reads (nearest and hydrate: test_stores.py)."""
 
-    def test_embeddings_and_metadata_values_are_read_within_the_tenant(
+    def test_embeddings_texts_and_metadata_values_are_read_within_the_tenant(
         self, written: tuple[str, str, list[Record]]
     ) -> None:
         tenant, other, (a, b, c, theirs) = written
@@ -224,6 +226,9 @@ class TestVectorSearchPort:
                 a.id: 2020, b.id: 2020
             }  # fmt: skip
             assert store.metadata_values(other, [a.id], "year") == {}
+            assert store.texts(tenant, [a.id, b.id, theirs.id]) == {
+                a.id: (a.text, "s1"), b.id: (b.text, "s2")
+            }  # fmt: skip
 
 
 class TestVectorAuditPort:
@@ -311,6 +316,33 @@ class TestCorpusSamplePort:
         assert (counts[tenant], counts[other]) == (3, 1)
 
 
+# ------------------------------------------------------------------ Redis's port
+
+
+class TestSnapshotStorePort:
+    """A paginated search's kept rankings: a snapshot comes back as it was put, an id never
+    put (or dropped) is None, and a tenant past its cap loses its own oldest, not another's."""
+
+    @pytest.mark.parametrize("kind", ["redis", "memory"])
+    def test_a_snapshot_comes_back_as_it_was_put(self, fresh_stores: None, kind: str) -> None:
+        snapshots = connect().snapshots if kind == "redis" else MemorySnapshots()
+        tenant = _tenant()
+        snapshots.put(tenant, "a" * 22, b"\x00compressed ranking")
+        assert snapshots.get("a" * 22) == b"\x00compressed ranking"
+        assert snapshots.get("b" * 22) is None
+
+    def test_a_tenant_past_its_cap_drops_its_own_oldest(self, fresh_stores: None) -> None:
+        settings = get_settings().model_copy(update={"search_cursors_per_tenant": 2})
+        snapshots = connect(settings).snapshots
+        tenant, other = _tenant(), _tenant()
+        snapshots.put(other, "o" * 22, b"theirs")
+        for i in range(3):
+            snapshots.put(tenant, f"{i}" * 22, f"mine {i}".encode())
+        assert snapshots.get("0" * 22) is None  # the oldest, dropped for the newest
+        assert (snapshots.get("1" * 22), snapshots.get("2" * 22)) == (b"mine 1", b"mine 2")
+        assert snapshots.get("o" * 22) == b"theirs"
+
+
 # ------------------------------------------------------------------ every method is exercised
 
 # Each port, with the classes whose tests (and harnesses) call its methods.
@@ -335,6 +367,7 @@ CONTRACTS: dict[type[Any], list[type[Any]]] = {
     ports.ReindexSource: [TestReindexSourcePort, PgVectorHarness],
     ports.VectorReads: [TestVectorReadsPort, TestVectorAuditPort],
     ports.CorpusSample: [TestCorpusSamplePort],
+    ports.SnapshotStore: [TestSnapshotStorePort],
 }
 
 

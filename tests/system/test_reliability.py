@@ -20,7 +20,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from shared.outbox import repository as outbox_repo
 from shared.relay import service as relay
 from shared.settings import get_settings
 from shared.stores.chunk_index import ElasticsearchChunkIndex
+from shared.stores.compose import connect
 from shared.stores.elastic import get_es
 from tests.conftest import CeleryProcess, wait_for
 from tests.faults import BulkFaultProxy, BulkFaults
@@ -380,11 +381,11 @@ def test_bulk_item_failures_are_applied_or_dead_lettered_never_dropped(
         ups = [upload_text(client, auth, f"bulk-{i}.txt", _text(i, "bulk")) for i in range(n)]
         for up in ups:
             accepted[up["document_id"]] = up["version"]
-            pipeline.process_job(unit_of_work, uuid.UUID(up["job_id"]))
+            pipeline.process_job(connect(), unit_of_work, uuid.UUID(up["job_id"]))
         proxied = Elasticsearch(proxy.url, request_timeout=30)
 
         def drained() -> bool:
-            relay.drain(unit_of_work, index=ElasticsearchChunkIndex(proxied))
+            relay.drain(replace(connect(), index=ElasticsearchChunkIndex(proxied)), unit_of_work)
             with unit_of_work() as uow:
                 return outbox_repo.outbox_backlog(uow.session, tenant) == 0
 

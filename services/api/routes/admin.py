@@ -18,6 +18,7 @@ from services.api.deps import (
     WEBHOOK_ENDPOINT_LIMIT,
     Admin,
     SettingsDep,
+    StoresDep,
 )
 from shared.admin import service as ops
 from shared.admin.schemas import (
@@ -53,14 +54,16 @@ class ReconcileRequest(BaseModel):
 
 
 @router.post("/reconcile", response_model_exclude_unset=True)
-async def reconcile_route(body: ReconcileRequest, principal: Admin) -> ReconcileResult:
+async def reconcile_route(
+    body: ReconcileRequest, principal: Admin, stores: StoresDep
+) -> ReconcileResult:
     """Compare this tenant's chunks in Postgres and Elasticsearch; with ``repair``, fix the
     drift and verify."""
     tenant = principal.tenant_id
     if not body.repair:
-        report = await run_in_threadpool(reconcile, unit_of_work, tenant, False)
+        report = await run_in_threadpool(reconcile, stores, unit_of_work, tenant)
         return ReconcileResult(mode="dry-run", **report.as_dict())  # no after_repair
-    found, after = await run_in_threadpool(reconcile_and_verify, unit_of_work, tenant)
+    found, after = await run_in_threadpool(reconcile_and_verify, stores, unit_of_work, tenant)
     return ReconcileResult(
         mode="repair", **found.as_dict(), after_repair=ReconcileReportView(**after.as_dict())
     )
@@ -135,9 +138,9 @@ def discard_route(letter_id: LetterId, principal: Admin) -> Discarded:
 
 
 @router.get("/stats")
-def stats_route(principal: Admin) -> Stats:
+def stats_route(principal: Admin, stores: StoresDep) -> Stats:
     """This tenant's counts in both stores, plus the shared queue depths."""
-    return ops.system_stats(unit_of_work, principal.tenant_id)
+    return ops.system_stats(stores, unit_of_work, principal.tenant_id)
 
 
 @router.post("/keys", status_code=201, responses=API_KEY_LIMIT)

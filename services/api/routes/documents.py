@@ -15,6 +15,7 @@ from services.api.deps import (
     UPLOAD_ERRORS,
     Reader,
     SettingsDep,
+    StoresDep,
     Writer,
 )
 from shared.db import unit_of_work
@@ -55,8 +56,7 @@ from shared.jobs import repository as jobs_repo
 from shared.jobs.service import ingest_job_view
 from shared.parsing import resolve_content_type
 from shared.settings import Settings
-from shared.stores.chunk_index import ElasticsearchChunkIndex
-from shared.stores.vector_store import PgVectorStore
+from shared.stores.ports import IndexHealth
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"], responses=PROTECTED_ROUTE_ERRORS)
 
@@ -270,6 +270,7 @@ def read_document(
     document_id: uuid.UUID,
     principal: Reader,
     settings: SettingsDep,
+    stores: StoresDep,
     include_deleted: bool = Query(
         False, description="Show a deleted document's tombstone and store state instead of 404"
     ),
@@ -280,7 +281,7 @@ def read_document(
     with unit_of_work() as uow:
         doc = get_document(uow.session, principal.tenant_id, document_id, include_deleted)
         versions = repo.list_versions(uow.session, doc.id)
-        chunk_count = PgVectorStore(uow.session, settings).count_of_document(doc.id)
+        chunk_count = stores.vectors(uow.session).count_of_document(doc.id)
         job = None if doc.deleted else jobs_repo.newest_job(uow.session, doc.id, doc.version)
     return DocumentView(
         id=doc.id,
@@ -294,17 +295,16 @@ def read_document(
             VersionView(version=v.version, tombstone=v.tombstone, created_at=v.created_at)
             for v in versions
         ],
-        elasticsearch=_index_state(settings, doc.tenant_id, doc.id, doc.version, chunk_count),
+        elasticsearch=_index_state(stores.index, doc.tenant_id, doc.id, doc.version, chunk_count),
         job=None if job is None else ingest_job_view(job),
     )
 
 
 def _index_state(
-    settings: Settings, tenant_id: str, document_id: uuid.UUID, version: int, chunk_count: int
+    index: IndexHealth, tenant_id: str, document_id: uuid.UUID, version: int, chunk_count: int
 ) -> IndexState:
     """Whether Elasticsearch holds exactly the live version's chunks."""
     try:
-        index = ElasticsearchChunkIndex(settings=settings)
         total = index.count_of_document(tenant_id, str(document_id))
         current = index.count_of_document(tenant_id, str(document_id), version)
     except StoreError as e:  # the document view still answers when ES is down
@@ -321,12 +321,13 @@ def _index_state(
 def browse_chunks(
     document_id: uuid.UUID,
     principal: Reader,
+    stores: StoresDep,
     section: Annotated[str | None, Query(max_length=2000, pattern=NO_NUL)] = None,
 ) -> ChunkList:
     """Every chunk of the live version, in order (optionally one section): an exact lookup."""
     with unit_of_work() as uow:
         doc = get_document(uow.session, principal.tenant_id, document_id)
-        chunks = PgVectorStore(uow.session).document_chunks(principal.tenant_id, doc.id, section)
+        chunks = stores.vectors(uow.session).document_chunks(principal.tenant_id, doc.id, section)
         return ChunkList(
             document_id=doc.id,
             version=doc.version,
@@ -346,9 +347,13 @@ def browse_chunks(
 
 
 @router.delete("/{document_id}")
-def remove_document(document_id: uuid.UUID, principal: Writer) -> DocumentDeleted:
+def remove_document(
+    document_id: uuid.UUID, principal: Writer, stores: StoresDep
+) -> DocumentDeleted:
     """Delete a document: a tombstone version is recorded at once, its chunks leave both
     stores after (listed with ``GET /v1/documents?deleted=true``)."""
     with unit_of_work() as uow:
-        version = delete_document(uow, principal.tenant_id, document_id)
+        version = delete_document(
+            uow, stores.vectors(uow.session), principal.tenant_id, document_id
+        )
     return DocumentDeleted(document_id=document_id, version=version, deleted=True)

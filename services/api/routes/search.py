@@ -14,6 +14,7 @@ from services.api.deps import (
     Admin,
     Reader,
     SettingsDep,
+    StoresDep,
 )
 from shared.answerability import service as answerability
 from shared.answerability.schemas import AnswerabilityModelView
@@ -25,6 +26,7 @@ from shared.search.profiles import ProfileBody, ProfileView
 from shared.search.schemas import PROFILE_NAME, SearchPage, SearchRequest, SearchResponse
 from shared.search.service import queue_purges_after_response, search, search_next_page
 from shared.settings import Settings
+from shared.stores.compose import Stores
 from shared.tenants.admission import search_admission
 
 router = APIRouter(prefix="/v1", tags=["search"], responses=PROTECTED_ROUTE_ERRORS)
@@ -44,6 +46,7 @@ async def search_route(
     body: SearchRequest,
     principal: Reader,
     settings: SettingsDep,
+    stores: StoresDep,
     cache_control: Annotated[
         str | None,
         Header(description="no-cache: encode the query even if the query cache holds it"),
@@ -55,40 +58,42 @@ async def search_route(
     async with search_admission.slot(principal.tenant_id, settings):
         response = await run_in_threadpool(
             search,
+            stores,
             unit_of_work,
             principal.tenant_id,
             body,
-            None,
-            _replica(),
-            embedding_cache,
+            replica=_replica(),
+            embedding_cache=embedding_cache,
             purge_stale=False,
         )
     # The response is a model already: encoded once by pydantic, not validated and walked
     # again by FastAPI (a 100-result response with traces spent 3.7 ms in its encoder).
     # Unset fields (``trace`` and ``timings_ms`` without explain) are left out.
-    return _encoded(response, principal.tenant_id, settings)
+    return _encoded(response, stores, principal.tenant_id, settings)
 
 
 @router.post("/search/next", response_model=SearchResponse, responses=SEARCH_ERRORS)
 async def search_next_page_route(
-    body: SearchPage, principal: Reader, settings: SettingsDep
+    body: SearchPage, principal: Reader, settings: SettingsDep, stores: StoresDep
 ) -> Response:
     """The next page of a paginated search. Pages follow the ranking the first search made
     (``"paginate": true``); 404 once the cursor has expired, or for another tenant's cursor."""
     async with search_admission.slot(principal.tenant_id, settings):
         response = await run_in_threadpool(
             search_next_page,
+            stores,
             unit_of_work,
             principal.tenant_id,
             body.cursor,
-            None,
-            _replica(),
+            replica=_replica(),
             purge_stale=False,
         )
-    return _encoded(response, principal.tenant_id, settings)
+    return _encoded(response, stores, principal.tenant_id, settings)
 
 
-def _encoded(response: SearchResponse, tenant_id: str, settings: Settings) -> Response:
+def _encoded(
+    response: SearchResponse, stores: Stores, tenant_id: str, settings: Settings
+) -> Response:
     """The response's JSON, with its stage timings in a Server-Timing header; the purges of
     the stale copies the search met are queued after it is sent."""
     return Response(
@@ -96,7 +101,7 @@ def _encoded(response: SearchResponse, tenant_id: str, settings: Settings) -> Re
         media_type="application/json",
         headers={"Server-Timing": response.server_timing()},
         background=BackgroundTask(
-            queue_purges_after_response, unit_of_work, settings, tenant_id, response
+            queue_purges_after_response, stores, unit_of_work, settings, tenant_id, response
         ),
     )
 

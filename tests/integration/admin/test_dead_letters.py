@@ -9,6 +9,7 @@ import sys
 from shared.db import unit_of_work
 from shared.models import DeadLetter
 from shared.relay import service as relay
+from shared.stores.compose import connect
 from shared.stores.elastic import get_es
 from tests.conftest import wait_for
 from tests.helpers import (
@@ -84,7 +85,7 @@ def test_replaying_a_repair_letter_overwrites_the_equal_version(client, auth, te
         replay_dead_letter(uow, letter_id, tenant)
 
     def repaired() -> bool:
-        relay.drain(unit_of_work)
+        relay.drain(connect(), unit_of_work)
         es.indices.refresh(index=alias)
         return es.get(index=alias, id=chunk)["_source"]["text"] != "edited outside"
 

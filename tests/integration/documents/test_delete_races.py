@@ -20,6 +20,7 @@ from shared.outbox import repository as outbox_repo
 from shared.relay import service as relay
 from shared.relay.service import queue_stale_copy_purges
 from shared.settings import get_settings
+from shared.stores.compose import connect
 from tests.conftest import CeleryProcess
 from tests.helpers import (
     es_chunks,
@@ -50,7 +51,7 @@ def test_a_purge_decided_before_a_write_landed_leaves_the_live_copy(
                     version=version,
                     chunk_ids=[chunk_id],
                 )
-        relay.drain(unit_of_work)
+        relay.drain(connect(), unit_of_work)
         assert es_chunks(tenant) == live == pg_chunks(tenant)
 
 
@@ -70,10 +71,13 @@ def test_a_stale_copy_cleanup_never_blocks_the_next_versions_write(
         body = search(client, auth, "ibis nests", mode="lexical")
         assert body["results"] == [] and body["dropped_stale"] >= 1
         relay.drain(
-            unit_of_work
+            connect(), unit_of_work
         )  # the tombstone's deletes and the cleanup reach Elasticsearch first
-        assert pipeline.process_job(unit_of_work, uuid.UUID(again["job_id"])).state == "indexed"
-        relay.drain(unit_of_work)
+        assert (
+            pipeline.process_job(connect(), unit_of_work, uuid.UUID(again["job_id"])).state
+            == "indexed"
+        )
+        relay.drain(connect(), unit_of_work)
         assert set(es_chunks(tenant).values()) == {3} == set(pg_chunks(tenant).values())
     hits = search(client, auth, "ibis nests", mode="lexical")["results"]
     assert [h["document_id"] for h in hits] == [first["document_id"]]
@@ -90,12 +94,15 @@ def test_a_hot_query_meeting_stale_copies_queues_each_purge_once(
     assert len(old) > 1
     with paused(worker):
         again = upload_text(client, auth, "heron.txt", "Herons stalk the shallows at dawn.")
-        assert pipeline.process_job(unit_of_work, uuid.UUID(again["job_id"])).state == "indexed"
+        assert (
+            pipeline.process_job(connect(), unit_of_work, uuid.UUID(again["job_id"])).state
+            == "indexed"
+        )
         stale = set(old) - set(pg_chunks(tenant))
         assert stale
         # A purge whose transaction rolls back is not taken for queued.
         with pytest.raises(RuntimeError), unit_of_work() as uow:
-            queue_stale_copy_purges(uow, get_settings(), tenant, sorted(stale))
+            queue_stale_copy_purges(connect(), uow, get_settings(), tenant, sorted(stale))
             raise RuntimeError("rolled back")
         dropped = [search(client, auth, "heron", mode="lexical")["dropped_stale"] for _ in range(6)]
         assert dropped[0] >= 1 and dropped == dropped[:1] * 6  # met by every search
@@ -108,7 +115,7 @@ def test_a_hot_query_meeting_stale_copies_queues_each_purge_once(
         # Per stale copy: the new version's own purge of the chunks it no longer has (at 2),
         # and the first search's (at 1); none from the five searches after it.
         assert sorted(purges) == sorted([(c, 2) for c in stale] + [(c, 1) for c in stale])
-        relay.drain(unit_of_work)
+        relay.drain(connect(), unit_of_work)
     assert es_chunks(tenant) == pg_chunks(tenant)
     assert search(client, auth, "heron", mode="lexical")["dropped_stale"] == 0
 
@@ -123,7 +130,9 @@ def test_an_upload_racing_a_delete_of_the_same_document_becomes_the_next_version
     wait_converged(tenant)
     answers: list[Any] = []
     with unit_of_work() as uow:
-        tombstone = delete_document(uow, tenant, uuid.UUID(first["document_id"]))
+        tombstone = delete_document(
+            uow, connect().vectors(uow.session), tenant, uuid.UUID(first["document_id"])
+        )
         uploader = threading.Thread(
             target=lambda: answers.append(
                 client.post(
@@ -188,11 +197,11 @@ def test_a_locking_read_sees_the_row_as_committed_since_the_session_read_it(tena
 
     event = build_upload_event(tenant_id=tenant, external_id="x.txt", raw=b"Read, then gone.")
     with unit_of_work() as uow:
-        accept_upload_events(uow, [event], get_settings())
+        accept_upload_events(connect(), uow, [event], get_settings())
     with unit_of_work() as reader:
         read = documents_by_external_ids(reader.session, [(tenant, "x.txt")])[(tenant, "x.txt")]
         assert not read.deleted and read.version == 1
         with unit_of_work() as other:
-            delete_document(other, tenant, read.id)
+            delete_document(other, connect().vectors(other.session), tenant, read.id)
         locked = document_for_tenant(reader.session, tenant, read.id, for_update=True)
         assert locked is not None and locked.deleted and locked.version == 2

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from services.cli.main import app
 from shared.db import unit_of_work
 from shared.documents.repository import live_content_hashes
+from shared.stores.compose import connect
 from tests.conftest import wait_for
 
 
@@ -88,7 +89,7 @@ def test_content_that_already_failed_is_not_sent_again_unless_retried(
     )
     with unit_of_work() as uow:
         refused = accept_upload_events(
-            uow, [{**bad, "metadata": ["not", "an object"]}], get_settings()
+            connect(), uow, [{**bad, "metadata": ["not", "an object"]}], get_settings()
         )
     assert refused.rejected == 1
     again = run(exit_code=0)

@@ -16,6 +16,7 @@ from shared.db import unit_of_work
 from shared.documents.events import build_delete_event, build_upload_event
 from shared.documents.repository import documents_by_external_ids
 from shared.models import DeadLetter
+from shared.stores.compose import connect
 from tests.conftest import wait_for
 from tests.helpers import pg_chunks, wait_converged
 
@@ -185,7 +186,7 @@ def test_a_delete_after_an_upload_in_one_message_waits_for_the_writer_of_its_doc
     settings = get_settings()
     event = build_upload_event(tenant_id=tenant, external_id="old.txt", raw=b"Soon deleted.")
     with unit_of_work() as uow:
-        accept_upload_events(uow, [event], settings)
+        accept_upload_events(connect(), uow, [event], settings)
         doc_id = documents_by_external_ids(uow.session, [(tenant, "old.txt")])[
             (tenant, "old.txt")
         ].id
@@ -198,7 +199,7 @@ def test_a_delete_after_an_upload_in_one_message_waits_for_the_writer_of_its_doc
     def accept_message() -> None:
         try:
             with unit_of_work() as uow:
-                outcomes.append(accept_upload_events(uow, message, settings).counts())
+                outcomes.append(accept_upload_events(connect(), uow, message, settings).counts())
         except Exception as e:  # the deadlock, before the fix
             outcomes.append(e)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from shared.models import Chunk, DeadLetter, EsOutbox
 from shared.relay import service as relay
 from shared.settings import get_settings
 from shared.stores.chunk_index import ElasticsearchChunkIndex
+from shared.stores.compose import connect
 from shared.stores.elastic import get_es
 from tests.conftest import CeleryProcess, wait_for
 from tests.helpers import es_chunks, paused, pg_chunks, upload_text
@@ -66,10 +68,10 @@ def test_a_bulk_request_refused_whole_holds_back_only_the_row_that_causes_it(
             upload_text(client, auth, f"bulk-{i}.txt", f"Bulk row {i} on kelp.") for i in range(6)
         ]
         for up in ups:
-            pipeline.process_job(unit_of_work, uuid.UUID(up["job_id"]))
+            pipeline.process_job(connect(), unit_of_work, uuid.UUID(up["job_id"]))
         poison = f"{ups[2]['document_id']}:0"
         es = RefusesRequestsHolding(poison, status)
-        report = relay.drain(unit_of_work, index=ElasticsearchChunkIndex(es))  # type: ignore[arg-type]
+        report = relay.drain(replace(connect(), index=ElasticsearchChunkIndex(es)), unit_of_work)  # type: ignore[arg-type]
         with unit_of_work() as uow:
             left = list(
                 uow.session.scalars(select(EsOutbox.chunk_id).where(EsOutbox.tenant_id == tenant))
@@ -114,12 +116,12 @@ def test_the_bulk_requests_of_one_batch_stay_within_the_byte_limit(
             for i in range(8)
         ]
         for up in ups:
-            pipeline.process_job(unit_of_work, uuid.UUID(up["job_id"]))
+            pipeline.process_job(connect(), unit_of_work, uuid.UUID(up["job_id"]))
         original = settings.relay_bulk_bytes
         settings.relay_bulk_bytes = limit
         try:
             index = ElasticsearchChunkIndex(Measured(), settings)  # type: ignore[arg-type]
-            relay.drain(unit_of_work, index=index, settings=settings)
+            relay.drain(replace(connect(), index=index), unit_of_work, settings=settings)
         finally:
             settings.relay_bulk_bytes = original
     assert len(sizes) > 1 and max(sizes) <= limit
@@ -143,15 +145,21 @@ def test_a_drain_stopped_by_its_batch_limit_asks_for_the_next_one(
     with paused(worker):
         ups = [upload_text(client, auth, f"limit-{i}.txt", f"Limit row {i}.") for i in range(6)]
         for up in ups:
-            pipeline.process_job(unit_of_work, uuid.UUID(up["job_id"]))
+            pipeline.process_job(connect(), unit_of_work, uuid.UUID(up["job_id"]))
         original = settings.relay_batch_size
         settings.relay_batch_size = 2
         try:
-            first = relay.drain(unit_of_work, max_batches=1, settings=settings)
+            first = relay.drain(connect(), unit_of_work, max_batches=1, settings=settings)
             assert first.claimed == 2 and asked == [True]
-            late = relay.drain(unit_of_work, 1_000, settings, deadline=time.monotonic())
+            late = relay.drain(
+                connect(),
+                unit_of_work,
+                max_batches=1_000,
+                settings=settings,
+                deadline=time.monotonic(),
+            )
             assert late.claimed == 2 and asked == [True, True]  # one batch, then the deadline
-            rest = relay.drain(unit_of_work, max_batches=1_000, settings=settings)
+            rest = relay.drain(connect(), unit_of_work, max_batches=1_000, settings=settings)
         finally:
             settings.relay_batch_size = original
     assert rest.claimed >= 2 and asked == [True, True]  # it emptied the outbox: no more asks
@@ -225,7 +233,7 @@ def test_a_document_of_many_chunks_is_indexed_completely_under_the_shipped_limit
             with unit_of_work() as uow:
                 key = (tenant, "long.md")
                 [doc] = documents_repo.documents_by_external_ids(uow.session, [key]).values()
-                delete_document(uow, tenant, doc.id)
+                delete_document(uow, connect().vectors(uow.session), tenant, doc.id)
             wait_for(lambda: both_stores(0), 300, interval=2, what="every chunk deleted")
         finally:
             default_worker.stop()

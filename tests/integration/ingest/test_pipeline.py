@@ -19,6 +19,7 @@ from shared.models import Chunk, DeadLetter
 from shared.queue import publish_ingest_job, publish_upload_event
 from shared.relay import service as relay
 from shared.settings import get_settings
+from shared.stores.compose import connect
 from shared.stores.elastic import get_es
 from tests.conftest import wait_for
 from tests.helpers import (
@@ -165,10 +166,10 @@ def test_out_of_order_and_duplicate_deliveries_end_as_one_delivery(
         v1 = upload_text(client, auth, "beacon.txt", long_text("lighthouse", 30) + " v1")
         v2 = upload_text(client, auth, "beacon.txt", long_text("lighthouse", 30) + " v2")
         # v2 first; v1 runs after it (in v2's batch, or on its own delivery).
-        late = pipeline.process_job(unit_of_work, uuid.UUID(v2["job_id"]))
-        pipeline.process_job(unit_of_work, uuid.UUID(v1["job_id"]))
-        duplicate = pipeline.process_job(unit_of_work, uuid.UUID(v2["job_id"]))
-        relay.drain(unit_of_work)
+        late = pipeline.process_job(connect(), unit_of_work, uuid.UUID(v2["job_id"]))
+        pipeline.process_job(connect(), unit_of_work, uuid.UUID(v1["job_id"]))
+        duplicate = pipeline.process_job(connect(), unit_of_work, uuid.UUID(v2["job_id"]))
+        relay.drain(connect(), unit_of_work)
     assert late.state == "indexed"
     state, detail, _ = job_state(v1["job_id"])
     assert state == "indexed" and detail["superseded_by"] == 2
@@ -197,7 +198,7 @@ def test_a_delivery_for_a_job_running_under_a_live_lease_leaves_it_alone(
                 .where(IngestJob.id == uuid.UUID(upload["job_id"]))
                 .values(state="running", lease_expires_at=func.now() + timedelta(seconds=2))
             )
-        outcome = pipeline.process_job(unit_of_work, uuid.UUID(upload["job_id"]))
+        outcome = pipeline.process_job(connect(), unit_of_work, uuid.UUID(upload["job_id"]))
         assert outcome.state == "running" and outcome.detail == {"leased_elsewhere": True}
         assert job_state(upload["job_id"])[0] == "running" and pg_chunks(tenant) == {}
     # Once the lease has run out, the next delivery (its own message, or the sweep's) takes
@@ -220,7 +221,7 @@ def test_a_delivery_whose_job_is_not_next_in_fair_order_leaves_it_queued_for_its
             upload_text(client, auth, f"{word}.txt", long_text(word, 20))["job_id"]
             for word in ("alder", "birch")
         )  # about 1,600 bytes each: one is a batch of its own
-        outcome = pipeline.process_job(unit_of_work, uuid.UUID(second), small_batches)
+        outcome = pipeline.process_job(connect(), unit_of_work, uuid.UUID(second), small_batches)
         assert (outcome.state, outcome.detail) == ("queued", {"waits_its_turn": True})
         assert job_state(second)[0] == "queued"
         assert job_state(first)[0] == "indexed"  # the older one, first in fair order
@@ -246,7 +247,7 @@ def test_a_failed_batch_run_for_another_jobs_message_leaves_that_job_queued(
             for word in ("rowan", "aspen")
         )
         monkeypatch.setattr(pipeline, "embed_batch", store_away)
-        outcome = pipeline.process_job(unit_of_work, uuid.UUID(second), small_batches)
+        outcome = pipeline.process_job(connect(), unit_of_work, uuid.UUID(second), small_batches)
         monkeypatch.undo()
         assert (outcome.state, outcome.detail) == ("queued", {"waits_its_turn": True})
         assert job_state(second)[0] == "queued"
@@ -288,7 +289,7 @@ def test_a_batch_given_up_while_postgres_is_away_is_handed_back_when_it_returns(
             for i, word in enumerate(("heron", "egret", "bittern"))
         ]
         try:
-            pipeline.process_job(postgres_away_after_the_claim, uuid.UUID(ids[0]))
+            pipeline.process_job(connect(), postgres_away_after_the_claim, uuid.UUID(ids[0]))
             raise AssertionError("the batch went on without Postgres")
         except OperationalError:
             pass
@@ -303,7 +304,7 @@ def test_a_batch_given_up_while_postgres_is_away_is_handed_back_when_it_returns(
             )
         # Postgres is back: the next task (here a delivery of the first job) hands the
         # owed jobs back before it claims, and runs the first one at once.
-        outcome = pipeline.process_job(unit_of_work, uuid.UUID(ids[0]))
+        outcome = pipeline.process_job(connect(), unit_of_work, uuid.UUID(ids[0]))
         assert outcome.state == "indexed"
         assert pipeline._owed_releases == {}
         assert job_state(ids[2])[0] == "running"  # the other worker's, left alone
@@ -413,7 +414,7 @@ def test_a_document_of_too_many_chunks_fails_alone_and_its_batch_mates_are_index
             "fine": post(other_auth, "fine.txt", b"Puffins nest in burrows.", "text/plain"),
         }
         settings = get_settings().model_copy(update={"max_chunks_per_document": 20})
-        outcomes = pipeline.process_jobs(unit_of_work, list(jobs.values()), settings)
+        outcomes = pipeline.process_jobs(connect(), unit_of_work, list(jobs.values()), settings)
     states = {name: outcomes[job].state for name, job in jobs.items()}
     assert states == {"many": "failed", "tables": "indexed", "fine": "indexed"}
     failed = wait_job(client, auth, str(jobs["many"]), state="failed")
@@ -438,9 +439,9 @@ def test_a_batch_writes_its_first_jobs_before_it_encodes_the_rest(
         events.append(("embed", {c.job_id for c in claims}))
         return embed(claims, *args, **kwargs)
 
-    def spied_write(uow: Any, claims: list[Any]) -> dict[uuid.UUID, Any]:
+    def spied_write(uow: Any, claims: list[Any], vectors: Any) -> dict[uuid.UUID, Any]:
         events.append(("write", {c.job_id for c in claims}))
-        return write(uow, claims)
+        return write(uow, claims, vectors)
 
     monkeypatch.setattr(pipeline, "embed_batch", spied_embed)
     monkeypatch.setattr(pipeline, "write_batch", spied_write)
@@ -457,7 +458,7 @@ def test_a_batch_writes_its_first_jobs_before_it_encodes_the_rest(
         assert not isinstance(claims, pipeline.JobOutcome), claims
         order = [c.job_id for c in claims]
         assert order[0] == uuid.UUID(note) and set(map(uuid.UUID, backlog)) <= set(order)
-        outcomes = pipeline.run(claims, unit_of_work, get_settings())
+        outcomes = pipeline.run(connect(), claims, unit_of_work, get_settings())
     assert {outcomes[uuid.UUID(j)].state for j in [note, *backlog]} == {"indexed"}
     note_written = events.index(("write", {uuid.UUID(note)}))
     last_embedded = events.index(("embed", {order[-1]}))
@@ -489,7 +490,7 @@ def test_a_document_larger_than_a_turn_is_encoded_a_turn_at_a_time_with_others_b
                 claims = pipeline.claim(uow, uuid.UUID(big), settings)
             assert not isinstance(claims, pipeline.JobOutcome), claims
             claimed_between |= uuid.UUID(other) in {c.job_id for c in claims}
-            outcomes = pipeline.run(claims, unit_of_work, settings)
+            outcomes = pipeline.run(connect(), claims, unit_of_work, settings)
             state = outcomes[uuid.UUID(big)].state if uuid.UUID(big) in outcomes else None
             if state == "indexed":
                 break

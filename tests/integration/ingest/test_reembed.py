@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from shared.db import unit_of_work
 from shared.ingest import pipeline
 from shared.settings import get_settings
+from shared.stores.compose import connect
 from tests.helpers import (
     es_chunks,
     paused,
@@ -50,7 +51,7 @@ def test_chunk_context_is_what_gets_embedded_and_reembed_applies_it(
         with paused(worker):  # this process runs the jobs, with this setting
             job_ids = job_service.reprocess_tenant(unit_of_work, tenant, get_settings())
             assert len(job_ids) == 1
-            outcome = pipeline.process_job(unit_of_work, job_ids[0]).as_dict()
+            outcome = pipeline.process_job(connect(), unit_of_work, job_ids[0]).as_dict()
         return outcome
 
     titled = reembed_in_process("title")
@@ -82,7 +83,7 @@ def test_a_reembed_into_fewer_chunks_removes_the_extra_ones_from_both_stores(
     monkeypatch.setattr(get_settings(), "chunk_overlap_tokens", 0)
     with paused(worker):  # this process runs the job, with the bigger budget
         (job_id,) = job_service.reprocess_tenant(unit_of_work, tenant, get_settings())
-        assert pipeline.process_job(unit_of_work, job_id).as_dict()["chunks"] == 1
+        assert pipeline.process_job(connect(), unit_of_work, job_id).as_dict()["chunks"] == 1
     after = wait_converged(tenant)
     assert len(after) == 1 and set(after) < set(before)
     assert set(es_chunks(tenant)) == set(after)

@@ -22,6 +22,7 @@ from shared.db import unit_of_work
 from shared.ingest import pipeline
 from shared.models import IngestJob
 from shared.settings import Settings, get_settings
+from shared.stores.compose import connect
 from tests.conftest import ROOT, CeleryProcess, wait_for
 from tests.helpers import document_count, job_state, long_text, paused, upload_text, wait_converged
 from training import jobs as training_jobs
@@ -99,7 +100,7 @@ def test_a_retriable_failure_hands_the_batch_back_for_its_retry_at_once(
     worker: CeleryProcess,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def unreachable(uow: object, claims: object) -> None:
+    def unreachable(uow: object, claims: object, vectors: object) -> None:
         raise OperationalError("SELECT 1", {}, Exception("connection refused"))
 
     with paused(worker):
@@ -107,12 +108,14 @@ def test_a_retriable_failure_hands_the_batch_back_for_its_retry_at_once(
         mate = upload_text(client, auth, "retry-b.txt", long_text("plover", 6))["job_id"]
         monkeypatch.setattr(pipeline, "write_batch", unreachable)
         with pytest.raises(OperationalError):
-            pipeline.process_job(unit_of_work, uuid.UUID(first))
+            pipeline.process_job(connect(), unit_of_work, uuid.UUID(first))
         # Neither job waits out a lease: the task's own job is queued for its retry, the
         # batch-mate queued with a message of its own.
         assert job_state(first)[0] == "queued" and job_state(mate)[0] == "queued"
         monkeypatch.undo()
-        retried = pipeline.process_job(unit_of_work, uuid.UUID(first))  # the retry, moments later
+        retried = pipeline.process_job(
+            connect(), unit_of_work, uuid.UUID(first)
+        )  # the retry, moments later
         assert retried.state == "indexed", retried
     wait_converged(tenant)
     assert job_state(mate)[0] == "indexed"

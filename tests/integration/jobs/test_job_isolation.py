@@ -26,6 +26,7 @@ from shared.ingest.embedding import get_embedder
 from shared.models import Chunk, DeadLetter, Document, IngestJob
 from shared.settings import get_settings
 from shared.stores import repository as repo
+from shared.stores.compose import connect
 from tests.conftest import CeleryProcess, wait_for
 from tests.helpers import key_headers, paused, upload_text, wait_converged
 
@@ -203,7 +204,9 @@ def test_an_unexpected_error_of_one_job_dead_letters_it_alone(
     with paused(worker):
         bad = upload_text(client, offender_auth, "bad.txt", "An offending document.")["job_id"]
         victim_jobs = _victim_uploads(client, victim_auth, n=4)
-        outcomes = pipeline.run(_claims_of([bad, *victim_jobs]), unit_of_work, get_settings())
+        outcomes = pipeline.run(
+            connect(), _claims_of([bad, *victim_jobs]), unit_of_work, get_settings()
+        )
         assert outcomes[uuid.UUID(bad)].state == "dead_lettered"
         assert {outcomes[uuid.UUID(j)].state for j in victim_jobs} == {"indexed"}
     _assert_victim_unharmed(victim, victim_jobs)
@@ -241,7 +244,9 @@ def test_a_batch_that_runs_out_of_memory_loses_an_attempt_and_blames_no_one(
             client, key_headers(offender, ["read", "write"]), "m.txt", "An unlucky document."
         )["job_id"]
         with pytest.raises(MemoryError):
-            pipeline.run(_claims_of([*victim_jobs, unlucky]), unit_of_work, get_settings())
+            pipeline.run(
+                connect(), _claims_of([*victim_jobs, unlucky]), unit_of_work, get_settings()
+            )
         jobs = _jobs([*victim_jobs, unlucky])
         assert {(j.state, j.attempts_lost) for j in jobs.values()} == {("queued", 1)}
     _assert_victim_unharmed(victim, victim_jobs)
@@ -324,6 +329,7 @@ CRASHER = """
 import os, signal, sys, uuid
 from shared.db import unit_of_work
 from shared.ingest import pipeline
+from shared.stores.compose import connect
 
 real_parse = pipeline.parse
 
@@ -333,7 +339,7 @@ def parse(raw, *args, **kwargs):
     return real_parse(raw, *args, **kwargs)
 
 pipeline.parse = parse
-pipeline.process_job(unit_of_work, uuid.UUID(sys.argv[1]))
+pipeline.process_job(connect(), unit_of_work, uuid.UUID(sys.argv[1]))
 """
 
 

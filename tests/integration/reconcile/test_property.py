@@ -24,6 +24,7 @@ from shared.ingest import pipeline
 from shared.reconcile.service import reconcile, reconcile_and_verify
 from shared.relay import service as relay
 from shared.settings import get_settings
+from shared.stores.compose import connect
 from shared.stores.elastic import get_es
 from tests.helpers import es_chunks, index_orphan, paused, pg_chunks, tenant_index
 
@@ -61,7 +62,7 @@ class StoresMachine(RuleBasedStateMachine):
                 ),
             )
         if result.status == "accepted" and result.job_id:
-            pipeline.process_job(unit_of_work, result.job_id)
+            pipeline.process_job(connect(), unit_of_work, result.job_id)
 
     @rule(external_id=st.sampled_from(EXTERNAL_IDS))
     def delete(self, external_id: str) -> None:
@@ -69,11 +70,11 @@ class StoresMachine(RuleBasedStateMachine):
             key = (self.tenant, external_id)
             doc = documents_repo.documents_by_external_ids(uow.session, [key]).get(key)
             if doc is not None and not doc.deleted:
-                delete_document(uow, self.tenant, doc.id)
+                delete_document(uow, connect().vectors(uow.session), self.tenant, doc.id)
 
     @rule()
     def relay_outbox(self) -> None:
-        relay.drain(unit_of_work)
+        relay.drain(connect(), unit_of_work)
 
     @rule(pick=st.integers(0, 20))
     def lose_es_copy(self, pick: int) -> None:
@@ -106,14 +107,16 @@ class StoresMachine(RuleBasedStateMachine):
 
     @rule()
     def crash_mid_repair(self) -> None:
-        reconcile(unit_of_work, self.tenant, repair=True)  # repairs queued, the relay never ran
+        reconcile(
+            connect(), unit_of_work, self.tenant, repair=True
+        )  # repairs queued, the relay never ran
 
     def teardown(self) -> None:
         if not hasattr(self, "tenant"):
             return
-        _, after = reconcile_and_verify(unit_of_work, self.tenant)
+        _, after = reconcile_and_verify(connect(), unit_of_work, self.tenant)
         assert after.total() == 0, after.as_dict()
-        assert reconcile(unit_of_work, self.tenant).total() == 0
+        assert reconcile(connect(), unit_of_work, self.tenant).total() == 0
         assert es_chunks(self.tenant) == pg_chunks(self.tenant)
 
 

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -21,6 +22,7 @@ from shared.reconcile.service import drain_repairs, reconcile, reconcile_and_ver
 from shared.relay import service as relay
 from shared.settings import get_settings
 from shared.stores.chunk_index import ElasticsearchChunkIndex
+from shared.stores.compose import connect
 from shared.stores.elastic import get_es
 from tests.helpers import (
     es_chunks,
@@ -50,7 +52,7 @@ def test_each_class_of_drift_is_found_exactly_and_repaired(
     for d in docs:
         wait_job(client, auth, d["job_id"])
     chunks = wait_converged(tenant)
-    assert reconcile(unit_of_work, tenant).total() == 0
+    assert reconcile(connect(), unit_of_work, tenant).total() == 0
     es, alias = get_es(), tenant_index(tenant)
     chunk_of = {d["document_id"]: f"{d['document_id']}:0" for d in docs}
     assert set(chunk_of.values()) == set(chunks)
@@ -79,7 +81,7 @@ def test_each_class_of_drift_is_found_exactly_and_repaired(
     # stale and tombstoned: doc 1 updated and doc 3 deleted, but their writes never reached ES.
     with paused(worker):
         v2 = upload_text(client, auth, "doc-1", "Note 1, revised: lighthouses are automated.")
-        pipeline.process_job(unit_of_work, uuid.UUID(v2["job_id"]))
+        pipeline.process_job(connect(), unit_of_work, uuid.UUID(v2["job_id"]))
         drop_outbox(v2["document_id"])
         assert (
             client.delete(f"/v1/documents/{docs[3]['document_id']}", headers=auth).status_code
@@ -87,7 +89,7 @@ def test_each_class_of_drift_is_found_exactly_and_repaired(
         )
         drop_outbox(docs[3]["document_id"])
 
-    found = reconcile(unit_of_work, tenant)
+    found = reconcile(connect(), unit_of_work, tenant)
     counts = found.as_dict()["counts"]
     assert counts == {"missing": 1, "stale": 1, "orphaned": 2, "wrong_tenant": 1}
     assert found.drift["missing"] == {chunk_of[docs[0]["document_id"]]}
@@ -96,11 +98,11 @@ def test_each_class_of_drift_is_found_exactly_and_repaired(
     assert found.drift["wrong_tenant"] == {chunk_of[docs[2]["document_id"]]}
     assert found.buckets_differing <= 5 and found.ids_read <= 10  # only the drifted buckets
 
-    repaired, after = reconcile_and_verify(unit_of_work, tenant)
+    repaired, after = reconcile_and_verify(connect(), unit_of_work, tenant)
     assert repaired.repairs_queued == 5
     assert after.total() == 0
     assert es_chunks(tenant) == pg_chunks(tenant)
-    assert reconcile(unit_of_work, tenant).total() == 0
+    assert reconcile(connect(), unit_of_work, tenant).total() == 0
     assert (
         es.search(
             index=get_settings().es_chunks_alias(), query={"term": {"tenant_id": "someone-else"}}
@@ -139,17 +141,19 @@ def test_repair_waits_for_repairs_that_another_relay_claimed_first(
             return es.bulk(**kwargs)
 
     with paused(worker):
-        assert reconcile(unit_of_work, tenant, repair=True).repairs_queued == 1
+        assert reconcile(connect(), unit_of_work, tenant, repair=True).repairs_queued == 1
         other_relay = threading.Thread(
             target=relay.drain,
-            args=(unit_of_work,),
-            kwargs={"index": ElasticsearchChunkIndex(SlowElasticsearch())},  # type: ignore[arg-type]
+            args=(
+                replace(connect(), index=ElasticsearchChunkIndex(SlowElasticsearch())),
+                unit_of_work,
+            ),  # type: ignore[arg-type]
         )
         other_relay.start()
         try:
             assert claimed.wait(timeout=30)
-            drain_repairs(unit_of_work, {chunk})
-            assert reconcile(unit_of_work, tenant).total() == 0
+            drain_repairs(connect(), unit_of_work, {chunk})
+            assert reconcile(connect(), unit_of_work, tenant).total() == 0
         finally:
             other_relay.join(timeout=60)
 
@@ -187,7 +191,7 @@ def test_reconcile_cli_reports_and_exits_nonzero_while_drift_remains(client, aut
                 publish=False,
             )
         assert pending.job_id is not None
-        pipeline.process_job(unit_of_work, pending.job_id)
+        pipeline.process_job(connect(), unit_of_work, pending.job_id)
         in_flight = concord("reconcile", "--tenant", tenant, "--json")
     assert in_flight.returncode == 0, in_flight.stdout + in_flight.stderr
     report = json.loads(in_flight.stdout)
@@ -221,12 +225,12 @@ def test_a_periodic_reconcile_still_running_is_not_joined_by_the_next():
     with unit_of_work() as running:
         assert try_run_lock(running.session, _PERIODIC_LOCK)  # a run under way elsewhere
         try:
-            assert periodic_reconcile(unit_of_work) == {
+            assert periodic_reconcile(connect(), unit_of_work) == {
                 "skipped": "the previous periodic reconcile is still running"
             }
         finally:
             run_unlock(running.session, _PERIODIC_LOCK)
-    ran = periodic_reconcile(unit_of_work)
+    ran = periodic_reconcile(connect(), unit_of_work)
     assert "skipped" not in ran and ran["tenants"] >= 1
 
 
@@ -264,4 +268,4 @@ def test_repair_waits_for_repairs_elasticsearch_holds_back_and_then_exits_0(
         es.indices.put_settings(index=hits[0]["_index"], settings={"index.gc_deletes": "60s"})
     out = capsys.readouterr().out
     assert "drift after repair: 0" in out
-    assert reconcile(unit_of_work, tenant).total() == 0
+    assert reconcile(connect(), unit_of_work, tenant).total() == 0

@@ -8,12 +8,14 @@ import subprocess
 import sys
 import threading
 import uuid
+from dataclasses import replace
 
 import pytest
 from fastapi.testclient import TestClient
 
 from shared.db import unit_of_work
 from shared.settings import get_settings
+from shared.stores.compose import connect
 from shared.stores.elastic import get_es
 from tests.helpers import (
     es_chunks,
@@ -135,7 +137,7 @@ def test_reindex_changes_the_shard_count_online_and_bm25_scores_stay_the_same(
             assert after[chunk_id] == pytest.approx(score, rel=1e-5)
     finally:
         # this process's settings: one shard, as the other tests expect
-        reindex(unit_of_work, tenant_id=tenant)
+        reindex(connect(), unit_of_work, tenant_id=tenant)
     assert shards() == 1
 
 
@@ -154,7 +156,7 @@ def test_an_interrupted_reindex_resumes_where_it_stopped(client, auth, tenant, w
         raise Interrupted
 
     with pytest.raises(Interrupted):
-        reindex(unit_of_work, crash_after_first_page, page_size=3)
+        reindex(connect(), unit_of_work, crash_after_first_page, page_size=3)
     settings = get_settings()
     target = reindex_target(get_es(), settings)
     assert target is not None
@@ -167,7 +169,7 @@ def test_an_interrupted_reindex_resumes_where_it_stopped(client, auth, tenant, w
     get_es().indices.create(index=dead)
     # Resumed in larger pages: the index holds every tenant's chunks (tens of thousands by the
     # time the suite gets here), which pages of 3 would copy one mapping update at a time.
-    result = reindex(unit_of_work, page_size=1000)
+    result = reindex(connect(), unit_of_work, page_size=1000)
     assert not get_es().indices.exists(index=dead)
     assert result.resumed and result.new_index == target
     assert reindex_target(get_es(), settings) is None
@@ -251,7 +253,7 @@ def test_one_reindex_runs_at_a_time():
         assert try_run_lock(running.session, _REINDEX_LOCK)  # a reindex under way elsewhere
         try:
             with pytest.raises(ReindexRunning, match="another reindex is under way"):
-                reindex(unit_of_work)
+                reindex(connect(), unit_of_work)
         finally:
             run_unlock(running.session, _REINDEX_LOCK)
     assert reindex_target(get_es(), get_settings()) is None  # it started nothing
@@ -287,7 +289,9 @@ def test_a_reindex_whose_copies_are_refused_stops_before_switching_and_resumes(
         proxy = BulkFaultProxy(settings.es_url(), faults)
         try:
             proxied = ElasticsearchChunkIndex(Elasticsearch(proxy.url, request_timeout=60))
-            return reindex(unit_of_work, page_size=1000, index=proxied, tenant_id=tenant)
+            return reindex(
+                replace(connect(), index=proxied), unit_of_work, page_size=1000, tenant_id=tenant
+            )
         finally:
             proxy.close()
 

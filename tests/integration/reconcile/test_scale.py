@@ -13,6 +13,7 @@ from shared.db import unit_of_work
 from shared.reconcile import service
 from shared.reconcile.service import reconcile, reconcile_and_verify
 from shared.stores.buckets import bucket_of, fingerprint_of_source
+from shared.stores.compose import connect
 from shared.stores.elastic import get_es
 from tests.helpers import (
     es_chunks,
@@ -76,10 +77,10 @@ def test_a_missing_chunk_and_an_orphan_of_the_same_text_in_one_bucket_do_not_can
     _remove(tenant, chunk)
     _write(tenant, ghost, source, version=1)
 
-    found = reconcile(unit_of_work, tenant)
+    found = reconcile(connect(), unit_of_work, tenant)
     assert found.drift["missing"] == {chunk}
     assert found.drift["orphaned"] == {ghost}
-    _, after = reconcile_and_verify(unit_of_work, tenant)
+    _, after = reconcile_and_verify(connect(), unit_of_work, tenant)
     assert after.total() == 0
     assert es_chunks(tenant) == pg_chunks(tenant)
 
@@ -102,15 +103,15 @@ def test_a_copy_with_a_wrong_copied_field_is_stale_and_repaired(
         tenant, remeta, {**copy["_source"], "metadata": {"edited": "yes"}}, version=copy["_version"]
     )
 
-    found = reconcile(unit_of_work, tenant)
+    found = reconcile(connect(), unit_of_work, tenant)
     assert found.drift["stale"] == {retitled}
-    deep = reconcile(unit_of_work, tenant, deep=True)
+    deep = reconcile(connect(), unit_of_work, tenant, deep=True)
     assert deep.drift["stale"] == {retitled, remeta}
     assert deep.buckets_differing == 1  # only the first one shows in the sums
 
-    _, after = reconcile_and_verify(unit_of_work, tenant, deep=True)
+    _, after = reconcile_and_verify(connect(), unit_of_work, tenant, deep=True)
     assert after.total() == 0
-    assert reconcile(unit_of_work, tenant, deep=True).total() == 0
+    assert reconcile(connect(), unit_of_work, tenant, deep=True).total() == 0
     assert _copy(tenant, retitled)["_source"]["title"] == ""
     assert _copy(tenant, remeta)["_source"]["metadata"] == {}
 
@@ -129,7 +130,10 @@ def test_losing_all_of_elasticsearch_is_repaired_range_by_range(
 
     with paused(worker):  # only the repair queues writes; nothing else relays meanwhile
         found, after = reconcile_and_verify(
-            unit_of_work, tenant, progress=lambda t, done, total: seen.append((done, total))
+            connect(),
+            unit_of_work,
+            tenant,
+            progress=lambda t, done, total: seen.append((done, total)),
         )
     assert found.drift["missing"] == set(chunks)
     assert found.repairs_queued == len(chunks)
@@ -147,12 +151,12 @@ def test_a_repair_already_waiting_in_the_outbox_is_not_queued_twice(
     [chunk] = _ingest(client, auth, tenant, 1)
     _remove(tenant, chunk)
     with paused(worker):
-        first = reconcile(unit_of_work, tenant, repair=True)
-        second = reconcile(unit_of_work, tenant, repair=True)
+        first = reconcile(connect(), unit_of_work, tenant, repair=True)
+        second = reconcile(connect(), unit_of_work, tenant, repair=True)
     assert first.repairs_queued == 1
     # The first repair is still waiting in the outbox: a write in flight, not drift.
     assert second.repairs_queued == 0 and second.in_flight == {chunk} and second.total() == 0
-    _, after = reconcile_and_verify(unit_of_work, tenant)
+    _, after = reconcile_and_verify(connect(), unit_of_work, tenant)
     assert after.total() == 0
 
 
@@ -179,12 +183,12 @@ def test_a_dead_lettered_write_is_not_repaired_again_until_an_operator_acts(
         {"op": "index", "version": 1},
     )
     with paused(worker):
-        held = reconcile(unit_of_work, tenant, repair=True)
+        held = reconcile(connect(), unit_of_work, tenant, repair=True)
     assert held.repairs_queued == 0 and held.repairs_held == {chunk}
     assert held.as_dict()["repairs_held_by_dead_letters"] == [chunk]
     with unit_of_work() as uow:  # the operator discards it (concord dlq discard)
         uow.session.execute(delete(DeadLetter).where(DeadLetter.ref == chunk))
-    repaired, after = reconcile_and_verify(unit_of_work, tenant)
+    repaired, after = reconcile_and_verify(connect(), unit_of_work, tenant)
     assert repaired.repairs_queued == 1 and after.total() == 0
 
 
@@ -207,7 +211,7 @@ def test_a_chunk_is_copied_with_its_own_versions_title_while_a_newer_version_wai
             title="New title",
             metadata={"rev": 2},
         )
-        _, after = reconcile_and_verify(unit_of_work, tenant)
+        _, after = reconcile_and_verify(connect(), unit_of_work, tenant)
         assert after.total() == 0, after.as_dict()
         copy = _copy(tenant, chunk)["_source"]
         assert (copy["title"], copy["metadata"], copy["version"]) == ("Old title", {}, 1)

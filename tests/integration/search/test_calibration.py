@@ -10,6 +10,7 @@ from shared.db import unit_of_work
 from shared.search import calibration
 from shared.search import repository as search_repo
 from shared.settings import get_settings
+from shared.stores.compose import connect
 from tests.factories import indexed_notes
 
 PARTS = ["spool", "journal", "cache", "socket", "lockfile", "keyring", "queue", "snapshot"]
@@ -30,7 +31,7 @@ def test_a_tenants_searches_use_the_threshold_set_from_its_corpus(
 ) -> None:
     indexed_notes(tenant, _notes())  # no worker needed
     settings = get_settings()
-    result = calibration.calibrate(unit_of_work, tenant, settings)
+    result = calibration.calibrate(connect(), unit_of_work, tenant, settings)
     assert result is not None and result.samples >= calibration.MIN_SAMPLES
     assert result.chunks == 40
     # far questions (cooking, sport, geography) score well below the manual's own
@@ -40,7 +41,9 @@ def test_a_tenants_searches_use_the_threshold_set_from_its_corpus(
         stored = search_repo.calibration(uow.session, tenant)
         assert stored is not None and stored.min_score == result.min_score
     # nothing has changed since: beat's run leaves it alone
-    assert tenant not in {c.tenant_id for c in calibration.calibrate_due(unit_of_work, settings)}
+    assert tenant not in {
+        c.tenant_id for c in calibration.calibrate_due(connect(), unit_of_work, settings)
+    }
 
     body = {"query": "how often does frobctl rotate the spool files", "top_k": 3}
     decision = client.post("/v1/search", headers=auth, json=body).json()["decision"]
@@ -55,7 +58,7 @@ def test_a_corpus_too_small_to_draw_from_keeps_the_default(
     client: TestClient, auth: dict[str, str], tenant: str
 ) -> None:
     indexed_notes(tenant, _notes()[:1])
-    assert calibration.calibrate(unit_of_work, tenant, get_settings()) is None
+    assert calibration.calibrate(connect(), unit_of_work, tenant, get_settings()) is None
     with unit_of_work() as uow:
         assert search_repo.calibration(uow.session, tenant) is None
     decision = client.post("/v1/search", headers=auth, json={"query": "frobctl spool"}).json()[
@@ -73,7 +76,7 @@ def test_every_page_of_a_cursor_is_decided_with_the_first_pages_threshold(
     1 used the calibrated one, so one result could be answerable on one page and not on the
     other)."""
     indexed_notes(tenant, _notes())
-    result = calibration.calibrate(unit_of_work, tenant, get_settings())
+    result = calibration.calibrate(connect(), unit_of_work, tenant, get_settings())
     assert result is not None and result.min_score is not None
     assert result.min_score != get_settings().policy_min_score
     body = {"query": "which files does frobctl rotate", "top_k": 2, "paginate": True}

@@ -563,10 +563,13 @@ def test_a_tenant_keeps_a_bounded_number_of_cursors_and_cannot_drop_anothers(
     from shared.redis_client import redis_client
     from shared.search import cursors
     from shared.search.schemas import SearchRequest
+    from shared.stores import snapshots as redis_snapshots
+    from shared.stores.compose import connect
     from shared.stores.schemas import ArmHit
     from tests.helpers import key_headers
 
     settings = get_settings()
+    kept_in = connect(settings).snapshots
     other = f"{tenant}-b"
     other_auth = key_headers(other, ["read", "write"])
     for i in range(2):
@@ -584,20 +587,20 @@ def test_a_tenant_keeps_a_bounded_number_of_cursors_and_cannot_drop_anothers(
     )
     request = SearchRequest(query="okapi forest", paginate=True)
     for _ in range(settings.search_cursors_per_tenant):  # as many more as a tenant may keep
-        newest = cursors.save(settings, tenant, cursors.Stored(request, None, deep))
+        newest = cursors.save(kept_in, tenant, cursors.Stored(request, None, deep))
 
     r = redis_client(settings.redis_socket_timeout_s)
-    assert r.zcard(cursors._live_cursors(tenant)) == settings.search_cursors_per_tenant
-    stored = r.get(cursors.PREFIX + newest)
+    assert r.zcard(redis_snapshots._live_snapshots(tenant)) == settings.search_cursors_per_tenant
+    stored = r.get(redis_snapshots.PREFIX + newest)
     assert stored is not None and len(stored) < 100_000  # about 280 KB as JSON
     gone = client.post("/v1/search/next", json={"cursor": first}, headers=auth)
     assert gone.status_code == 404  # the tenant's oldest, dropped for its newest
-    assert cursors.load(settings, tenant, newest).retrieved.fused == deep.fused
+    assert cursors.load(kept_in, settings, tenant, newest).retrieved.fused == deep.fused
     # One saved as JSON before snapshots were compressed still loads, for its TTL.
     legacy = {"tenant": tenant, "request": {"query": "okapi"}, "degraded": []}
     legacy |= {"arms": {}, "vector": [], "fused": [["c:0", 0.5]]}
-    r.set(cursors.PREFIX + "legacy", json.dumps(legacy), ex=60)
-    assert cursors.load(settings, tenant, "legacy").retrieved.fused == [("c:0", 0.5)]
+    r.set(redis_snapshots.PREFIX + "legacy", json.dumps(legacy), ex=60)
+    assert cursors.load(kept_in, settings, tenant, "legacy").retrieved.fused == [("c:0", 0.5)]
     kept = client.post("/v1/search/next", json={"cursor": theirs}, headers=other_auth)
     assert kept.status_code == 200, kept.text
     assert kept.json()["results"][0]["external_id"].startswith("b-")

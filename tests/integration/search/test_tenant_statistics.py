@@ -6,6 +6,7 @@ its own: shared/stores/es_index.py)."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from shared.reconcile.reindex import reindex
 from shared.relay import service as relay
 from shared.settings import get_settings
 from shared.stores.chunk_index import ElasticsearchChunkIndex
+from shared.stores.compose import connect
 from shared.stores.elastic import get_es
 from shared.stores.es_index import index_body, tenant_alias
 from shared.stores.vector_store import PgVectorStore
@@ -140,8 +142,8 @@ def test_the_shared_index_of_an_older_deployment_moves_to_an_index_per_tenant_on
             upload = Upload(tenant_id, external_id, text.encode(), "text/plain")
             result = accept_upload(uow, settings, upload, publish=False)
         assert result.job_id is not None
-        assert pipeline.process_job(unit_of_work, result.job_id).state == "indexed"
-        relay.drain(unit_of_work, settings=settings, index=index)
+        assert pipeline.process_job(connect(), unit_of_work, result.job_id).state == "indexed"
+        relay.drain(replace(connect(), index=index), unit_of_work, settings=settings)
 
     # Postgres holds every other test's tenants too, which this layout never had: the move
     # copies these two tenants' chunks only (pages of theirs, in the same id order).
@@ -180,9 +182,14 @@ def test_the_shared_index_of_an_older_deployment_moves_to_an_index_per_tenant_on
                 raise Interrupted
 
             with pytest.raises(Interrupted):
-                reindex(unit_of_work, written_during_the_move_then_interrupted, 3, index)
+                reindex(
+                    replace(connect(), index=index),
+                    unit_of_work,
+                    written_during_the_move_then_interrupted,
+                    page_size=3,
+                )
             assert index.reindex_target() is not None and not index.per_tenant()
-            result = reindex(unit_of_work, None, 1000, index)
+            result = reindex(replace(connect(), index=index), unit_of_work, page_size=1000)
             assert result.resumed and shared in result.old_indices
             assert not es.indices.exists(index=shared)
             _layout_cache_expires()
@@ -236,10 +243,10 @@ def test_a_copy_in_another_tenants_index_is_found_and_deleted_from_there(
         refresh=True,
     )
     assert search(client, other_auth, RARE, mode="lexical")["results"] == []
-    found = reconcile(unit_of_work, other)
+    found = reconcile(connect(), unit_of_work, other)
     assert found.drift["wrong_tenant"] == {chunk} and found.total() == 1
-    _, after = reconcile_and_verify(unit_of_work, other)
+    _, after = reconcile_and_verify(connect(), unit_of_work, other)
     assert after.total() == 0
     assert not es.exists(index=tenant_index(other), id=chunk)
     assert es.exists(index=tenant_index(tenant), id=chunk)
-    assert reconcile(unit_of_work, tenant).total() == 0
+    assert reconcile(connect(), unit_of_work, tenant).total() == 0

@@ -1,0 +1,49 @@
+"""The stores a process works with, as one value its composition root builds once and passes
+down: the API app (services/api/app.py), the worker (workers/celery_app.py), the CLI
+(services/cli/main.py) and the offline applications (evaluation/, training/) call
+:func:`connect`; every service and stage below them receives the ports it uses (a ``Stores``,
+or one store bound to its transaction) and constructs none itself. A unit test passes the
+in-memory stores (shared/stores/memory.py) the same way.
+
+    root ──connect(settings)──▶ Stores(index, vectors, snapshots)
+                                  │      │        └─ snapshots: a paginated search's kept
+                                  │      │           rankings (Redis)
+                                  │      └─ vectors(session): the vector store in that
+                                  │         transaction (pgvector commits with the truth)
+                                  └─ index: the chunk index (Elasticsearch), process-wide
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from shared.settings import Settings, get_settings
+from shared.stores.chunk_index import ChunkIndex, ElasticsearchChunkIndex
+from shared.stores.ports import SnapshotStore
+from shared.stores.snapshots import RedisSnapshots
+from shared.stores.vector_store import PgVectorStore, VectorStore
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+
+@dataclass(frozen=True)
+class Stores:
+    """The chunk index, the vector store bound to a given transaction, the snapshots."""
+
+    index: ChunkIndex
+    vectors: Callable[[Session], VectorStore]
+    snapshots: SnapshotStore
+
+
+def connect(settings: Settings | None = None) -> Stores:
+    """The real stores, configured by ``settings``: Elasticsearch (its client made on first
+    use), pgvector in each caller's Postgres transaction, Redis."""
+    settings = settings or get_settings()
+
+    def vectors(session: Session) -> VectorStore:
+        return PgVectorStore(session, settings)
+
+    return Stores(ElasticsearchChunkIndex(settings=settings), vectors, RedisSnapshots(settings))

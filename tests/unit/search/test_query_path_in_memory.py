@@ -1,0 +1,159 @@
+"""The query path's stages (retrieve → fuse → hydrate → rerank/diversify → decide → respond)
+on the in-memory stores, with the real embedding model and no service running: what each
+mode finds, how a stale hit and a store that fails are handled, and how pages follow one
+ranking. The same stages run on the real stores in tests/integration/search."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, cast
+
+import pytest
+from sqlalchemy.orm import Session
+
+from shared.errors import StoreUnavailable
+from shared.ingest.embedding import get_embedder
+from shared.search.fusion import fused_ranking
+from shared.search.retrieve import retrieve
+from shared.search.schemas import SearchRequest
+from shared.search.service import page_of
+from shared.search.values import Query
+from shared.settings import get_settings
+from shared.stores.compose import Stores
+from shared.stores.memory import memory_stores
+from shared.stores.schemas import ChunkRow, VersionChunks, chunk_id
+from shared.timing import StageTimes
+
+# The in-memory vector store is the same in every transaction: none is opened.
+NO_TRANSACTION = cast(Session, None)
+TENANT = "acme"
+NOTES = {
+    "tides": ["Tides rise and fall twice a day, pulled by the moon's gravity."],
+    "bread": [
+        "A sourdough starter is a culture of wild yeast and bacteria.",
+        "Feed the starter once a day with equal weights of flour and water.",
+    ],
+    "bikes": ["Oil the bicycle chain every few hundred kilometres to stop rust."],
+    "seals": ["Harbour seals haul out on sandbanks at low tide."],
+}
+
+
+def _write(
+    stores: Stores,
+    tenant: str,
+    external_id: str,
+    texts: list[str],
+    version: int = 1,
+    indexed: bool = True,
+) -> str:
+    """One document's chunks in the vector store and (``indexed``) their copies in the
+    index, as the pipeline and the relay write them."""
+    document = uuid.uuid5(uuid.NAMESPACE_URL, f"{tenant}/{external_id}")
+    vectors = get_embedder().embed_passages(texts)
+    rows = [
+        ChunkRow(
+            id=chunk_id(document, i),
+            ordinal=i,
+            text=text,
+            text_hash=f"h{i}",
+            char_start=0,
+            char_end=len(text),
+            section="",
+            token_count=len(text.split()),
+            embedding=vector,
+        )
+        for i, (text, vector) in enumerate(zip(texts, vectors, strict=True))
+    ]
+    version_chunks = VersionChunks(tenant, document, version, external_id, external_id, {}, rows)
+    store = stores.vectors(NO_TRANSACTION)
+    store.upsert([version_chunks])
+    if indexed:
+        copies = [
+            (c, d) for c, d in store.page_after("", 10_000, tenant) if c.document_id == document
+        ]
+        stores.index.write(copies, "external")
+    return str(document)
+
+
+@pytest.fixture
+def stores() -> Stores:
+    stores = memory_stores()
+    for external_id, texts in NOTES.items():
+        _write(stores, TENANT, external_id, texts)
+    _write(stores, "other", "tides", ["Tides of another tenant, word for word the same."])
+    return stores
+
+
+def _search(stores: Stores, query: str, **options: Any) -> Any:
+    request = SearchRequest.model_validate({"query": query, **options})
+    q = Query(TENANT, request, get_settings())
+    timings = StageTimes(scale=1e3, digits=3)
+    vectors = stores.vectors(NO_TRANSACTION)
+    arms = retrieve(q, index=stores.index, vectors=vectors, timings=timings)
+    retrieved = fused_ranking(q, arms, vectors, timings)
+    return (
+        page_of(q, retrieved, timings, vectors=vectors, snapshots=stores.snapshots),
+        retrieved,
+        timings,
+    )
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "dense", "lexical"])
+def test_every_mode_finds_the_answer_within_the_tenant(stores: Stores, mode: str) -> None:
+    response, retrieved, _ = _search(
+        stores, "how often do I feed the starter flour and water", mode=mode
+    )
+    assert response.results[0].text.startswith("Feed the starter once a day")
+    assert {r.external_id for r in response.results} <= set(NOTES)  # never the other tenant's
+    assert set(retrieved.arms) == ({"dense", "lexical"} if mode == "hybrid" else {mode})
+    assert response.decision.status in ("answerable", "verify")
+
+
+def test_a_question_far_from_the_corpus_is_not_answered(stores: Stores) -> None:
+    response, _, _ = _search(stores, "what is the capital of mongolia")
+    assert response.decision.status == "abstain"
+
+
+def test_a_copy_the_vector_store_no_longer_holds_is_dropped_and_named_for_its_purge(
+    stores: Stores,
+) -> None:
+    """Version 2 of the bread notes has one chunk: the index still holds version 1's second
+    chunk (its delete not relayed yet), and the search must not serve it."""
+    new_text = ["Bread notes moved to the bakery wiki."]
+    document = uuid.UUID(_write(stores, TENANT, "bread", new_text, version=2, indexed=False))
+    stores.vectors(NO_TRANSACTION).delete_superseded({document: 2}, chunk_counts={document: 1})
+    response, _, _ = _search(stores, "feed the starter with flour and water", mode="lexical")
+    assert f"{document}:1" in response._stale and response.dropped_stale >= 1
+    assert not any("Feed the starter" in r.text for r in response.results)
+
+
+def test_one_store_failing_degrades_to_the_other(
+    stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable("Elasticsearch is unreachable", store="Elasticsearch")
+
+    monkeypatch.setattr(stores.index, "lexical_search", unavailable)
+    response, retrieved, _ = _search(stores, "harbour seals at low tide")
+    assert retrieved.degraded == ["lexical_unavailable"]
+    assert response.results[0].external_id == "seals"
+
+
+def test_pages_follow_one_ranking_without_repeats(stores: Stores) -> None:
+    first, retrieved, timings = _search(stores, "tides seals bread bikes", top_k=2, paginate=True)
+    q = Query(TENANT, SearchRequest(query="x", top_k=2, paginate=True), get_settings())
+    second = page_of(
+        q,
+        retrieved,
+        timings,
+        vectors=stores.vectors(NO_TRANSACTION),
+        snapshots=stores.snapshots,
+        offset=2,
+    )
+    seen = [r.chunk_id for r in first.results] + [r.chunk_id for r in second.results]
+    assert len(seen) == len(set(seen)) == 4
+    position = {cid: i for i, (cid, _) in enumerate(retrieved.fused)}
+    assert max(position[r.chunk_id] for r in first.results) < min(
+        position[r.chunk_id] for r in second.results
+    )  # page 2 starts where page 1 ended in the one stored ranking
+    assert first.next_cursor is not None  # the ranking was kept for the next pages
