@@ -82,48 +82,54 @@ def markdown(report: dict[str, Any]) -> str:
             for t in report["targets"]
         ]
     if report.get("abstain"):
-        a = report["abstain"]
-        lines += [
-            "",
-            "## Abstain accuracy (unanswerable variant)",
-            "",
-            f"{a['withheld_documents']} documents withheld; {a['unanswerable']} unanswerable and "
-            f"{a['answerable']} answerable queries (seed {a['seed']}).",
-            "",
-            "| policy | threshold | abstain recall | false abstain |",
-            "|---|---|---|---|",
-        ]
-        for row in a["served"]:
-            lines.append(
-                f"| {row['policy']} | {row['threshold']} | {row['abstain_recall']:.4f} "
-                f"| {row['false_abstain']:.4f} |"
-            )
-        best = a["best_within_5pct_false_abstain"]
-        lines += [
-            "",
-            f"Best threshold with ≤ 5 % false abstain: {best['threshold']} → abstain recall "
-            f"{best['abstain_recall']:.4f}, false abstain {best['false_abstain']:.4f}.",
-        ]
-        if a.get("policies"):
-            lines += [
-                "",
-                "Each policy's score as an abstain classifier (curve in `abstain_roc.png`):",
-                "",
-                "| policy | ROC AUC | abstain recall at ≤ 5 % false abstain | its threshold "
-                "| verify share (served) |",
-                "|---|---|---|---|---|",
-            ]
-            for p in a["policies"]:
-                b = p["best_within_5pct_false_abstain"]
-                lines.append(
-                    f"| {p['policy']} | {p['auc']:.4f} | {b['abstain_recall']:.4f} "
-                    f"(false abstain {b['false_abstain']:.4f}) | {b['threshold']} "
-                    f"| {p['verify_share']:.4f} |"
-                )
+        lines += _abstain_section(report["abstain"])
     if report.get("peer"):
         lines += ["", f"Peer: {report['peer'].get('system', report['peer'])}"]
     lines += ["", "Files: " + ", ".join(f"`{p}`" for p in report.get("files", {}).values()), ""]
     return "\n".join(lines)
+
+
+def _abstain_section(a: dict[str, Any]) -> list[str]:
+    """The unanswerable variant's table: each policy's abstain recall and false abstains."""
+    lines: list[str] = []
+    lines += [
+        "",
+        "## Abstain accuracy (unanswerable variant)",
+        "",
+        f"{a['withheld_documents']} documents withheld; {a['unanswerable']} unanswerable and "
+        f"{a['answerable']} answerable queries (seed {a['seed']}).",
+        "",
+        "| policy | threshold | abstain recall | false abstain |",
+        "|---|---|---|---|",
+    ]
+    for row in a["served"]:
+        lines.append(
+            f"| {row['policy']} | {row['threshold']} | {row['abstain_recall']:.4f} "
+            f"| {row['false_abstain']:.4f} |"
+        )
+    best = a["best_within_5pct_false_abstain"]
+    lines += [
+        "",
+        f"Best threshold with ≤ 5 % false abstain: {best['threshold']} → abstain recall "
+        f"{best['abstain_recall']:.4f}, false abstain {best['false_abstain']:.4f}.",
+    ]
+    if a.get("policies"):
+        lines += [
+            "",
+            "Each policy's score as an abstain classifier (curve in `abstain_roc.png`):",
+            "",
+            "| policy | ROC AUC | abstain recall at ≤ 5 % false abstain | its threshold "
+            "| verify share (served) |",
+            "|---|---|---|---|---|",
+        ]
+        for p in a["policies"]:
+            b = p["best_within_5pct_false_abstain"]
+            lines.append(
+                f"| {p['policy']} | {p['auc']:.4f} | {b['abstain_recall']:.4f} "
+                f"(false abstain {b['false_abstain']:.4f}) | {b['threshold']} "
+                f"| {p['verify_share']:.4f} |"
+            )
+    return lines
 
 
 def _quality_plot(rows: list[dict[str, Any]], report: dict[str, Any], path: Path) -> None:

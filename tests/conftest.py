@@ -122,7 +122,7 @@ def fresh_stores() -> None:
 def _stores_for_tiers_that_use_them(request: pytest.FixtureRequest) -> None:
     """Every tier but the unit tier works on the real stores, made fresh once per session;
     the unit tier needs no service running (its store-backed tests use the in-memory stores
-    of shared/stores/memory.py, and a unit test that asks for ``fresh_stores`` gets them)."""
+    of shared/stores/memory/, and a unit test that asks for ``fresh_stores`` gets them)."""
     if _tier(request.node.nodeid) != "unit":
         request.getfixturevalue("fresh_stores")
 

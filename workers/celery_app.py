@@ -35,7 +35,7 @@ from shared.queue import (
     WEBHOOKS_TASK,
     broker_socket_options,
 )
-from shared.settings import get_settings
+from shared.settings import Settings, get_settings
 from workers import deliveries
 
 
@@ -66,55 +66,61 @@ def create_celery_app() -> Celery:
         task_serializer="json",
         accept_content=["json"],
         worker_hijack_root_logger=False,
-        beat_schedule={
-            "sweep-expired-jobs": {
-                "task": SWEEP_TASK,
-                "schedule": settings.sweep_interval_seconds,
-                "options": {"queue": MAINTENANCE_QUEUE, "expires": settings.sweep_interval_seconds},
-            },
-            "reconcile": {
-                "task": RECONCILE_TASK,
-                "schedule": settings.reconcile_interval_seconds or 10**9,
-                # Not the maintenance queue either: its time grows with the corpus.
-                "options": {
-                    "queue": TRAINING_QUEUE,
-                    "expires": settings.reconcile_interval_seconds or None,
-                },
-            },
-            "calibrate-tenants": {
-                "task": CALIBRATE_TASK,
-                "schedule": settings.calibrate_interval_seconds,
-                # with the model work: it encodes a few hundred questions per tenant
-                "options": {
-                    "queue": TRAINING_QUEUE,
-                    "expires": settings.calibrate_interval_seconds,
-                },
-            },
-            "place-tenant-partitions": {
-                "task": PLACE_PARTITIONS_TASK,
-                "schedule": settings.partition_interval_seconds,
-                # Not the maintenance queue: a graph build would hold up its sweeps.
-                "options": {
-                    "queue": TRAINING_QUEUE,
-                    "expires": settings.partition_interval_seconds,
-                },
-            },
-            "drain-outbox": {
-                "task": RELAY_TASK,
-                "schedule": settings.relay_interval_seconds,
-                "options": {"queue": RELAY_QUEUE, "expires": settings.relay_interval_seconds * 2},
-            },
-            "deliver-webhooks": {
-                "task": WEBHOOKS_TASK,
-                "schedule": settings.webhook_interval_seconds,
-                "options": {
-                    "queue": WEBHOOKS_QUEUE,
-                    "expires": settings.webhook_interval_seconds * 2,
-                },
-            },
-        },
+        beat_schedule=beat_schedule(settings),
     )
     return app
+
+
+def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Beat's periodic tasks, each on its queue, each message expiring when the next is due
+    (a backlog of them would only repeat the same work)."""
+    return {
+        "sweep-expired-jobs": {
+            "task": SWEEP_TASK,
+            "schedule": settings.sweep_interval_seconds,
+            "options": {"queue": MAINTENANCE_QUEUE, "expires": settings.sweep_interval_seconds},
+        },
+        "reconcile": {
+            "task": RECONCILE_TASK,
+            "schedule": settings.reconcile_interval_seconds or 10**9,
+            # Not the maintenance queue either: its time grows with the corpus.
+            "options": {
+                "queue": TRAINING_QUEUE,
+                "expires": settings.reconcile_interval_seconds or None,
+            },
+        },
+        "calibrate-tenants": {
+            "task": CALIBRATE_TASK,
+            "schedule": settings.calibrate_interval_seconds,
+            # with the model work: it encodes a few hundred questions per tenant
+            "options": {
+                "queue": TRAINING_QUEUE,
+                "expires": settings.calibrate_interval_seconds,
+            },
+        },
+        "place-tenant-partitions": {
+            "task": PLACE_PARTITIONS_TASK,
+            "schedule": settings.partition_interval_seconds,
+            # Not the maintenance queue: a graph build would hold up its sweeps.
+            "options": {
+                "queue": TRAINING_QUEUE,
+                "expires": settings.partition_interval_seconds,
+            },
+        },
+        "drain-outbox": {
+            "task": RELAY_TASK,
+            "schedule": settings.relay_interval_seconds,
+            "options": {"queue": RELAY_QUEUE, "expires": settings.relay_interval_seconds * 2},
+        },
+        "deliver-webhooks": {
+            "task": WEBHOOKS_TASK,
+            "schedule": settings.webhook_interval_seconds,
+            "options": {
+                "queue": WEBHOOKS_QUEUE,
+                "expires": settings.webhook_interval_seconds * 2,
+            },
+        },
+    }
 
 
 def cap_reconnect_backoff(max_interval_s: float) -> None:

@@ -167,6 +167,14 @@ def create_app(warm_up: WarmUp | None = None, stores: Stores | None = None) -> F
     app.add_middleware(BodyLimitMiddleware, limit=get_settings().max_request_bytes)
     app.add_middleware(RequestContextMiddleware)  # outermost: a 413 gets a request id too
 
+    _add_error_handlers(app)
+    _add_probes(app, warming)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error in Concord's one shape: its own, routing's, a store's, validation's."""
+
     @app.exception_handler(ConcordError)
     async def _concord_error(_: Request, exc: ConcordError) -> JSONResponse:
         response = error_body(exc.code, exc.message, exc.status_code, exc.fields)
@@ -194,6 +202,10 @@ def create_app(warm_up: WarmUp | None = None, stores: Stores | None = None) -> F
         error = validation_error(exc.errors())
         return error_body(error.code, error.message, error.status_code, error.fields)
 
+
+def _add_probes(app: FastAPI, warming: WarmUp) -> None:
+    """Liveness, readiness (the warm-up and the stores) and the metrics."""
+
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:
         """The process is up (no store is asked)."""
@@ -216,5 +228,3 @@ def create_app(warm_up: WarmUp | None = None, stores: Stores | None = None) -> F
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> PlainTextResponse:
         return PlainTextResponse(generate_latest().decode(), media_type=CONTENT_TYPE_LATEST)
-
-    return app

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any
 
 import typer
@@ -54,17 +55,6 @@ def reconcile(
         body: dict[str, Any] = {"mode": "dry-run", **report.as_dict()}
         remaining = report.total()
     else:
-        printed = [-5.0]
-
-        def waiting(pending: int, total: int, seconds: float) -> None:
-            if seconds - printed[0] >= 5:  # a line every 5 s, on stderr
-                printed[0] = seconds
-                typer.echo(
-                    f"{pending} of {total} repairs not landed yet ({seconds:.0f} s; "
-                    "Elasticsearch holds a repair of a chunk deleted behind its back)",
-                    err=True,
-                )
-
         found, after = reconcile_and_verify(
             stores,
             unit_of_work,
@@ -72,7 +62,7 @@ def reconcile(
             deep=deep,
             progress=progress,
             wait_s=timeout if wait else 0.0,
-            waiting=waiting,
+            waiting=_every_five_seconds(),
         )
         body = {"mode": "repair", **found.as_dict(), "after_repair": after.as_dict()}
         remaining = after.total()
@@ -82,6 +72,22 @@ def reconcile(
         _print_report(body)
     if remaining:
         raise typer.Exit(1)
+
+
+def _every_five_seconds() -> Callable[[int, int, float], None]:
+    """A line on stderr every 5 s while repairs have not landed."""
+    printed = [-5.0]
+
+    def waiting(pending: int, total: int, seconds: float) -> None:
+        if seconds - printed[0] >= 5:
+            printed[0] = seconds
+            typer.echo(
+                f"{pending} of {total} repairs not landed yet ({seconds:.0f} s; "
+                "Elasticsearch holds a repair of a chunk deleted behind its back)",
+                err=True,
+            )
+
+    return waiting
 
 
 def _print_report(body: dict[str, Any]) -> None:

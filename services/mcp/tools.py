@@ -88,7 +88,6 @@ class ChunkWindow(BaseModel):
 def build_mcp_server(connect: Connect) -> MCPServer:
     """The MCP server; ``connect`` gives each tool call a client acting with its caller's key."""
     server = MCPServer("concord", instructions=INSTRUCTIONS, version="0.1.0")
-    read_only = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 
     def tool(annotations: ToolAnnotations) -> Callable[[Callable[..., Any]], None]:
         """Register a tool, its docstring on one line as its description."""
@@ -99,7 +98,22 @@ def build_mcp_server(connect: Connect) -> MCPServer:
 
         return register
 
-    @tool(read_only)
+    _search_tool(tool, connect)
+    _reading_tools(tool, connect)
+    _listing_tools(tool, connect)
+    _writing_tools(tool, connect)
+    _document_resource(server, connect)
+    return server
+
+
+Register = Callable[[ToolAnnotations], Callable[[Callable[..., Any]], None]]
+READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+
+
+def _search_tool(tool: Register, connect: Connect) -> None:
+    """search: passages and Concord's decision about them."""
+
+    @tool(READ_ONLY)
     async def search(
         query: Annotated[str, Field(min_length=1, max_length=2000, description="the question")],
         ctx: Context,
@@ -131,7 +145,11 @@ def build_mcp_server(connect: Connect) -> MCPServer:
             response = await _call(client.search(query, **options))
         return _answer(response)
 
-    @tool(read_only)
+
+def _reading_tools(tool: Register, connect: Connect) -> None:
+    """A passage's surroundings, or a whole document."""
+
+    @tool(READ_ONLY)
     async def fetch_chunk(
         document_id: DocumentId,
         chunk_id: Annotated[str, Field(description="a passage's chunk_id from search")],
@@ -148,7 +166,7 @@ def build_mcp_server(connect: Connect) -> MCPServer:
         window = listing.chunks[max(0, at - neighbours) : at + neighbours + 1]
         return ChunkWindow(document_id=str(document_id), chunk_id=chunk_id, chunks=window)
 
-    @tool(read_only)
+    @tool(READ_ONLY)
     async def fetch_document(
         document_id: DocumentId,
         ctx: Context,
@@ -172,7 +190,11 @@ def build_mcp_server(connect: Connect) -> MCPServer:
             truncated=len(text) > MAX_DOCUMENT_CHARS,
         )
 
-    @tool(read_only)
+
+def _listing_tools(tool: Register, connect: Connect) -> None:
+    """The tenant's documents, and an upload's job."""
+
+    @tool(READ_ONLY)
     async def list_documents(
         ctx: Context,
         limit: Annotated[int, Field(ge=1, le=200)] = 50,
@@ -184,7 +206,7 @@ def build_mcp_server(connect: Connect) -> MCPServer:
         async with connect(ctx) as client:
             return await _call(client.list_documents(limit=limit, after=after))
 
-    @tool(read_only)
+    @tool(READ_ONLY)
     async def get_job(
         job_id: Annotated[uuid.UUID, Field(description="an upload's job_id")], ctx: Context
     ) -> models.IngestJobView:
@@ -194,6 +216,10 @@ def build_mcp_server(connect: Connect) -> MCPServer:
         if not isinstance(job, models.IngestJobView):
             raise ToolError(f"{job_id} is a reranker training, not an ingest job")
         return job
+
+
+def _writing_tools(tool: Register, connect: Connect) -> None:
+    """add_document (a write key's)."""
 
     @tool(ToolAnnotations(read_only_hint=False, destructive_hint=False))
     async def add_document(
@@ -221,6 +247,10 @@ def build_mcp_server(connect: Connect) -> MCPServer:
                 )
             )
 
+
+def _document_resource(server: MCPServer, connect: Connect) -> None:
+    """Each document's live text as a resource."""
+
     @server.resource(
         "concord://documents/{document_id}",
         name="document",
@@ -241,8 +271,6 @@ def build_mcp_server(connect: Connect) -> MCPServer:
             except APIError as e:
                 raise ResourceError(f"{e.status_code} {e.code}: {e.message}") from e
         return f"# {found.title or found.external_id}\n\n{joined_text(listing.chunks)}"
-
-    return server
 
 
 async def _call(pending: Awaitable[T]) -> T:

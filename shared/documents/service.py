@@ -10,7 +10,7 @@ import json
 import math
 import uuid
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -105,22 +105,9 @@ def accept_uploads(
     jobs: list[dict[str, Any]] = []
 
     def new_job(doc: Document) -> uuid.UUID:
-        job_id = uuid.uuid4()
-        jobs.append(
-            {
-                "id": job_id,
-                "tenant_id": doc.tenant_id,
-                "document_id": doc.id,
-                "version": doc.version,
-                "state": JobState.QUEUED.value,
-                "attempts": 0,
-                # If the message never reaches a worker, the sweep publishes it again
-                # after this (the database clock: this transaction's now()).
-                "lease_expires_at": current_time + republish_after,
-                "stage_timings": {},
-                "detail": {"request_id": request_id} if request_id else {},
-            }
-        )
+        row = _job_row(doc, current_time + republish_after, request_id)
+        jobs.append(row)
+        job_id: uuid.UUID = row["id"]
         newest_jobs[(doc.id, doc.version)] = (job_id, JobState.QUEUED.value)
         return job_id
 
@@ -136,38 +123,9 @@ def accept_uploads(
             # The same content again after its job failed: a retry of that version.
             results.append(UploadResult(doc.id, doc.version, new_job(doc), "accepted"))
             continue
-        if doc is None:
-            doc = Document(
-                id=uuid.uuid4(),
-                tenant_id=upload.tenant_id,
-                external_id=upload.external_id,
-                title=upload.title,
-                metadata_=upload.metadata or {},
-                version=1,
-                content_hash=digest,
-                deleted=False,
-            )
-            repo.add_document(session, doc)
-            docs[(upload.tenant_id, upload.external_id)] = doc
-        else:
-            doc.version += 1
-            doc.title = upload.title
-            doc.metadata_ = upload.metadata or {}
-            doc.content_hash = digest
-            doc.deleted = False
-            doc.updated_at = current_time
-        versions.append(
-            {
-                "document_id": doc.id,
-                "version": doc.version,
-                "tenant_id": upload.tenant_id,
-                "content_hash": digest,
-                "content_type": upload.content_type,
-                "filename": upload.filename,
-                "raw": upload.raw,
-                "tombstone": False,
-            }
-        )
+        doc = _next_version(session, doc, upload, digest, current_time)
+        docs[(upload.tenant_id, upload.external_id)] = doc
+        versions.append(_version_row(doc, upload, digest))
         results.append(UploadResult(doc.id, doc.version, new_job(doc), "accepted"))
     session.flush()  # the documents, before the rows that reference them
     insert_rows(session, DocumentVersion, versions)
@@ -179,6 +137,61 @@ def accept_uploads(
         else r
         for r in results
     ]
+
+
+def _next_version(
+    session: Session, doc: Document | None, upload: Upload, digest: str, current_time: datetime
+) -> Document:
+    """The upload's document at its new version: added at version 1, or its next version."""
+    if doc is None:
+        doc = Document(
+            id=uuid.uuid4(),
+            tenant_id=upload.tenant_id,
+            external_id=upload.external_id,
+            title=upload.title,
+            metadata_=upload.metadata or {},
+            version=1,
+            content_hash=digest,
+            deleted=False,
+        )
+        repo.add_document(session, doc)
+        return doc
+    doc.version += 1
+    doc.title = upload.title
+    doc.metadata_ = upload.metadata or {}
+    doc.content_hash = digest
+    doc.deleted = False
+    doc.updated_at = current_time
+    return doc
+
+
+def _version_row(doc: Document, upload: Upload, digest: str) -> dict[str, Any]:
+    return {
+        "document_id": doc.id,
+        "version": doc.version,
+        "tenant_id": upload.tenant_id,
+        "content_hash": digest,
+        "content_type": upload.content_type,
+        "filename": upload.filename,
+        "raw": upload.raw,
+        "tombstone": False,
+    }
+
+
+def _job_row(doc: Document, republish_at: datetime, request_id: str | None) -> dict[str, Any]:
+    """A queued ingest job of the document's version. If its message never reaches a
+    worker, the sweep publishes it again after ``republish_at`` (the database clock)."""
+    return {
+        "id": uuid.uuid4(),
+        "tenant_id": doc.tenant_id,
+        "document_id": doc.id,
+        "version": doc.version,
+        "state": JobState.QUEUED.value,
+        "attempts": 0,
+        "lease_expires_at": republish_at,
+        "stage_timings": {},
+        "detail": {"request_id": request_id} if request_id else {},
+    }
 
 
 # What a dead letter keeps of a refused event: the producer's mistake must be visible, but

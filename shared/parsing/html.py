@@ -65,7 +65,35 @@ def _drop_navigation(root: Any) -> None:
     page bars, and permalink signs. Linear in the document: each element's text and link
     lengths are summed once from its children's (post-order, an explicit stack), then the
     outermost navigation blocks are removed."""
-    from bs4.element import CData, NavigableString, Tag
+    from bs4.element import Tag
+
+    sizes, first_words, permalinks = _link_density(_post_order(root))
+    navigation = []
+    stack_nodes = [root]
+    while stack_nodes:
+        node = stack_nodes.pop()
+        text, link, links = sizes[id(node)]
+        if (
+            node is not root
+            and node.name in _NAVIGATION_CANDIDATES
+            and text
+            and (
+                (links >= NAVIGATION_MIN_LINKS and link >= NAVIGATION_LINK_SHARE * text)
+                or (
+                    links >= 1 and text <= PAGE_BAR_CHARS and _PAGE_BAR.match(first_words[id(node)])
+                )
+            )
+        ):
+            navigation.append(node)
+            continue
+        stack_nodes.extend(c for c in node.children if isinstance(c, Tag))
+    for node in navigation + permalinks:
+        node.decompose()
+
+
+def _post_order(root: Any) -> list[Any]:
+    """Every element under ``root`` (itself last), each after its children."""
+    from bs4.element import Tag
 
     order: list[Any] = []
     stack: list[tuple[Any, bool]] = [(root, False)]
@@ -76,6 +104,16 @@ def _drop_navigation(root: Any) -> None:
             continue
         stack.append((node, True))
         stack.extend((c, False) for c in node.children if isinstance(c, Tag))
+    return order
+
+
+def _link_density(
+    order: list[Any],
+) -> tuple[dict[int, tuple[int, int, int]], dict[int, str], list[Any]]:
+    """Per element (by id), in one pass over ``order`` (children first): its text chars, the
+    chars within links and the number of links; its first words; and the permalink signs."""
+    from bs4.element import CData, NavigableString, Tag
+
     sizes: dict[int, tuple[int, int, int]] = {}  # text chars, link chars, links
     first_words: dict[int, str] = {}
     permalinks = []
@@ -103,27 +141,7 @@ def _drop_navigation(root: Any) -> None:
                 permalinks.append(node)
         sizes[id(node)] = (text, link, links)
         first_words[id(node)] = start
-    navigation = []
-    stack_nodes = [root]
-    while stack_nodes:
-        node = stack_nodes.pop()
-        text, link, links = sizes[id(node)]
-        if (
-            node is not root
-            and node.name in _NAVIGATION_CANDIDATES
-            and text
-            and (
-                (links >= NAVIGATION_MIN_LINKS and link >= NAVIGATION_LINK_SHARE * text)
-                or (
-                    links >= 1 and text <= PAGE_BAR_CHARS and _PAGE_BAR.match(first_words[id(node)])
-                )
-            )
-        ):
-            navigation.append(node)
-            continue
-        stack_nodes.extend(c for c in node.children if isinstance(c, Tag))
-    for node in navigation + permalinks:
-        node.decompose()
+    return sizes, first_words, permalinks
 
 
 _BLOCK_TAGS = ("p", "li", "pre", "blockquote", "td", "th", "dd", "dt", "figcaption", "div")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from shared.parsing.document import (
@@ -30,6 +31,36 @@ def _markdown() -> Any:
     return MarkdownIt("commonmark").enable("table").disable("inline").use(front_matter_plugin)
 
 
+@dataclass
+class _Blocks:
+    """Where markdown-it found each kind of block, by its first line."""
+
+    headings: dict[int, tuple[int, int, str]] = field(default_factory=dict)  # level, end, title
+    comments: dict[int, int] = field(default_factory=dict)  # end line (front matter too)
+    tables: dict[int, tuple[int, str]] = field(default_factory=dict)  # end line, header row
+    code: dict[int, int] = field(default_factory=dict)  # end line
+
+    @classmethod
+    def of(cls, text: str, lines: list[str]) -> _Blocks:
+        found = cls()
+        tokens = _markdown().parse(text)
+        for i, token in enumerate(tokens):
+            if token.map is None:
+                continue
+            first, end = token.map
+            if token.type == "heading_open":
+                found.headings[first] = (int(token.tag[1]), end, _inline_text(tokens[i + 1]))
+            elif token.type == "front_matter" or (
+                token.type == "html_block" and token.content.lstrip().startswith("<!--")
+            ):
+                found.comments[first] = end
+            elif token.type == "table_open" and first + 2 <= end:
+                found.tables[first] = (end, " ".join(lines[first].split()))
+            elif token.type in ("fence", "code_block"):
+                found.code[first] = end
+        return found
+
+
 def _parse_markdown(text: str) -> ParsedDocument:
     """CommonMark as markdown-it-py reads it (ATX and setext headings, fenced and indented
     code, GFM tables): heading lines go to the section path, not into the text; a table's
@@ -38,25 +69,8 @@ def _parse_markdown(text: str) -> ParsedDocument:
     # Lines as markdown-it numbers them: ended by \n, \r\n or \r only (str.splitlines also
     # ends one at \x0c, \x85, U+2028..., and would put each heading a line off).
     lines = _MARKDOWN_LINE.findall(text)
-    headings: dict[int, tuple[int, int, str]] = {}  # first line: level, end line, title
-    comments: dict[int, int] = {}  # first line: end line (front matter too)
-    tables: dict[int, tuple[int, str]] = {}  # first line: end line, header row
-    code: dict[int, int] = {}  # first line: end line
-    tokens = _markdown().parse(text)
-    for i, token in enumerate(tokens):
-        if token.map is None:
-            continue
-        first, end = token.map
-        if token.type == "heading_open":
-            headings[first] = (int(token.tag[1]), end, _inline_text(tokens[i + 1]))
-        elif token.type == "front_matter" or (
-            token.type == "html_block" and token.content.lstrip().startswith("<!--")
-        ):
-            comments[first] = end
-        elif token.type == "table_open" and first + 2 <= end:
-            tables[first] = (end, " ".join(lines[first].split()))
-        elif token.type in ("fence", "code_block"):
-            code[first] = end
+    blocks = _Blocks.of(text, lines)
+    headings, comments, tables, code = blocks.headings, blocks.comments, blocks.tables, blocks.code
     sections: list[Section] = []
     path = HeadingPath()
     kept: list[str] = []

@@ -18,7 +18,7 @@
 only its chunks copied, only its changes dual-written, only its aliases switched): after an
 incident in one tenant's index, or to give one tenant new shards, without copying every other
 tenant's chunks. It needs the per-tenant layout; an interrupted reindex of other tenants is
-finished first (shared/stores/chunk_index.py, ``start_reindex``).
+finished first (shared/stores/chunk_index/reindex.py, ``start_reindex``).
 
 The same run moves a deployment from the shared layout (one index for every tenant) to an
 index per tenant (shared/stores/es_index.py), online and resumable.

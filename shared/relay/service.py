@@ -16,6 +16,7 @@ import functools
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,20 +99,13 @@ def drain(
 def _relay_batch(
     session: Session, settings: Settings, index: ChunkWriter, vectors: VectorReads
 ) -> RelayReport:
+    """claim → the newest operation per chunk → its bulk lines → send → settle each row."""
     report = RelayReport()
     rows = repo.claim_outbox(session, settings.relay_batch_size)
     report.claimed = len(rows)
     if not rows:
         return report
-    # Only the newest operation per chunk (in a tenant's index) matters; older rows ride
-    # along with it.
-    newest: dict[tuple[str, str], EsOutbox] = {}
-    riders: dict[tuple[str, str], list[int]] = {}
-    for row in rows:
-        key = (row.tenant_id, row.chunk_id)
-        riders.setdefault(key, []).append(row.id)
-        if key not in newest or _order(row) > _order(newest[key]):
-            newest[key] = row
+    newest, riders = _newest_per_chunk(rows)
     # Deletes too: each is checked against Postgres now, when it is applied.
     chunks = vectors.chunks_by_ids([cid for _, cid in newest])
     docs = documents_repo.documents_by_ids(session, [c.document_id for c in chunks.values()])
@@ -120,85 +114,113 @@ def _relay_batch(
     try:
         results = _send(index, settings, requests)
     except StoreError as e:
-        report.retried = len(rows)
-        if e.status is None:
-            # Elasticsearch is down: not the items' fault, so no attempt is counted. Groups
-            # sent before the link went are sent again later (their versions make that a 409).
-            report.unreachable = True
-            delay = backoff_seconds(min(r.attempts for r in rows) + 1, cap=15.0)
-            repo.postpone_outbox(session, [r.id for r in rows], delay, str(e), False)
-        else:
-            # Refused for a reason no row causes (authentication, a missing index): the
-            # whole batch waits, its attempts counted, as before request splitting existed.
-            repo.postpone_outbox(
-                session,
-                [r.id for r in rows],
-                backoff_seconds(rows[0].attempts + 1),
-                f"bulk request failed: {e}",
-                count_attempt=True,
-            )
+        _postpone_batch(session, rows, e, report)
         return report
-
     done: list[int] = []
     for row, _ in requests:
-        result = results[row.id]
-        status = int(result.get("status", 500))
         ids = riders[(row.tenant_id, row.chunk_id)]
-        if status < 300 or (status == 404 and row.op in DELETES):
-            report.applied += 1
-            done += ids
-        elif (
-            status == 409
-            and row.op == OutboxOp.REPAIR
-            and not index.exists(row.tenant_id, row.chunk_id)
-        ):
-            # A tombstone newer than Postgres' version (an out-of-band delete) blocks the
-            # repair until Elasticsearch forgets it (index.gc_deletes): try again later.
-            report.retried += 1
-            repo.postpone_outbox(
-                session,
-                ids,
-                backoff_seconds(row.attempts + 1, cap=30.0),
-                "blocked by a newer Elasticsearch tombstone",
-                count_attempt=False,
-            )
-        elif status == 409:
-            report.already_current += 1
-            done += ids
-        elif _retriable(row, status, result) and row.attempts + 1 < settings.relay_max_attempts:
-            if status == 404:
-                index.forget(row.tenant_id)  # prepared again with the next attempt
-            report.retried += 1
-            repo.postpone_outbox(
-                session,
-                ids,
-                backoff_seconds(row.attempts + 1),
-                _reason(result),
-                count_attempt=True,
-            )
-        else:
-            report.dead_lettered += 1
-            jobs_repo.add_dead_letter(
-                session,
-                tenant_id=row.tenant_id,
-                source="outbox",
-                ref=row.chunk_id,
-                stage="es_relay",
-                error_class=f"es_{status}",
-                message=_reason(result),
-                attempts=row.attempts + 1,
-                payload={
-                    "op": row.op,
-                    "version": row.version,
-                    "document_id": str(row.document_id),
-                },
-            )
+        if _settle(session, settings, index, row, ids, results[row.id], report):
             done += ids
     # Rows of chunks with nothing to send (e.g. superseded) are finished too.
     sent = {(r.tenant_id, r.chunk_id) for r, _ in requests}
     done += [i for key, ids in riders.items() if key not in sent for i in ids]
     repo.delete_outbox(session, done)
     return report
+
+
+def _newest_per_chunk(
+    rows: Sequence[EsOutbox],
+) -> tuple[dict[tuple[str, str], EsOutbox], dict[tuple[str, str], list[int]]]:
+    """Only the newest operation per chunk (in a tenant's index) matters; older rows ride
+    along with it: (tenant, chunk) -> the newest row, and -> every row's id."""
+    newest: dict[tuple[str, str], EsOutbox] = {}
+    riders: dict[tuple[str, str], list[int]] = {}
+    for row in rows:
+        key = (row.tenant_id, row.chunk_id)
+        riders.setdefault(key, []).append(row.id)
+        if key not in newest or _order(row) > _order(newest[key]):
+            newest[key] = row
+    return newest, riders
+
+
+def _postpone_batch(
+    session: Session, rows: Sequence[EsOutbox], error: StoreError, report: RelayReport
+) -> None:
+    """The bulk request failed as a whole: every row waits."""
+    report.retried = len(rows)
+    if error.status is None:
+        # Elasticsearch is down: not the items' fault, so no attempt is counted. Groups
+        # sent before the link went are sent again later (their versions make that a 409).
+        report.unreachable = True
+        delay = backoff_seconds(min(r.attempts for r in rows) + 1, cap=15.0)
+        repo.postpone_outbox(session, [r.id for r in rows], delay, str(error), False)
+    else:
+        # Refused for a reason no row causes (authentication, a missing index): the
+        # whole batch waits, its attempts counted, as before request splitting existed.
+        repo.postpone_outbox(
+            session,
+            [r.id for r in rows],
+            backoff_seconds(rows[0].attempts + 1),
+            f"bulk request failed: {error}",
+            count_attempt=True,
+        )
+
+
+def _settle(
+    session: Session,
+    settings: Settings,
+    index: ChunkWriter,
+    row: EsOutbox,
+    ids: list[int],
+    result: dict[str, Any],
+    report: RelayReport,
+) -> bool:
+    """What one item's answer means for its rows: applied or already current (done), retried
+    later, or dead-lettered (done). True when the rows are finished."""
+    status = int(result.get("status", 500))
+    if status < 300 or (status == 404 and row.op in DELETES):
+        report.applied += 1
+        return True
+    if (
+        status == 409
+        and row.op == OutboxOp.REPAIR
+        and not index.exists(row.tenant_id, row.chunk_id)
+    ):
+        # A tombstone newer than Postgres' version (an out-of-band delete) blocks the
+        # repair until Elasticsearch forgets it (index.gc_deletes): try again later.
+        report.retried += 1
+        repo.postpone_outbox(
+            session,
+            ids,
+            backoff_seconds(row.attempts + 1, cap=30.0),
+            "blocked by a newer Elasticsearch tombstone",
+            count_attempt=False,
+        )
+        return False
+    if status == 409:
+        report.already_current += 1
+        return True
+    if _retriable(row, status, result) and row.attempts + 1 < settings.relay_max_attempts:
+        if status == 404:
+            index.forget(row.tenant_id)  # prepared again with the next attempt
+        report.retried += 1
+        repo.postpone_outbox(
+            session, ids, backoff_seconds(row.attempts + 1), _reason(result), count_attempt=True
+        )
+        return False
+    report.dead_lettered += 1
+    jobs_repo.add_dead_letter(
+        session,
+        tenant_id=row.tenant_id,
+        source="outbox",
+        ref=row.chunk_id,
+        stage="es_relay",
+        error_class=f"es_{status}",
+        message=_reason(result),
+        attempts=row.attempts + 1,
+        payload={"op": row.op, "version": row.version, "document_id": str(row.document_id)},
+    )
+    return True
 
 
 def _retriable(row: EsOutbox, status: int, result: dict[str, Any]) -> bool:

@@ -198,19 +198,7 @@ def apply_policy(
         return _judge_query(candidates, config, count_tokens, result, load_embeddings)
     result.coverage = config.coverage
 
-    scored: list[Candidate] = []
-    for c in candidates:
-        score = c.scores.get(config.score_type)
-        if not _has_provenance(c):
-            _omit(result, c, "missing_provenance")
-        elif score is None:
-            _omit(result, c, "score_unavailable")
-        elif score < config.min_score:
-            _omit(result, c, "below_threshold")
-        else:
-            scored.append(c)
-    present = [c.scores[config.score_type] for c in candidates if config.score_type in c.scores]
-    result.top_score = round(max(present), 6) if present else None
+    scored = _above_threshold(candidates, config, result)
     if not scored:
         reasons = set(result.per_result.values())
         result.reason = next(
@@ -233,6 +221,27 @@ def apply_policy(
     if result.status == "answerable" and config.coverage is not None:
         _decide_on_coverage(result, config.coverage, config)
     return result
+
+
+def _above_threshold(
+    candidates: list[Candidate], config: PolicyConfig, result: PolicyResult
+) -> list[Candidate]:
+    """The candidates with provenance and a score of the declared type at or above the
+    threshold; the others are omitted with their reason. Sets the result's top score."""
+    scored: list[Candidate] = []
+    for c in candidates:
+        score = c.scores.get(config.score_type)
+        if not _has_provenance(c):
+            _omit(result, c, "missing_provenance")
+        elif score is None:
+            _omit(result, c, "score_unavailable")
+        elif score < config.min_score:
+            _omit(result, c, "below_threshold")
+        else:
+            scored.append(c)
+    present = [c.scores[config.score_type] for c in candidates if config.score_type in c.scores]
+    result.top_score = round(max(present), 6) if present else None
+    return scored
 
 
 def _decide_on_coverage(result: PolicyResult, coverage: TermCoverage, config: PolicyConfig) -> None:
@@ -340,27 +349,11 @@ def _pack(
             packed_vectors.pop(weakest.chunk_id, None)
             packed = np.stack(list(packed_vectors.values())) if packed_vectors else None
             _omit(result, weakest, "per_document_cap")
-        # Whether it fits comes first: it is cheap (most chunks' token counts are stored), and
-        # once the budget is nearly spent it ends most of a long result list, whose
-        # embeddings then are neither read nor compared.
-        remaining = config.token_budget - result.tokens_used
-        text, start, end = c.text, c.char_start or 0, c.char_end or 0
-        tokens = c.token_count or count_tokens(text)  # 0: a row from before counts
-        truncated = False
-        if tokens > remaining:
-            # Known from ingest that not even its first sentence fits (most of a long list
-            # once the budget is nearly spent): its text is not read.
-            first_too_long = (c.first_sentence_tokens or 0) > remaining
-            text, tokens = (
-                ("", 0)
-                if first_too_long
-                else _whole_sentences_within(text, remaining, count_tokens)
-            )
-            if not text:
-                _omit(result, c, "over_budget")
-                continue
-            end = start + len(text)
-            truncated = True
+        fitted = _fit(c, config.token_budget - result.tokens_used, count_tokens)
+        if fitted is None:
+            _omit(result, c, "over_budget")
+            continue
+        text, tokens, truncated = fitted
         if c.embedding is None and packed is not None and i >= loaded_before and load_embeddings:
             load_embeddings(candidates[i : i + EMBEDDINGS_PER_READ])
             loaded_before = i + EMBEDDINGS_PER_READ
@@ -378,29 +371,54 @@ def _pack(
         if c.embedding is not None:
             packed_vectors[c.chunk_id] = c.embedding
             packed = np.stack(list(packed_vectors.values()))
-        flags = [*c.flags]
-        if looks_like_prompt_injection(text):
-            flags.append("possible_prompt_injection")
         result.per_result[c.chunk_id] = "included_truncated" if truncated else "included"
         result.evidence.append(
-            EvidenceItem(
-                chunk_id=c.chunk_id,
-                text=text,
-                tokens=tokens,
-                truncated=truncated,
-                flags=flags,
-                score=c.scores.get(config.score_type),
-                provenance=Provenance(
-                    document_id=c.document_id,
-                    external_id=c.external_id,
-                    version=c.version,
-                    section=c.section,
-                    char_start=start,
-                    char_end=end,
-                    indexed_at=c.indexed_at,
-                ),
-            )
+            _evidence(c, text, tokens, truncated, c.scores.get(config.score_type))
         )
+
+
+def _fit(c: Candidate, remaining: int, count_tokens: TokenCounter) -> tuple[str, int, bool] | None:
+    """The candidate's text within ``remaining`` tokens: whole, or its first whole sentences
+    (truncated); None when not even its first sentence fits. Whether it fits comes before
+    anything else: it is cheap (most chunks' token counts are stored), and once the budget
+    is nearly spent it ends most of a long result list, whose embeddings then are neither
+    read nor compared."""
+    tokens = c.token_count or count_tokens(c.text)  # 0: a row from before counts
+    if tokens <= remaining:
+        return c.text, tokens, False
+    # Known from ingest that not even its first sentence fits (most of a long list once the
+    # budget is nearly spent): its text is not read.
+    if (c.first_sentence_tokens or 0) > remaining:
+        return None
+    text, tokens = _whole_sentences_within(c.text, remaining, count_tokens)
+    return (text, tokens, True) if text else None
+
+
+def _evidence(
+    c: Candidate, text: str, tokens: int, truncated: bool, score: float | None
+) -> EvidenceItem:
+    """The packed passage with its provenance (its offsets those of the text packed)."""
+    flags = [*c.flags]
+    if looks_like_prompt_injection(text):
+        flags.append("possible_prompt_injection")
+    start = c.char_start or 0
+    return EvidenceItem(
+        chunk_id=c.chunk_id,
+        text=text,
+        tokens=tokens,
+        truncated=truncated,
+        flags=flags,
+        score=score,
+        provenance=Provenance(
+            document_id=c.document_id,
+            external_id=c.external_id,
+            version=c.version,
+            section=c.section,
+            char_start=start,
+            char_end=start + len(text) if truncated else (c.char_end or 0),
+            indexed_at=c.indexed_at,
+        ),
+    )
 
 
 # How much better (in the share of the question's weight held in one window) a chunk past a

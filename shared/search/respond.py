@@ -46,16 +46,7 @@ def respond(
     for final_rank, c in enumerate(ranked.results, start=1):
         item = result(c, by_arm, fused_rank, request.mode)
         if c.copies:
-            item.copies = [
-                Copy(
-                    chunk_id=o.chunk_id,
-                    document_id=o.document_id,
-                    external_id=o.external_id,
-                    title=o.title,
-                    section=o.section,
-                )
-                for o in c.copies
-            ]
+            item.copies = [_copy(o) for o in c.copies]
         if request.highlight:
             item.highlights = highlight(c.text, terms)
         if request.explain:
@@ -89,6 +80,17 @@ def respond(
     if request.explain:
         response.timings_ms = timings.totals
     return response
+
+
+def _copy(other: Candidate) -> Copy:
+    """A copy of a result's text in another document (the same page in two formats)."""
+    return Copy(
+        chunk_id=other.chunk_id,
+        document_id=other.document_id,
+        external_id=other.external_id,
+        title=other.title,
+        section=other.section,
+    )
 
 
 def next_cursor(

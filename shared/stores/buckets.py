@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shared.stores.schemas import BucketStats
 
 BUCKETS = 1024
 
@@ -74,3 +78,13 @@ def fingerprint_of_source(chunk_id: str, source: dict[str, Any]) -> int:
         section=source.get("section", ""),
         metadata=source.get("metadata") or {},
     )
+
+
+def bucket_sums(rows: Iterable[tuple[str, int, int]]) -> BucketStats:
+    """Per-bucket (count, sum of versions, sum of fingerprints) of (chunk id, version,
+    fingerprint) rows, as both stores report them."""
+    stats: dict[int, tuple[int, int, int]] = {}
+    for chunk_id, version, print_ in rows:
+        n, v, h = stats.get(bucket_of(chunk_id), (0, 0, 0))
+        stats[bucket_of(chunk_id)] = (n + 1, v + version, h + print_)
+    return stats

@@ -3,7 +3,7 @@ down: the API app (services/api/app.py), the worker (workers/celery_app.py), the
 (services/cli/main.py) and the offline applications (evaluation/, training/) call
 :func:`connect`; every service and stage below them receives the ports it uses (a ``Stores``,
 or one store bound to its transaction) and constructs none itself. A unit test passes the
-in-memory stores (shared/stores/memory.py) the same way.
+in-memory stores (shared/stores/memory/) the same way.
 
     root ──connect(settings)──▶ Stores(index, vectors, snapshots)
                                   │      │        └─ snapshots: a paginated search's kept

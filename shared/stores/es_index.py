@@ -31,7 +31,7 @@ builds them again. Each index's ``_meta`` records, for operators, the ``SCHEMA_V
 the lexical analysis it was made under; bump the version when a change reaches existing
 indices only through a reindex. The text fields' indexing follows ``CONCORD_LEXICAL_ANALYSIS``
 (``_mappings_for``); after it changes, a search of an older index uses the fields that index
-has (shared/stores/chunk_index.py, ``lexical_search``).
+has (shared/stores/chunk_index/lexical.py, ``lexical_search``).
 """
 
 from __future__ import annotations

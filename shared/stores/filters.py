@@ -1,7 +1,8 @@
-"""The search request's filters: one model, two translations, SQL conditions on chunks
-(pgvector arm) and Elasticsearch ``bool.filter`` clauses (BM25 arm), with the same meaning in
-both. They live with the stores that run them; the search request (shared/search/schemas.py)
-and the API take the model from here.
+"""The search request's filters: one model, three translations, SQL conditions on chunks
+(pgvector arm), Elasticsearch ``bool.filter`` clauses (BM25 arm) and a Python predicate (the
+in-memory stores, shared/stores/memory/), with the same meaning in all. They live with the
+stores that run them; the search request (shared/search/schemas.py) and the API take the
+model from here.
 
 Equality and IN lists compare JSON values; ranges compare numbers, or ISO-8601 dates as
 strings. In Elasticsearch, equality uses the ``metadata`` flattened field and ranges the
@@ -18,8 +19,10 @@ tenants.
 from __future__ import annotations
 
 import json
+import operator
 import struct
 import uuid
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, StringConstraints, model_validator
@@ -232,3 +235,40 @@ def _es_range(key: str, condition: Range) -> dict[str, Any]:
     if "lt" not in bounds and "lte" not in bounds:
         bounds["lt"] = prefix + AFTER_ALL
     return {"range": {"metadata_ranges": bounds}}
+
+
+def passes(filters: Filters | None, metadata: Mapping[str, Any], document_id: str) -> bool:
+    """Whether a chunk passes ``filters`` as Postgres reads them (shared/stores/filters.py):
+    equality and IN compare JSON values (true is not 1), a range holds for a number (or an
+    ISO-8601 date, compared as text) within its bounds, and a key missing never matches."""
+    if filters is None:
+        return True
+    if filters.document_ids and uuid.UUID(document_id) not in filters.document_ids:
+        return False
+    for key, condition in filters.metadata.items():
+        if key not in metadata:
+            return False
+        value = metadata[key]
+        if isinstance(condition, Range):
+            if not _in_range(value, condition):
+                return False
+        elif isinstance(condition, list):
+            if not any(_same_json(value, wanted) for wanted in condition):
+                return False
+        elif not _same_json(value, condition):
+            return False
+    return True
+
+
+def _same_json(value: Any, wanted: Any) -> bool:
+    return isinstance(value, bool) == isinstance(wanted, bool) and value == wanted
+
+
+def _in_range(value: Any, condition: Range) -> bool:
+    if condition.is_date:
+        if not isinstance(value, str):
+            return False
+    elif not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    compare = {"gt": operator.gt, "gte": operator.ge, "lt": operator.lt, "lte": operator.le}
+    return all(compare[op](value, bound) for op, bound in condition.bounds().items())

@@ -30,7 +30,7 @@ from shared.db import any_of
 from shared.db.repository import run_unlock, try_run_lock
 from shared.models import Chunk, Document, Tenant
 from shared.stores.buckets import bucket_of, fingerprint
-from shared.stores.schemas import BucketStats, Fingerprints, VersionChunks
+from shared.stores.schemas import BucketStats, ChunkRow, Fingerprints, VersionChunks
 from shared.vector_type import vector_bytes, vector_from_bytes
 
 # ------------------------------------------------------------------ writes
@@ -40,41 +40,7 @@ def upsert_chunks(session: Session, versions: Sequence[VersionChunks]) -> None:
     """Write the chunks of many document versions in one statement; an older version can
     never overwrite a newer one. At most one entry per document (Postgres refuses to update
     one row twice in a statement)."""
-    values = [
-        {
-            "id": r.id,
-            "tenant_id": v.tenant_id,
-            "document_id": v.document_id,
-            "version": v.version,
-            "ordinal": r.ordinal,
-            "text": r.text,
-            "text_hash": r.text_hash,
-            "char_start": r.char_start,
-            "char_end": r.char_end,
-            "section": r.section,
-            "title": v.title,
-            "token_count": r.token_count,
-            "flags": r.flags,
-            "first_sentence_tokens": r.first_sentence_tokens,
-            "bucket": bucket_of(r.id),
-            "fingerprint": fingerprint(
-                chunk_id=r.id,
-                tenant_id=v.tenant_id,
-                document_id=str(v.document_id),
-                external_id=v.external_id,
-                version=v.version,
-                ordinal=r.ordinal,
-                text_hash=r.text_hash,
-                title=v.title,
-                section=r.section,
-                metadata=v.metadata,
-            ),
-            "embedding": r.embedding,
-            "metadata": v.metadata,
-        }
-        for v in versions
-        for r in v.rows
-    ]
+    values = [_chunk_values(v, r) for v in versions for r in v.rows]
     if not values:
         return
     chunks = cast(Table, Chunk.__table__)
@@ -106,6 +72,41 @@ def upsert_chunks(session: Session, versions: Sequence[VersionChunks]) -> None:
         ),
         values,
     )
+
+
+def _chunk_values(v: VersionChunks, r: ChunkRow) -> dict[str, Any]:
+    """One chunk row's columns, its bucket and fingerprint computed as both stores do."""
+    return {
+        "id": r.id,
+        "tenant_id": v.tenant_id,
+        "document_id": v.document_id,
+        "version": v.version,
+        "ordinal": r.ordinal,
+        "text": r.text,
+        "text_hash": r.text_hash,
+        "char_start": r.char_start,
+        "char_end": r.char_end,
+        "section": r.section,
+        "title": v.title,
+        "token_count": r.token_count,
+        "flags": r.flags,
+        "first_sentence_tokens": r.first_sentence_tokens,
+        "bucket": bucket_of(r.id),
+        "fingerprint": fingerprint(
+            chunk_id=r.id,
+            tenant_id=v.tenant_id,
+            document_id=str(v.document_id),
+            external_id=v.external_id,
+            version=v.version,
+            ordinal=r.ordinal,
+            text_hash=r.text_hash,
+            title=v.title,
+            section=r.section,
+            metadata=v.metadata,
+        ),
+        "embedding": r.embedding,
+        "metadata": v.metadata,
+    }
 
 
 def delete_superseded_chunks(

@@ -14,7 +14,8 @@ it:
 
 ``PgVectorStore`` is bound to a session, the caller's unit of work; every statement it runs
 is in shared/stores/repository.py. The contract it shares with the chunk index
-(shared/stores/chunk_index.py) is tested once for both in tests/stores/test_contract.py."""
+(shared/stores/chunk_index/) is tested once for both in tests/contract/test_stores.py, and
+for their in-memory twins (shared/stores/memory/) in tests/unit/stores."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from shared.db import unit_of_work
-from shared.reconcile import service
+from shared.reconcile import drift, service
 from shared.reconcile.service import reconcile, reconcile_and_verify
 from shared.stores.buckets import bucket_of, fingerprint_of_source
 from shared.stores.compose import connect
@@ -125,7 +125,7 @@ def test_losing_all_of_elasticsearch_is_repaired_range_by_range(
     assert es_chunks(tenant) == {}
     # Ranges of at most 3 chunks: the 12 differing buckets need at least 4 transactions.
     monkeypatch.setattr(service, "RANGE_CHUNKS", 3)
-    monkeypatch.setattr(service, "ID_PAGE", 5)
+    monkeypatch.setattr(drift, "ID_PAGE", 5)
     seen: list[tuple[int, int]] = []
 
     with paused(worker):  # only the repair queues writes; nothing else relays meanwhile

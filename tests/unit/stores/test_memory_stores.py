@@ -1,4 +1,4 @@
-"""The in-memory stores (shared/stores/memory.py) pass the contract the real ones pass:
+"""The in-memory stores (shared/stores/memory/) pass the contract the real ones pass:
 ``ChunkStoreContract`` of tests/contract/test_stores.py, the same test class, with a harness
 per store, here with no service running. Then what the stages above the stores rely on and
 the contract does not state: hydration serves live chunks only, BM25 prefers the rarer term
@@ -13,8 +13,8 @@ import pytest
 
 from shared.models import Chunk, Document
 from shared.stores.buckets import bucket_of
-from shared.stores.filters import Filters
-from shared.stores.memory import MemoryChunkIndex, MemoryVectorStore, passes
+from shared.stores.filters import Filters, passes
+from shared.stores.memory import MemoryChunkIndex, MemoryVectorStore
 from shared.stores.schemas import BucketStats, ChunkRow, Fingerprints, VersionChunks
 from tests.contract.test_stores import ChunkStoreContract, Record, _doc, _tenant, _vector
 

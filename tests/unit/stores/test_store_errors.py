@@ -50,9 +50,10 @@ def _unreachable() -> ElasticsearchChunkIndex:
 
 
 def test_every_method_raises_store_unavailable_when_elasticsearch_does_not_answer() -> None:
-    public = {
+    public = {  # every role's (shared/stores/chunk_index/)
         name
-        for name, member in vars(ElasticsearchChunkIndex).items()
+        for role in ElasticsearchChunkIndex.__mro__
+        for name, member in vars(role).items()
         if inspect.isfunction(member) and not name.startswith("_")
     }
     assert public - set(CALLS) <= {"forget", "write", "copy_to"}
