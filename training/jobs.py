@@ -29,11 +29,8 @@ from shared.queue import publish_training_job
 from shared.text import storable_text
 from shared.webhooks import service as webhooks
 from training import repository as repo
-from training.reranker import (
-    TrainingOptions,
-    refuse_test_split,
-    train_reranker,
-)
+from training.fine_tuning import TrainingOptions
+from training.reranker import refuse_test_split, train_reranker
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 10.0

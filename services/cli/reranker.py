@@ -40,7 +40,8 @@ def train(
 ) -> None:
     """Fine-tune a cross-encoder on the split's judgements and register it for the dataset's
     tenant (search with "rerank": {"enabled": true, "model": NAME})."""
-    from training.reranker import TrainingOptions, TrainingRefused, train_reranker
+    from training.fine_tuning import TrainingOptions
+    from training.reranker import TrainingRefused, train_reranker
 
     options = TrainingOptions(
         split=split,
@@ -83,7 +84,8 @@ def validate_command(
 ) -> None:
     """Validate a reranker again on its held-out queries; records the figures and the blend
     with the fused scores in its model card."""
-    from training.reranker import TrainingOptions, revalidate_reranker
+    from training.fine_tuning import TrainingOptions
+    from training.reranker import revalidate_reranker
 
     try:
         with stage_progress() as progress:

@@ -574,31 +574,7 @@ def embed_batch(
     # export it to ONNX, which must not hold a transaction (and its locks) meanwhile.
     model_id = embedder.model_id
     with transactions() as uow:
-        titles = (
-            {}
-            if context == "none"
-            else {
-                doc_id: doc.title
-                for doc_id, doc in documents_repo.documents_by_ids(
-                    uow.session, [c.document_id for c in claims]
-                ).items()
-            }
-        )
-        encoded = {
-            c.job_id: [
-                contextual_text(p.text, titles.get(c.document_id, ""), p.section, context, p.flags)
-                for p in c.pieces
-            ]
-            for c in claims
-        }
-        # Cached by a hash of what was encoded: the chunk's own hash where that is its text.
-        keys = {
-            c.job_id: [
-                known if text == p.text else text_hash(text)
-                for known, text, p in zip(c.hashes, encoded[c.job_id], c.pieces, strict=True)
-            ]
-            for c in claims
-        }
+        encoded, keys = _what_to_encode(uow, claims, context)
         all_keys = [k for c in claims for k in keys[c.job_id]]
         cached = repo.cached_embeddings(uow.session, model_id, all_keys)
     texts = {k: t for c in claims for k, t in zip(keys[c.job_id], encoded[c.job_id], strict=True)}
@@ -633,6 +609,39 @@ def embed_batch(
         share = len(claim.hashes) / max(len(all_keys), 1)
         claim.timings["embed"] = round(elapsed * share, 4)
     return len(missing)
+
+
+def _what_to_encode(
+    uow: UnitOfWork, claims: list[Claim], context: ChunkContext
+) -> tuple[dict[uuid.UUID, list[str]], dict[uuid.UUID, list[str]]]:
+    """Per job, the text each chunk is encoded as (alone, or after its document's title and
+    section path) and the key its vector is cached under: a hash of exactly that text (the
+    chunk's own hash where that is its text)."""
+    titles = (
+        {}
+        if context == "none"
+        else {
+            doc_id: doc.title
+            for doc_id, doc in documents_repo.documents_by_ids(
+                uow.session, [c.document_id for c in claims]
+            ).items()
+        }
+    )
+    encoded = {
+        c.job_id: [
+            contextual_text(p.text, titles.get(c.document_id, ""), p.section, context, p.flags)
+            for p in c.pieces
+        ]
+        for c in claims
+    }
+    keys = {
+        c.job_id: [
+            known if text == p.text else text_hash(text)
+            for known, text, p in zip(c.hashes, encoded[c.job_id], c.pieces, strict=True)
+        ]
+        for c in claims
+    }
+    return encoded, keys
 
 
 def write_batch(

@@ -16,15 +16,17 @@ from shared.rerankers.scoring import get_trained_reranker, rerank_passage, reran
 from shared.search.coverage import EVIDENCE_RESULTS, CorpusCounts, QueryTerms, coverage
 from shared.search.hydrate import hydrate
 from shared.search.passages import Question
-from shared.search.policy import (
+from shared.search.policy import apply_policy
+from shared.search.rerank import RerankInfo
+from shared.search.values import (
     Candidate,
+    Candidates,
     PolicyConfig,
     PolicyResult,
+    Query,
+    Retrieved,
     ThresholdSource,
-    apply_policy,
 )
-from shared.search.rerank import RerankInfo
-from shared.search.values import Candidates, Query, Retrieved
 from shared.stores.ports import VectorSearch
 from shared.stores.schemas import document_of_chunk
 

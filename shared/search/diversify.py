@@ -11,8 +11,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from shared.search.policy import Candidate
-from shared.search.values import Query
+from shared.search.values import Candidate, Query
 
 T = TypeVar("T")
 

@@ -9,8 +9,7 @@ import time
 from collections.abc import Mapping
 
 from shared.search.diversify import cap_per_document, within_cap
-from shared.search.policy import Candidate
-from shared.search.values import Candidates, Query, Retrieved
+from shared.search.values import Candidate, Candidates, Query, Retrieved
 from shared.stores.ports import VectorSearch
 from shared.stores.schemas import document_of_chunk
 from shared.vector_type import vector_from_bytes

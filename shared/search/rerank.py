@@ -13,8 +13,7 @@ from shared.rerankers.scoring import (
     rerank_passage,
     rerank_within_budget,
 )
-from shared.search.policy import Candidate
-from shared.search.values import Query, Retrieved
+from shared.search.values import Candidate, Query, Retrieved
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from shared.search import cursors
 from shared.search.highlights import highlight, query_terms
-from shared.search.policy import Candidate, PolicyResult
 from shared.search.rerank import RerankInfo
 from shared.search.schemas import (
     Copy,
@@ -17,7 +16,7 @@ from shared.search.schemas import (
     SearchResult,
     Trace,
 )
-from shared.search.values import Query, Ranked, Retrieved
+from shared.search.values import Candidate, PolicyResult, Query, Ranked, Retrieved
 from shared.stores.ports import SnapshotStore
 from shared.stores.schemas import ArmHit
 from shared.timing import StageTimes

@@ -30,19 +30,18 @@ from shared.metrics import (
     SEARCH_STAGE_SECONDS,
     STALE_HITS_DROPPED,
 )
-from shared.relay.service import queue_stale_copy_purges
+from shared.relay.purges import queue_stale_copy_purges
 from shared.search import cursors
 from shared.search.decide import decide, judge
 from shared.search.diversify import collapse_copies, crumbs_last, diversify
 from shared.search.fusion import fused_ranking
 from shared.search.hydrate import attach_embeddings, hydrate_page
-from shared.search.policy import Candidate
 from shared.search.rerank import RerankInfo, rerank
 from shared.search.resolve import answerability_model, resolve
 from shared.search.respond import respond
 from shared.search.retrieve import retrieve
 from shared.search.schemas import SearchRequest, SearchResponse
-from shared.search.values import Query, Ranked, Retrieved
+from shared.search.values import Candidate, Query, Ranked, Retrieved
 from shared.settings import Settings, get_settings
 from shared.stores.compose import Stores
 from shared.stores.ports import SnapshotStore, VectorSearch

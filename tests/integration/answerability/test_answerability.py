@@ -30,7 +30,8 @@ from shared.search import decide as decide_stage
 from shared.search import rerank as rerank_stage
 from tests.helpers import TINY, key_headers, poster
 from training.answerability import AnswerabilityOptions, train_answerability
-from training.reranker import TrainingOptions, TrainingRefused, train_reranker
+from training.fine_tuning import TrainingOptions
+from training.reranker import TrainingRefused, train_reranker
 
 
 def _quiet(stage: str, done: int, total: int) -> None:

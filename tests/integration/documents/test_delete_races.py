@@ -18,7 +18,7 @@ from shared.ingest import pipeline
 from shared.models import DeadLetter, EsOutbox, OutboxOp
 from shared.outbox import repository as outbox_repo
 from shared.relay import service as relay
-from shared.relay.service import queue_stale_copy_purges
+from shared.relay.purges import queue_stale_copy_purges
 from shared.settings import get_settings
 from shared.stores.compose import connect
 from tests.conftest import CeleryProcess

@@ -17,7 +17,8 @@ from fastapi.testclient import TestClient
 from evaluation import beir
 from evaluation.harness import EvalOptions, eval_tenant, run_eval
 from tests.helpers import TINY, key_headers, poster
-from training.reranker import TrainingOptions, TrainingRefused, train_reranker
+from training.fine_tuning import TrainingOptions
+from training.reranker import TrainingRefused, train_reranker
 
 FEW_STEPS = TrainingOptions(max_steps=3, batch_size=8, rerank_window=5, mining_depth=10)
 

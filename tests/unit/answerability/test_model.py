@@ -21,7 +21,8 @@ from shared.answerability.features import (
     rerank_features,
 )
 from shared.answerability.schemas import AnswerabilityTrace
-from shared.search.policy import Candidate, PolicyConfig, apply_policy
+from shared.search.policy import apply_policy
+from shared.search.values import Candidate, PolicyConfig
 from tests.integration.evaluation.test_evaluation import TINY
 from training.answerability import AnswerabilityOptions, train_answerability
 from training.reranker import TrainingRefused

@@ -3,6 +3,8 @@ shared/ingest/embedding.py): no services."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 
@@ -159,3 +161,52 @@ def test_an_export_is_written_by_one_process_while_the_others_wait(tmp_path) -> 
     for thread in threads:
         thread.join()
     assert len(writes) == 1 and seen == [b"whole"] * 4
+
+
+def test_tokenizer_prefix_counts_equal_counting_each_prefix() -> None:
+    from shared.ingest.chunking import sentence_spans
+    from shared.search.decide import TokenizerCounter
+
+    text = (
+        "Vitamin D deficiency (VDD) affects 1,234 patients. Was it caused by e.g. diet? "
+        "Résumé: IL-6 rose 2.5-fold in CD4+ cells; see Fig. 3. Done."
+    )
+    counter = TokenizerCounter()
+    ends = [end for _, end in sentence_spans(text, 0, len(text))]
+    assert len(ends) >= 3
+    assert counter.prefix_counts(text, ends) == [counter(text[:end]) for end in ends]
+
+
+def test_token_counts_are_the_embedders_tokenizer_counts_of_any_length() -> None:
+    """The policy counts with its own copy of the tokenizer: the same counts as the model's
+    tokenizer, and no truncation at the model's maximum length."""
+    from shared.ingest.embedding import get_embedder
+    from shared.search.decide import TokenizerCounter
+
+    tokenizer = get_embedder().model().tokenizer
+    counter = TokenizerCounter()
+    texts = ["", "Résumé: IL-6 rose 2.5-fold in CD4+ cells; see Fig. 3.", "\u200b\U0001f600 é"]
+    texts.append(" ".join(["tokenization of a long text"] * 400))  # past 512 tokens
+    for text in texts:
+        assert counter(text) == len(tokenizer.encode(text, add_special_tokens=False))
+    assert counter(texts[-1]) > 1000
+
+
+def test_a_long_text_is_tokenized_a_window_at_a_time_into_the_same_tokens() -> None:
+    """Chunking tokenizes a whole document; in windows cut after whitespace (so the worker's
+    lease heartbeat gets the GIL between them) the offsets are those of one call."""
+    from shared.ingest.embedding import get_embedder, tokenizing_windows
+
+    embedder = get_embedder()
+    sentence = "Résumé: IL-6 rose 2.5-fold in CD4+ cells; see Fig. 3 \u65b0\u3057\u3044!\n"
+    text = sentence * 5000 + "x" * 120_000 + " tail"  # and one "word" past a window
+    windows = tokenizing_windows(text)
+    assert len(windows) > 3 and windows[0][0] == 0 and windows[-1][1] == len(text)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(windows))
+    assert all(end - start <= 100_000 for start, end in windows)
+    embedder.token_offsets("")  # loads the counting tokenizer
+    one_call = embedder._counting_tokenizer
+    assert one_call is not None
+    expected = one_call.encode(sentence * 5000, add_special_tokens=False)
+    assert embedder.token_offsets(sentence * 5000) == expected.offsets
+    assert len(embedder.token_offsets(text)) >= len(expected.offsets) + 2

@@ -8,8 +8,9 @@ from dataclasses import replace
 from typing import Any
 
 from shared.search.coverage import CorpusCounts, QueryTerms, coverage
-from shared.search.policy import PolicyConfig, apply_policy
-from tests.unit.search.test_units import _candidates
+from shared.search.policy import apply_policy
+from shared.search.values import PolicyConfig
+from tests.unit.search.test_diversify import _candidates
 
 
 class Words:
