@@ -19,6 +19,10 @@
    in-memory ones) but ``shared/stores/compose.py`` and the adapter's own module: the
    composition roots (the API app, the worker, the CLI, evaluation, training) call
    ``compose.connect`` and every service and stage receives the stores it uses.
+9. No stage of the query path imports another stage's module: each takes values and returns
+   values (``shared/search/values.py``), and ``shared/search/service.py`` alone runs them in
+   order; what two stages share (the per-document cap, the passage matcher) is a module of
+   its own.
 
 Prints each violation and exits 1 if there is any.
 """
@@ -212,6 +216,25 @@ def constructs_adapters(path: Path, tree: ast.AST) -> list[str]:
     ]
 
 
+# The query path's stages, in the order service.py runs them.
+STAGES = tuple(
+    f"shared.search.{stage}"
+    for stage in ("resolve", "retrieve", "fusion", "hydrate", "rerank", "diversify", "decide",
+                  "respond")
+)  # fmt: skip
+
+
+def imports_another_stage(path: Path, name: str, imported: set[str]) -> list[str]:
+    """A stage's imports of another stage's module (or of a name from one)."""
+    if name not in STAGES:
+        return []
+    return [
+        f"{path}: imports the stage {target} (stages exchange values; service.py runs them)"
+        for target in sorted(imported)
+        if target in STAGES or target.rsplit(".", 1)[0] in STAGES
+    ]
+
+
 def _opens_uow(tree: ast.AST) -> bool:
     return any(
         isinstance(n, ast.ImportFrom)
@@ -236,6 +259,7 @@ def main() -> int:
             problems += [f"{path}: imports {t}" for t in graph[name] if t.startswith("services")]
         if name.startswith("shared.") and not name.startswith("shared.db") and _opens_uow(tree):
             problems.append(f"{path}: opens a unit of work (only boundaries may)")
+        problems += imports_another_stage(path, name, graph[name])
         if name.startswith("services.api.routes"):
             problems += routes_without_models(path, tree)
     problems += [f"import cycle: {' -> '.join(c)}" for c in cycles(graph)]

@@ -35,7 +35,6 @@ from evaluation.corpus import sync_corpus
 from evaluation.harness import eval_tenant
 from evaluation.metrics import ndcg_at_k, unique
 from shared.db import unit_of_work
-from shared.models import TrainedReranker
 from shared.rerankers import service as rerankers
 from shared.rerankers.scoring import CrossEncoderReranker, rerank_passage
 from shared.search.rerank import blend_scores
@@ -43,7 +42,6 @@ from shared.search.schemas import SearchRequest
 from shared.search.service import search
 from shared.settings import get_settings
 from shared.stores.compose import connect
-from shared.tenants import repository as tenants_repo
 from training import repository as repo
 from training.fine_tuning import Pair, Progress, TrainingOptions, fine_tune, threads
 
@@ -140,7 +138,7 @@ def train_reranker(
     }
     write_model_card(out_dir, card)
     with unit_of_work() as uow:
-        previous = tenants_repo.named_row(uow.session, TrainedReranker, tenant, name)
+        previous = rerankers.find(uow.session, tenant, name)
         old_path = previous.path if previous else None
         rerankers.register(uow.session, tenant, name, out_dir, base, card)
     if old_path and old_path != str(out_dir):

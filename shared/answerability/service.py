@@ -22,8 +22,7 @@ from shared.answerability.schemas import AnswerabilityModelView, AnswerabilityTr
 from shared.db.repository import now
 from shared.models import TrainedAnswerability
 from shared.stores.schemas import ArmHit
-from shared.tenants import repository as tenants_repo
-from shared.tenants import service as tenants
+from shared.tenants.named import NamedRegistry
 
 DEFAULT_MODEL = "default"
 
@@ -73,10 +72,15 @@ class LoadedModel:
         )
 
 
+# A tenant's trained answerability models, by name (``concord answerability train`` writes
+# them; ``policy.answerability_model`` in a search request or profile selects one).
+MODELS = NamedRegistry(TrainedAnswerability, "answerability model")
+
+
 def register(
     session: Session, tenant_id: str, name: str, model: dict[str, Any], card: dict[str, Any]
 ) -> TrainedAnswerability:
-    entry = tenants.named_for_writing(session, TrainedAnswerability, tenant_id, name)
+    entry = MODELS.for_writing(session, tenant_id, name)
     entry.model = model
     entry.card = card
     entry.created_at = now(session)
@@ -84,16 +88,7 @@ def register(
     return entry
 
 
-def get(session: Session, tenant_id: str, name: str) -> TrainedAnswerability:
-    return tenants.named(session, TrainedAnswerability, tenant_id, name, "answerability model")
-
-
-def list_for_tenant(session: Session, tenant_id: str) -> list[TrainedAnswerability]:
-    return tenants_repo.named_rows(session, TrainedAnswerability, tenant_id)
-
-
-def delete(session: Session, tenant_id: str, name: str) -> None:
-    tenants_repo.delete_named_row(session, get(session, tenant_id, name))
+get, list_for_tenant, delete = MODELS.get, MODELS.list, MODELS.delete
 
 
 # Parsed models by (tenant, name, training run): a search re-reads the row (so a retrained

@@ -13,8 +13,9 @@ from sqlalchemy.orm import Session
 from shared.db.repository import now
 from shared.models import TrainedReranker
 from shared.rerankers.schemas import RerankerView
-from shared.tenants import repository as tenants_repo
-from shared.tenants import service as tenants
+from shared.tenants.named import NamedRegistry
+
+RERANKERS = NamedRegistry(TrainedReranker, "trained reranker")
 
 
 def register(
@@ -22,7 +23,7 @@ def register(
 ) -> TrainedReranker:
     """Point ``name`` at a newly trained model; the previous one's files are removed after
     commit by :func:`remove_files` (a search already holding it finishes with it)."""
-    entry = tenants.named_for_writing(session, TrainedReranker, tenant_id, name)
+    entry = RERANKERS.for_writing(session, tenant_id, name)
     entry.path = str(path)
     entry.base_model = base_model
     entry.card = card
@@ -31,19 +32,12 @@ def register(
     return entry
 
 
-def get(session: Session, tenant_id: str, name: str) -> TrainedReranker:
-    return tenants.named(session, TrainedReranker, tenant_id, name, "trained reranker")
-
-
-def list_for_tenant(session: Session, tenant_id: str) -> list[TrainedReranker]:
-    return tenants_repo.named_rows(session, TrainedReranker, tenant_id)
+get, find, list_for_tenant = RERANKERS.get, RERANKERS.find, RERANKERS.list
 
 
 def delete(session: Session, tenant_id: str, name: str) -> str:
     """Unregister; returns the model's directory for the caller to remove after commit."""
-    entry = get(session, tenant_id, name)
-    tenants_repo.delete_named_row(session, entry)
-    return entry.path
+    return RERANKERS.delete(session, tenant_id, name).path
 
 
 def remove_files(path: str) -> None:

@@ -14,20 +14,18 @@ from shared.answerability.schemas import AnswerabilityTrace
 from shared.ingest.embedding import get_embedder
 from shared.rerankers.scoring import get_trained_reranker, rerank_passage, rerank_within_budget
 from shared.search.coverage import EVIDENCE_RESULTS, CorpusCounts, QueryTerms, coverage
-from shared.search.hydrate import hydrate
 from shared.search.passages import Question
 from shared.search.policy import apply_policy
-from shared.search.rerank import RerankInfo
 from shared.search.values import (
     Candidate,
     Candidates,
     PolicyConfig,
     PolicyResult,
     Query,
+    RerankInfo,
     Retrieved,
     ThresholdSource,
 )
-from shared.stores.ports import VectorSearch
 from shared.stores.schemas import document_of_chunk
 
 log = logging.getLogger(__name__)
@@ -36,6 +34,7 @@ log = logging.getLogger(__name__)
 def decide(
     query: Query,
     results: list[Candidate],
+    *,
     dropped: int,
     judged: AnswerabilityTrace | None,
     reranked: bool,
@@ -48,8 +47,10 @@ def decide(
     chunks holding each query term), the default decision reads term coverage too."""
     config = policy_config(query, reranked, judged)
     question = Question.of(query.request.query, counts)
-    for c in results:  # what the per-document cap keeps: a document's best answers
-        c.answer_match = question.match(c.text, c.section).proximity
+    # How well each answers: what the per-document cap keeps is a document's best answers.
+    results = [
+        replace(c, answer_match=question.match(c.text, c.section).proximity) for c in results
+    ]
     if counts is not None and config.score_type != "answerability":
         evidence = [f"{c.title}\n{c.section}\n{c.text}" for c in results[:EVIDENCE_RESULTS]]
         config = replace(
@@ -102,29 +103,36 @@ def policy_config(
     )
 
 
+# Hydrates fused hits as the page's own are hydrated (the service's hydrate stage, bound to
+# the search's query and store): the answerability model's window may reach past the page.
+HydrateHits = Callable[[list[tuple[str, float]]], Candidates]
+
+
 def judge(
     query: Query,
-    vectors: VectorSearch,
     retrieved: Retrieved,
     page: Candidates,
+    *,
     offset: int,
     rerank_info: RerankInfo,
-) -> AnswerabilityTrace | None:
+    hydrate_hits: HydrateHits,
+) -> tuple[AnswerabilityTrace | None, list[str]]:
     """The model's judgement of the query from both arms' scores (and, for a model that reads
     a reranker, that reranker's scores of the first results in fused order); None if an arm
     or the reranker was unavailable (the policy then asks for verification, not a guess).
-    Hits found stale on the way are added to ``page.stale``."""
+    Also the stale hits met on the way that the page had not met (to be purged with its own)."""
     model, arms = query.answerability, retrieved.arms
     if model is None or set(arms) != {"dense", "lexical"}:
-        return None
+        return None, []
     rerank_scores: list[float] | None = None
+    stale: list[str] = []
     if model.reranker is not None:
-        first = _first_live_results(query, vectors, retrieved, page, offset)
+        first, stale = _first_live_results(retrieved, page, offset, hydrate_hits)
         rerank_scores = _first_results_scores(query, first, rerank_info)
         if rerank_scores is None:
-            return None
+            return None, stale
     o = query.request.policy
-    return model.judge(
+    trace = model.judge(
         query.request.query,
         arms["dense"],
         arms["lexical"],
@@ -133,23 +141,24 @@ def judge(
         verify_below=o.verify_below,
         rerank_scores=rerank_scores,
     )
+    return trace, stale
 
 
 def _first_live_results(
-    query: Query, vectors: VectorSearch, retrieved: Retrieved, page: Candidates, offset: int
-) -> list[Candidate]:
+    retrieved: Retrieved, page: Candidates, offset: int, hydrate_hits: HydrateHits
+) -> tuple[list[Candidate], list[str]]:
     """The first RERANK_WINDOW live chunks of the ranking the search serves from (fused, then
     boosted or, for a paginated search, capped per document, as the request asks): the same
     on every page and for any top_k. Taken from the page's hydrated candidates when they hold
-    them all, else hydrated here. The model trained on those of a default request."""
+    them all, else hydrated here (with the stale hits met that the page had not). The model
+    trained on those of a default request."""
     window = [cid for cid, _ in retrieved.fused[:RERANK_WINDOW]]
     by_id = {c.chunk_id: c for c in page.items} if offset == 0 else {}
     if all(cid in by_id for cid in window):
-        return [by_id[cid] for cid in window]
+        return [by_id[cid] for cid in window], []
     # Twice the window: room for stale hits, which are dropped as the page's own are.
-    more = hydrate(query, vectors, retrieved.fused[: 2 * RERANK_WINDOW], retrieved.vector, [])
-    page.stale += [cid for cid in more.stale if cid not in page.stale]
-    return more.items[:RERANK_WINDOW]
+    more = hydrate_hits(retrieved.fused[: 2 * RERANK_WINDOW])
+    return more.items[:RERANK_WINDOW], [cid for cid in more.stale if cid not in page.stale]
 
 
 def _first_results_scores(

@@ -7,14 +7,11 @@ import hashlib
 import itertools
 import re
 from collections.abc import Callable
-from typing import TypeVar
 
 import numpy as np
 
+from shared.search.caps import cap_per_document
 from shared.search.values import Candidate, Query
-
-T = TypeVar("T")
-
 
 # Two candidates of different documents, one of which holds at least this share of the
 # other's word trigrams, are the same text again: the same page as Markdown and as HTML, cut
@@ -136,24 +133,6 @@ def mmr(
         per_document[candidate.document_id] = per_document.get(candidate.document_id, 0) + 1
         kept += cap is None or per_document[candidate.document_id] <= cap
     return chosen + [c for c, still_open in zip(usable, open_, strict=True) if still_open]
-
-
-def cap_per_document(candidates: list[Candidate], cap: int | None) -> list[Candidate]:
-    return within_cap(candidates, cap, lambda c: c.document_id)
-
-
-def within_cap(items: list[T], cap: int | None, document_of: Callable[[T], str]) -> list[T]:
-    """``items`` in order, keeping at most ``cap`` per document (all of them if cap is None)."""
-    if cap is None:
-        return items
-    seen: dict[str, int] = {}
-    kept = []
-    for item in items:
-        document = document_of(item)
-        seen[document] = seen.get(document, 0) + 1
-        if seen[document] <= cap:
-            kept.append(item)
-    return kept
 
 
 def diversify(

@@ -13,7 +13,7 @@ import statistics
 from datetime import UTC, datetime
 
 from shared.search.boost import boosted
-from shared.search.diversify import within_cap
+from shared.search.caps import within_cap
 from shared.search.passages import PassageMatch, Question, competing, reorder_within_documents
 from shared.search.schemas import Fusion
 from shared.search.values import Arms, Query, Retrieved
@@ -70,7 +70,7 @@ def _ordered(scores: dict[str, float]) -> list[tuple[str, float]]:
 
 
 def fused_ranking(
-    query: Query, arms: Arms, vectors: VectorSearch, timings: StageTimes
+    query: Query, arms: Arms, *, vectors: VectorSearch, timings: StageTimes
 ) -> Retrieved:
     """The arms' hits fused as the request asks, lifted by its boost (the values read from
     Postgres for every fused candidate, in one query), the first candidates' chunks ordered

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from shared.search.diversify import cap_per_document, within_cap
+from shared.search.caps import cap_per_document, within_cap
 from shared.search.values import Candidate, Candidates, Query, Retrieved
 from shared.stores.ports import VectorSearch
 from shared.stores.schemas import document_of_chunk
@@ -21,7 +21,7 @@ EMBEDDINGS_UP_FRONT = 24
 
 
 def hydrate_page(
-    query: Query, vectors: VectorSearch, retrieved: Retrieved, offset: int
+    query: Query, vectors: VectorSearch, retrieved: Retrieved, *, offset: int
 ) -> Candidates:
     """The candidates of the page that starts at ``offset`` in the fused ranking, in slices
     until the page can be filled: twice top_k (room for stale drops) or the rerank window at
@@ -52,9 +52,9 @@ def hydrate_page(
             query,
             vectors,
             [hit for hit in fused if hit[0] in wanted],
-            retrieved.vector,
-            likely[:EMBEDDINGS_UP_FRONT],
-            cosines,
+            vector=retrieved.vector,
+            embeddings_for=likely[:EMBEDDINGS_UP_FRONT],
+            cosines=cosines,
         )
         hydrated = wanted
         if len(page.items) == len(likely):  # none stale: nothing else can be a result
@@ -62,7 +62,12 @@ def hydrate_page(
     for start in range(0, len(fused), step):
         part = [hit for hit in fused[start : start + step] if hit[0] not in hydrated]
         more = hydrate(
-            query, vectors, part, retrieved.vector, likely[:EMBEDDINGS_UP_FRONT], cosines
+            query,
+            vectors,
+            part,
+            vector=retrieved.vector,
+            embeddings_for=likely[:EMBEDDINGS_UP_FRONT],
+            cosines=cosines,
         )
         page.items += more.items
         page.dropped += more.dropped
@@ -82,6 +87,7 @@ def hydrate(
     query: Query,
     vectors: VectorSearch,
     fused: list[tuple[str, float]],
+    *,
     vector: list[float],
     embeddings_for: list[str],
     cosines: Mapping[str, float] = EMPTY_SCORES,

@@ -17,8 +17,7 @@ from shared.fields import NO_NUL
 from shared.models import SearchProfile
 from shared.schemas import Timestamp
 from shared.search.schemas import NOT_IN_PROFILE, ProfileSettings, SearchRequest
-from shared.tenants import repository as tenants_repo
-from shared.tenants import service as tenants
+from shared.tenants.named import NamedRegistry
 
 
 class ProfileBody(BaseModel):
@@ -49,11 +48,14 @@ def validate_profile_settings(settings: dict[str, Any]) -> dict[str, Any]:
     return request.model_dump(mode="json", by_alias=True, include=set(settings))
 
 
+PROFILES = NamedRegistry(SearchProfile, "search profile")
+
+
 def save_profile(
     session: Session, tenant_id: str, name: str, settings: dict[str, Any], description: str = ""
 ) -> SearchProfile:
     clean = validate_profile_settings(settings)
-    profile = tenants.named_for_writing(session, SearchProfile, tenant_id, name)
+    profile = PROFILES.for_writing(session, tenant_id, name)
     profile.settings = clean
     profile.description = description
     profile.updated_at = now(session)
@@ -61,16 +63,7 @@ def save_profile(
     return profile
 
 
-def get_profile(session: Session, tenant_id: str, name: str) -> SearchProfile:
-    return tenants.named(session, SearchProfile, tenant_id, name, "search profile")
-
-
-def list_profiles(session: Session, tenant_id: str) -> list[SearchProfile]:
-    return tenants_repo.named_rows(session, SearchProfile, tenant_id)
-
-
-def delete_profile(session: Session, tenant_id: str, name: str) -> None:
-    tenants_repo.delete_named_row(session, get_profile(session, tenant_id, name))
+get_profile, list_profiles, delete_profile = PROFILES.get, PROFILES.list, PROFILES.delete
 
 
 def profile_view(profile: SearchProfile) -> ProfileView:

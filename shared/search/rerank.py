@@ -5,6 +5,7 @@ search is marked ``rerank_unavailable``."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from shared.rerankers.scoring import (
     RerankUnavailable,
@@ -13,11 +14,9 @@ from shared.rerankers.scoring import (
     rerank_passage,
     rerank_within_budget,
 )
-from shared.search.values import Candidate, Query, Retrieved
+from shared.search.values import Candidate, Query, RerankInfo, Retrieved
 
 log = logging.getLogger(__name__)
-
-RerankInfo = dict[str, tuple[float, int]]  # chunk id -> (rerank score, rank change)
 
 
 def rerank(
@@ -53,10 +52,12 @@ def rerank(
     ranking = blend_scores(scores, [fused_scores[c.chunk_id] for c in window], blend)
     order = sorted(range(len(window)), key=lambda i: -ranking[i])
     info: RerankInfo = {}
+    rescored = []
     for new_rank, i in enumerate(order, start=1):
-        window[i].scores["rerank"] = round(scores[i], 6)
-        info[window[i].chunk_id] = (scores[i], (i + 1) - new_rank)
-    return [window[i] for i in order] + candidates[len(window) :], info, None
+        c = window[i]
+        rescored.append(replace(c, scores={**c.scores, "rerank": round(scores[i], 6)}))
+        info[c.chunk_id] = (scores[i], (i + 1) - new_rank)
+    return rescored + candidates[len(window) :], info, None
 
 
 def blend_scores(rerank: list[float], fused: list[float], blend: float) -> list[float]:

@@ -21,6 +21,7 @@ def resolve(
     transactions: Transactions,
     tenant_id: str,
     request: SearchRequest,
+    *,
     settings: Settings,
     embedding_cache: bool = True,
 ) -> Query:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from shared.search import cursors
 from shared.search.highlights import highlight, query_terms
-from shared.search.rerank import RerankInfo
 from shared.search.schemas import (
     Copy,
     DocumentGroup,
@@ -16,7 +15,14 @@ from shared.search.schemas import (
     SearchResult,
     Trace,
 )
-from shared.search.values import Candidate, PolicyResult, Query, Ranked, Retrieved
+from shared.search.values import (
+    Candidate,
+    PolicyResult,
+    Query,
+    Ranked,
+    RerankInfo,
+    Retrieved,
+)
 from shared.stores.ports import SnapshotStore
 from shared.stores.schemas import ArmHit
 from shared.timing import StageTimes

@@ -35,13 +35,13 @@ from shared.search import cursors
 from shared.search.decide import decide, judge
 from shared.search.diversify import collapse_copies, crumbs_last, diversify
 from shared.search.fusion import fused_ranking
-from shared.search.hydrate import attach_embeddings, hydrate_page
-from shared.search.rerank import RerankInfo, rerank
+from shared.search.hydrate import attach_embeddings, hydrate, hydrate_page
+from shared.search.rerank import rerank
 from shared.search.resolve import answerability_model, resolve
 from shared.search.respond import respond
 from shared.search.retrieve import retrieve
 from shared.search.schemas import SearchRequest, SearchResponse
-from shared.search.values import Candidate, Query, Ranked, Retrieved
+from shared.search.values import Candidate, Query, Ranked, RerankInfo, Retrieved
 from shared.settings import Settings, get_settings
 from shared.stores.compose import Stores
 from shared.stores.ports import SnapshotStore, VectorSearch
@@ -66,13 +66,19 @@ def search(
     encoded even if the query cache holds its vector; without ``purge_stale``, the caller
     queues the purges of the stale copies it met itself (:func:`queue_purges`: the API does,
     after sending the response)."""
-    query = resolve(transactions, tenant_id, request, settings or get_settings(), embedding_cache)
+    query = resolve(
+        transactions,
+        tenant_id,
+        request,
+        settings=settings or get_settings(),
+        embedding_cache=embedding_cache,
+    )
     timings = StageTimes(scale=1e3, digits=3)  # milliseconds
     latency = SEARCH_SECONDS.labels(query.request.mode)
     with latency.time(), _reads(transactions, replica, query) as session:
         vectors = stores.vectors(session)
         arms = retrieve(query, index=stores.index, vectors=vectors, timings=timings)
-        retrieved = fused_ranking(query, arms, vectors, timings)
+        retrieved = fused_ranking(query, arms, vectors=vectors, timings=timings)
         response = page_of(query, retrieved, timings, vectors=vectors, snapshots=stores.snapshots)
     return _finish(stores, transactions, query, response, timings, purge_stale)
 
@@ -129,18 +135,27 @@ def page_of(
     def load_embeddings(candidates: list[Candidate]) -> None:
         attach_embeddings(query, vectors, candidates)
 
-    page = timings.timed("hydrate", lambda: hydrate_page(query, vectors, retrieved, offset))
+    page = timings.timed("hydrate", lambda: hydrate_page(query, vectors, retrieved, offset=offset))
     ordered, degraded = crumbs_last(collapse_copies(page.items)), []
     rerank_info: RerankInfo = {}
     if request.rerank.enabled:
         with timings.stage("rerank"):
             ordered, rerank_info, rerank_error = rerank(query, retrieved, ordered)
         degraded = ["rerank_unavailable"] if rerank_error else []
-    judged = None
+    judged, stale = None, page.stale
     if query.answerability is not None:
-        judged = timings.timed(
-            "answerability", lambda: judge(query, vectors, retrieved, page, offset, rerank_info)
-        )
+        with timings.stage("answerability"):
+            judged, also_stale = judge(
+                query,
+                retrieved,
+                page,
+                offset=offset,
+                rerank_info=rerank_info,
+                hydrate_hits=lambda hits: hydrate(
+                    query, vectors, hits, vector=retrieved.vector, embeddings_for=[]
+                ),
+            )
+        stale = stale + also_stale
     with timings.stage("mmr") if request.mmr is not None else nullcontext():
         ordered, results = diversify(query, ordered, load_embeddings)
     ranked = Ranked(ordered, results, rerank_info, degraded)
@@ -148,11 +163,11 @@ def page_of(
         policy = decide(
             query,
             results,
-            page.dropped,
-            judged,
-            bool(rerank_info),
-            load_embeddings,
-            retrieved.counts,
+            dropped=page.dropped,
+            judged=judged,
+            reranked=bool(rerank_info),
+            load_embeddings=load_embeddings,
+            counts=retrieved.counts,
         )
     response = respond(
         query,
@@ -165,7 +180,7 @@ def page_of(
         offset=offset,
         cursor_id=cursor_id,
     )
-    response._stale = page.stale
+    response._stale = stale
     return response
 
 

@@ -78,6 +78,10 @@ class Candidates:
     stale: list[str] = field(default_factory=list)
 
 
+# What the rerank stage said of each chunk it rescored: chunk id -> (rerank score, rank change).
+RerankInfo = dict[str, tuple[float, int]]
+
+
 @dataclass
 class Ranked:
     """Candidates in their final order (reranked, diversified, capped per document) and
@@ -85,7 +89,7 @@ class Ranked:
 
     items: list[Candidate]
     results: list[Candidate]  # the page: the first top_k within the per-document cap
-    rerank: dict[str, tuple[float, int]] = field(default_factory=dict)
+    rerank: RerankInfo = field(default_factory=dict)
     degraded: list[str] = field(default_factory=list)
 
 

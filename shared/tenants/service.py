@@ -16,10 +16,9 @@ from sqlalchemy.orm import Session
 
 from shared.db import Transactions
 from shared.db.repository import lock_key, now
-from shared.errors import BadRequest, Conflict, Forbidden, NotFound, Unauthorized
+from shared.errors import BadRequest, Conflict, Forbidden, Unauthorized
 from shared.models import ApiKey
 from shared.tenants import repository as repo
-from shared.tenants.repository import Named
 from shared.tenants.schemas import SCOPES, KeyView
 
 KEY_PREFIX = "ck_"
@@ -169,19 +168,3 @@ def revoke_key(session: Session, key_id: uuid.UUID, tenant_id: str | None = None
     if key.revoked_at is None:
         key.revoked_at = now(session)
     return True
-
-
-def named(session: Session, model: type[Named], tenant_id: str, name: str, kind: str) -> Named:
-    """The tenant's search profile or trained reranker called ``name``, or 404 "no <kind>
-    '<name>'": looked up by the caller's tenant, so no tenant reads or selects another's."""
-    row = repo.named_row(session, model, tenant_id, name)
-    if row is None:
-        raise NotFound(f"no {kind} {name!r}")
-    return row
-
-
-def named_for_writing(session: Session, model: type[Named], tenant_id: str, name: str) -> Named:
-    """The tenant's row called ``name`` to set the fields of, added if it is new (with the
-    tenant, if that is new too)."""
-    repo.ensure_tenant(session, tenant_id)
-    return repo.named_row_or_new(session, model, tenant_id, name)

@@ -58,5 +58,12 @@ def test_each_check_catches_its_violation() -> None:
     driver = ast.parse("from elasticsearch import ApiError\nimport elasticsearch.helpers\n")
     assert len(check.imports_elasticsearch(Path("shared/search/retrieve.py"), driver)) == 2
     assert check.imports_elasticsearch(Path("shared/stores/elastic.py"), driver) == []
+    stage, path = "shared.search.decide", Path("shared/search/decide.py")
+    [problem] = check.imports_another_stage(
+        path, stage, {"shared.search.hydrate.hydrate", "shared.search.values", "shared.settings"}
+    )
+    assert "shared.search.hydrate" in problem
+    assert check.imports_another_stage(path, stage, {"shared.search.caps"}) == []
+    assert check.imports_another_stage(Path("x.py"), "shared.search.service", {stage}) == []
     opens = ast.parse("from shared.db import UnitOfWork, unit_of_work\n")
     assert check._opens_uow(opens) and not check._opens_uow(ast.parse("from shared.db import x"))

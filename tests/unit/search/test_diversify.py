@@ -68,7 +68,8 @@ def _candidates(n: int, documents: int, seed: int = 7) -> list[Any]:
 
 
 def test_mmr_picks_what_the_textbook_algorithm_picks_without_its_cubic_cost():
-    from shared.search.diversify import cap_per_document, mmr
+    from shared.search.caps import cap_per_document
+    from shared.search.diversify import mmr
 
     def textbook(candidates: list[Any], lambda_: float) -> list[Any]:
         chosen: list[Any] = []

@@ -6,7 +6,7 @@ from tests.unit.search.test_diversify import _candidates
 
 
 def test_likely_results_keep_the_per_document_cap_by_chunk_id() -> None:
-    from shared.search.diversify import within_cap
+    from shared.search.caps import within_cap
     from shared.stores.schemas import document_of_chunk
 
     def _first_within_cap(ids: list[str], cap: int | None, count: int) -> list[str]:
@@ -26,7 +26,7 @@ def test_hydration_for_a_per_document_cap_stops_at_the_candidate_window(monkeypa
 
     hydrated: list[int] = []
 
-    def fake_hydrate(query, session, fused, vector, likely, cosines):
+    def fake_hydrate(query, session, fused, *, vector, embeddings_for, cosines):
         hydrated.append(len(fused))
         return Candidates(_candidates(len(fused), documents=1))
 
@@ -36,7 +36,7 @@ def test_hydration_for_a_per_document_cap_stops_at_the_candidate_window(monkeypa
         {"query": "q", "top_k": 10, "per_document_cap": 1, "mmr": {"lambda": 0.5}}
     )
     query = Query("t", request, Settings(search_candidate_window=100))
-    page = hydrate.hydrate_page(query, None, Retrieved({}, [], [0.0], fused), 0)
+    page = hydrate.hydrate_page(query, None, Retrieved({}, [], [0.0], fused), offset=0)
     candidates = page.items
     assert len(candidates) <= 100 + max(hydrated)  # one slice past the window at most
     assert sum(hydrated) < 2000

@@ -90,7 +90,7 @@ def _search(stores: Stores, query: str, **options: Any) -> Any:
     timings = StageTimes(scale=1e3, digits=3)
     vectors = stores.vectors(NO_TRANSACTION)
     arms = retrieve(q, index=stores.index, vectors=vectors, timings=timings)
-    retrieved = fused_ranking(q, arms, vectors, timings)
+    retrieved = fused_ranking(q, arms, vectors=vectors, timings=timings)
     return (
         page_of(q, retrieved, timings, vectors=vectors, snapshots=stores.snapshots),
         retrieved,
