@@ -77,7 +77,7 @@ def test_cli_ingest_publishes_events_and_waits(client: TestClient, auth, tenant,
 
 
 def test_piped_cli_tables_are_whole_and_dlq_commands_say_what_they_do(tenant: str) -> None:
-    """Issue 42: tables printed to a pipe were cut to 80 columns (ids and errors with them);
+    """Before, tables printed to a pipe were cut to 80 columns (ids and errors with them);
     the dlq commands had no help text."""
     import subprocess
     import sys
@@ -125,7 +125,7 @@ def test_piped_cli_tables_are_whole_and_dlq_commands_say_what_they_do(tenant: st
 def test_every_one_tenant_command_takes_its_tenant_from_the_key_or_tenant_alike(
     tenant: str, api_key: str, capsys: Any, monkeypatch: Any
 ) -> None:
-    """Issue 52: `search` took the tenant from the key while `sync` and `ingest` needed
+    """Before, `search` took the tenant from the key while `sync` and `ingest` needed
     --tenant. Every command that acts on one tenant's data takes --tenant, or else the key's
     tenant; neither is a one-line usage error, a wrong key a refusal."""
     from services.cli.errors import EXIT_REFUSED, EXIT_USAGE, run

@@ -72,7 +72,7 @@ def test_console_upload_search_trace_reconcile_and_replay(
 ) -> None:
     auth = {"Authorization": f"Bearer {admin_key}"}
     page.goto(f"{live_api}/console/#ingestion")
-    # Issue 52: the page was blank until a key was entered, a placeholder the only hint.
+    # Before, the page was blank until a key was entered, a placeholder the only hint.
     page.evaluate("sessionStorage.clear()")
     page.reload()
     welcome = page.inner_text("#welcome")
@@ -102,7 +102,7 @@ def test_console_upload_search_trace_reconcile_and_replay(
     wait_converged(tenant)
     page.click("#refresh-jobs")
     page.wait_for_selector("#jobs td:has-text('indexed')")
-    # Issue 42: jobs are named by their document's external id and title, not id fragments.
+    # Jobs are named by their document's external id and title, not id fragments.
     jobs_text = page.inner_text("#jobs")
     assert "quokka.md" in jobs_text and "Island marsupials" in jobs_text, jobs_text
     shot(page, "ingestion")
@@ -168,7 +168,7 @@ def test_console_upload_search_trace_reconcile_and_replay(
     page.goto(f"{live_api}/console/#stats")
     page.wait_for_selector("#stats td:has-text('chunks postgres')")
     stats = page.inner_text("#stats")
-    # Issue 52: jobs and queue depths were raw JSON strings; now tables of their own
+    # Before, jobs and queue depths were raw JSON strings; now tables of their own
     assert "queue depth" in stats and "{" not in stats
     assert page.locator("#stats table.nested").count() >= 2
     assert page.is_hidden("#welcome")

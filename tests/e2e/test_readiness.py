@@ -1,4 +1,4 @@
-"""Issue 42: the first requests after start-up paid for loading the models and parsers (the
+"""The first requests after start-up paid for loading the models and parsers (the
 first PDF upload took 2.85 s). The API now warms up in a thread once it starts, and /readyz
 answers 503 with the step under way until it is done."""
 

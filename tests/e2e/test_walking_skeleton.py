@@ -1,4 +1,4 @@
-"""Issue 2 acceptance: an upload becomes searchable through both arms, on real services."""
+"""An upload becomes searchable through both arms, on real services."""
 
 from __future__ import annotations
 

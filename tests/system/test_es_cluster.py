@@ -1,4 +1,4 @@
-"""A three-node Elasticsearch cluster on the loopback interface (issue 22), from the same
+"""A three-node Elasticsearch cluster on the loopback interface, from the same
 distribution the stack runs: every tenant's index has two shards and a replica of each; one
 node (the client's first) is killed during an ingest and the searches running beside it, then
 started again. Nothing is lost, no search answers 5xx, and the stores agree again within 60 s

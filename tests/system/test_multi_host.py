@@ -1,4 +1,4 @@
-"""Workers on many hosts (issue 22): two worker "hosts" (separate processes with node names and
+"""Workers on many hosts: two worker "hosts" (separate processes with node names and
 state directories of their own, sharing nothing but the broker and the database) take one
 ingest between them; one is killed mid-ingest, and the other finishes every job under the
 shipped lease and sweep defaults (nothing in the environment shortens them)."""

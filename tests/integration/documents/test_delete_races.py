@@ -1,4 +1,4 @@
-"""Deletes that cannot hit live data (issue 19): a delete is checked against Postgres when
+"""Deletes that cannot hit live data: a delete is checked against Postgres when
 the relay applies it, and a stale-copy cleanup never blocks the write of a newer version."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A document's view tells the truth about its live version: the newest ingest job's state,
-and where and why it failed when it did (issue 42: a failed document looked healthy)."""
+and where and why it failed when it did (before: a failed document looked healthy)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_a_failed_document_shows_its_jobs_state_and_error(
 def test_deleted_documents_are_listed_as_tombstones_and_readable_by_request(
     client: TestClient, auth: dict[str, str], tenant: str, worker: object
 ) -> None:
-    """Issue 42: a deleted document was a 404 unless one knew of ``?include_deleted=true``, and
+    """Before, a deleted document was a 404 unless one knew of ``?include_deleted=true``, and
     no list showed what was deleted."""
     kept = upload_text(client, auth, "kept", "Lichens pioneer bare rock.")
     gone = upload_text(client, auth, "gone", "Mosses hold water.")

@@ -155,7 +155,7 @@ def test_oversized_uploads_are_refused_while_streaming(
 
 
 # Form fields and JSON fields that break a published limit, that Postgres cannot store, or
-# that would rewrite what a person reads (issue 49: "evil\u202etxt.exe" was accepted, and the
+# that would rewrite what a person reads (before: "evil\u202etxt.exe" was accepted, and the
 # console showed it reversed): each refused with 422 and its reason, whichever way the upload
 # comes in.
 BAD_FIELDS = [
@@ -198,7 +198,7 @@ def test_bad_fields_are_refused_in_forms_and_in_json(
 def test_an_unknown_form_field_is_refused_and_another_tenants_upload_goes_in(
     client: TestClient, auth: dict[str, str], tenant: str, worker: Any
 ) -> None:
-    """Issue 49: a misspelt ``extrnal_id`` was ignored, and the file's name became the
+    """Before, a misspelt ``extrnal_id`` was ignored, and the file's name became the
     document's id: a different document than the one the client meant."""
     misspelt = client.post(
         "/v1/documents",

@@ -65,7 +65,7 @@ def test_sync_sends_only_what_changed_and_prunes_what_is_gone(
 def test_content_that_already_failed_is_not_sent_again_unless_retried(
     tmp_path: Path, tenant: str, worker: Any
 ) -> None:
-    """Issue 42: a scheduled sync sent the same refused files on every run, making fresh dead
+    """Before, a scheduled sync sent the same refused files on every run, making fresh dead
     letters each time. A failed job's content and a content refused at intake are now held
     back until they change, or sent again with --retry-failed."""
     (tmp_path / "ok.txt").write_text("Glaciers carve valleys.")
@@ -157,7 +157,7 @@ def test_a_prefix_must_name_a_directory_of_external_ids(tmp_path: Path, tenant: 
 def test_a_discarded_refusal_is_remembered_and_only_job_letters_offer_replay(
     tmp_path: Path, tenant: str, worker: Any
 ) -> None:
-    """Issue 52: after `concord dlq discard 1`, the next sync planned the same broken file as
+    """After `concord dlq discard 1`, the next sync once planned the same broken file as
     new, sent it again, and it was dead-lettered again under a new id; and every intake
     letter offered a Replay that could only fail."""
     import pytest

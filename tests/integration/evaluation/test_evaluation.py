@@ -71,7 +71,7 @@ def test_eval_command_reports_a_bad_dataset_clearly(tmp_path: Path) -> None:
 def test_eval_docs_measures_answers_decisions_and_noise_on_real_files(
     tmp_path: Path, tenant: str
 ) -> None:
-    """`concord eval-docs` (issue 40) on a tiny set of files in two formats, one of them
+    """`concord eval-docs` on a tiny set of files in two formats, one of them
     shipped twice under two names: the answer's chunk and file, the decision per kind of
     question, per format, and what the first results hold."""
     from services.cli.main import app

@@ -1,4 +1,4 @@
-"""Issue 18: work is bounded everywhere, so one tenant's large or odd document cannot hold up
+"""Work is bounded everywhere, so one tenant's large or odd document cannot hold up
 anyone else's: bulk requests sized by bytes and split when refused, a document of
 tens of thousands of chunks indexed completely."""
 

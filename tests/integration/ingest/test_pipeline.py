@@ -1,4 +1,4 @@
-"""Issue 3 acceptance: durable, idempotent, versioned ingestion on the real services."""
+"""Durable, idempotent, versioned ingestion on the real services."""
 
 from __future__ import annotations
 
@@ -427,7 +427,7 @@ def test_a_document_of_too_many_chunks_fails_alone_and_its_batch_mates_are_index
 def test_a_batch_writes_its_first_jobs_before_it_encodes_the_rest(
     client: TestClient, auth: dict[str, str], tenant: str, worker: Any, monkeypatch: Any
 ) -> None:
-    """Issue 49's backlog: a batch's jobs were all encoded before any was written, so another
+    """Before, a batch's jobs were all encoded before any was written, so another
     tenant's one-line upload, first in the batch's fair order, waited for its batch-mates'
     encoding (7 s of a 256 KiB batch on this machine). A batch is encoded and written a group
     at a time in its order (groups of one job here)."""
@@ -468,7 +468,7 @@ def test_a_batch_writes_its_first_jobs_before_it_encodes_the_rest(
 def test_a_document_larger_than_a_turn_is_encoded_a_turn_at_a_time_with_others_between(
     client: TestClient, auth: dict[str, str], tenant: str, worker: Any
 ) -> None:
-    """Issue 49: a document over the batch's budget was a batch of its own that held a worker
+    """Before, a document over the batch's budget was a batch of its own that held a worker
     for as long as it took (30 documents of 600 KB kept another tenant's upload out for 130 s).
     A turn encodes at most ``ingest_turn_chunks`` chunks; a document with more goes back to
     the queue with those cached, and another tenant's job is claimed before its next turn.

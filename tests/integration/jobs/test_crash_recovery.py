@@ -1,4 +1,4 @@
-"""Recovery in seconds under the shipped default settings (issue 19): a job held by a
+"""Recovery in seconds under the shipped default settings: a job held by a
 process that died is taken over once its short lease runs out, because a live process renews
 it by heartbeat; a retriable failure hands the job back at once instead of keeping it under
 its lease. These tests run with the default lease and sweep (tests/conftest.py shortens

@@ -42,7 +42,7 @@ def _claim(tenant: str, uploads: list[Upload], later: str, limit: int = 32) -> l
 
 
 def test_a_backlog_of_ordinary_documents_does_not_keep_a_small_upload_out(tenant: str) -> None:
-    """Issue 49: one tenant's 160 documents of about 150 KB were queued before another's one
+    """Before, one tenant's 160 documents of about 150 KB were queued before another's one
     line; the claim took the backlog's next job first, found it did not fit the room left,
     and stopped there, batch after batch (54 s to searchable against 3.4 s idle)."""
     flood, small = f"{tenant}-flood", f"{tenant}-small"

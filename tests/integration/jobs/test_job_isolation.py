@@ -1,4 +1,4 @@
-"""One tenant's input never harms another's work (issue 18): a batch holds jobs of many
+"""One tenant's input never harms another's work: a batch holds jobs of many
 tenants, and an error that belongs to one job fails that job alone.
 
 Each test puts an offending tenant's jobs and a victim tenant's ordinary jobs into the same
@@ -464,7 +464,7 @@ def test_a_page_with_a_long_run_of_spaces_is_parsed_without_holding_its_batch(
 def test_a_tenant_past_its_queued_bytes_waits_at_the_door_and_others_do_not(
     client: TestClient, worker: CeleryProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 49: no per-tenant bound on queued ingest work. A tenant whose queued raw bytes
+    """Queued ingest work is bounded per tenant (it was not before). A tenant whose queued raw bytes
     would pass ``ingest_tenant_queued_bytes`` is answered 429 with Retry-After (nothing of
     that upload is accepted), while another tenant's uploads in the same moment go in, and
     the first tenant's queued uploads are all indexed."""

@@ -1,4 +1,4 @@
-"""Issue 5: reconciliation finds each class of drift exactly, repairs it, and a second run
+"""Reconciliation finds each class of drift exactly, repairs it, and a second run
 finds nothing; dead letters can be replayed."""
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def test_repair_waits_for_repairs_that_another_relay_claimed_first(
 
 def test_reconcile_cli_reports_and_exits_nonzero_while_drift_remains(client, auth, tenant, worker):
     """Drift makes the command exit 1 until repaired; writes still waiting in the outbox (an
-    indexed job the relay has not sent yet) are reported in flight, not as drift (issue 42)."""
+    indexed job the relay has not sent yet) are reported in flight, not as drift."""
     from shared.documents.schemas import Upload
     from shared.documents.service import accept_upload
 
@@ -237,7 +237,7 @@ def test_a_periodic_reconcile_still_running_is_not_joined_by_the_next():
 def test_repair_waits_for_repairs_elasticsearch_holds_back_and_then_exits_0(
     client: TestClient, auth: dict[str, str], tenant: str, worker: Any, capsys: Any
 ) -> None:
-    """Issue 52: with two chunks deleted from Elasticsearch behind Concord's back, `concord
+    """Before, with two chunks deleted from Elasticsearch behind Concord's back, `concord
     reconcile --repair` printed "queued 2 repairs; drift after repair: 2" and exited 1: the
     delete left a tombstone of a newer version, which blocks the repair until Elasticsearch
     forgets it (index.gc_deletes, 60 s), and the repairs landed later. It now waits for them

@@ -1,4 +1,4 @@
-"""Issue 19: reconcile compares fingerprints over the chunk id and every copied field, works in
+"""Reconcile compares fingerprints over the chunk id and every copied field, works in
 bounded ranges at any scale of loss, and repairs a total loss of Elasticsearch."""
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ def test_every_page_of_a_cursor_is_decided_with_the_first_pages_threshold(
 def test_a_tenant_is_calibrated_once_its_ingest_settles_without_a_command(
     client: TestClient, auth: dict[str, str], tenant: str, worker: object
 ) -> None:
-    """Issue 47: eight minutes after a tenant's first ingest its threshold was still the
+    """Before, eight minutes after a tenant's first ingest its threshold was still the
     default (beat calibrates every ten minutes). The batch that writes a tenant's last job
     asks for its calibration; the worker calibrates it once nothing of it is queued."""
     from tests.conftest import wait_for

@@ -1,4 +1,4 @@
-"""The query path on a real streaming replica (issue 22): searches read it once it has
+"""The query path on a real streaming replica: searches read it once it has
 replayed everything committed before they began; with its replay paused (lag injected) a
 document's new version is still what every mode serves, read from the primary; a replica that
 is down costs nothing but the fallback."""

@@ -1,4 +1,4 @@
-"""Issue 4 acceptance: hybrid retrieval, filters, rerank, evidence policy, on real services."""
+"""Hybrid retrieval, filters, rerank, evidence policy, on real services."""
 
 from __future__ import annotations
 
@@ -183,7 +183,7 @@ def test_off_topic_abstains_below_threshold_and_empty_tenant_has_no_hits(client,
 def test_a_question_about_what_the_corpus_never_mentions_abstains_naming_the_terms(
     client, auth, tenant, worker, monkeypatch
 ):
-    """Issue 40's example: after "Kettles boil water." alone, the nearest chunk of a question
+    """After "Kettles boil water." alone, the nearest chunk of a question
     about tungsten is close enough in embedding space to pass the cosine threshold, but the
     corpus holds no "tungsten": the default decision abstains and says which words."""
     job = upload_text(client, auth, "kettles", "Kettles boil water.", title="Kitchen")["job_id"]
@@ -336,7 +336,7 @@ def test_bad_search_input_is_a_422_with_a_message(client, auth, payload):
 
 
 def test_malformed_json_is_a_400_that_says_where_the_body_stopped_parsing(client, auth):
-    """Issue 52: it was a 422 saying "body.16: JSON decode error"; on the upload route and
+    """Before, it was a 422 saying "body.16: JSON decode error"; on the upload route and
     this one alike it is now a 400 in words."""
     for path in ("/v1/search", "/v1/documents"):
         response = client.post(

@@ -85,7 +85,7 @@ def test_a_wrong_key_flood_is_refused_before_any_lookup_and_others_are_served(
 def test_concurrent_wrong_keys_over_two_processes_and_one_ipv6_network_share_one_bucket(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Issue 49: the limiter keyed on the exact address (a client rotating through its /64
+    """Before, the limiter keyed on the exact address (a client rotating through its /64
     was never limited) and lived in each API process (N processes allowed N times the
     budget), and its check and its record were two steps around the lookup (concurrent
     wrong keys all passed a nearly empty bucket). 200 reservations at once, from 200

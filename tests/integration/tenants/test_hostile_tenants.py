@@ -1,4 +1,4 @@
-"""Issue 18: no tenant's input can hurt another's. Every hostile class goes through each of the
+"""No tenant's input can hurt another's. Every hostile class goes through each of the
 three ways in (JSON upload, multipart upload, upload event) while a victim tenant ingests
 ordinary documents in the same batches and searches. The victim's documents must all end
 indexed in both stores, its searches (range filters included) keep working at their normal

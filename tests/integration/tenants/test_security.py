@@ -186,7 +186,7 @@ def test_admin_key_endpoints_create_list_and_revoke_for_their_own_tenant(
     assert smuggled.status_code == 422
 
 
-# A valid body of every JSON write route (issue 49: "JSON bodies with extra fields on every
+# A valid body of every JSON write route ("JSON bodies with extra fields on every
 # write route"), each of which must refuse a field it does not name.
 WRITE_ROUTES = [
     ("POST", "/v1/documents", {"external_id": "x", "text": "Some text."}),
@@ -211,7 +211,7 @@ def test_every_write_route_refuses_a_field_it_does_not_name(
     headers = key_headers(tenant, ["read", "write", "admin"])
     answer = client.request(method, path, headers=headers, json={**body, "surprise_field": 1})
     assert answer.status_code == 422, (path, answer.status_code, answer.text)
-    # Issue 52: one shape everywhere (the upload route said 400 bad_request, search 422)
+    # One shape everywhere (the upload route said 400 bad_request and search 422 before)
     error = answer.json()["error"]
     assert error["code"] == "invalid_request"
     assert error["fields"] == [

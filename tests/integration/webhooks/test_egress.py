@@ -161,7 +161,7 @@ def test_a_name_that_resolves_to_loopback_is_refused_at_delivery_without_a_conne
         listener.close()
     assert answers == [name]  # resolved once
     assert delivery.attempts == 1 and delivery.last_status is None
-    # Issue 49: the log said "NAME resolves only to refused addresses (127.0.0.1 ...)", so
+    # Before, the log said "NAME resolves only to refused addresses (127.0.0.1 ...)", so
     # a tenant admin learnt which internal names exist and what they resolve to. It says
     # neither now, and the same as for a name that does not resolve at all.
     assert delivery.last_error == (

@@ -1,4 +1,4 @@
-"""Issue 42: the OpenAPI document read as a new user reads /docs. Summaries were the function
+"""The OpenAPI document read as a new user reads /docs. Summaries were the function
 names ("Search Route"), request fields had no descriptions, Decision.reason was a free string
 and every route listed the same errors (413 on GETs)."""
 

@@ -359,7 +359,7 @@ def test_a_table_is_chunked_by_whole_rows_each_chunk_under_its_header() -> None:
 
 
 def test_an_html_tables_header_row_names_every_chunk_of_it() -> None:
-    """Issue 40: a long HTML table (Sphinx, DocBook) was chunked as prose: the header row in
+    """Before, a long HTML table (Sphinx, DocBook) was chunked as prose: the header row in
     the first chunk only, the rows after it with no column names."""
     rows = "".join(
         f"<tr><td><code>--flag-{i}</code></td><td>value {i} of it</td></tr>" for i in range(40)
@@ -466,7 +466,7 @@ def test_a_code_block_is_one_chunk_where_it_fits_and_cut_between_lines_where_not
 
 
 def test_a_long_blocks_last_lines_are_no_stub_of_their_own() -> None:
-    """Issue 40: a code block a little longer than a chunk left its closing lines (a comment
+    """Before, a code block a little longer than a chunk left its closing lines (a comment
     and a brace) as a chunk of their own, ranked among the first results. The last two
     chunks of a region now share its lines evenly."""
     body = "".join(f"  step_{i}(closure, value_{i});\n" for i in range(14))
@@ -480,8 +480,8 @@ def test_a_long_blocks_last_lines_are_no_stub_of_their_own() -> None:
 
 
 def test_a_one_line_description_joins_its_synopsis_block() -> None:
-    """Issue 40: npm's command pages give each subcommand a one-line description and a code
-    block: each was a stub of its own (5 and 16 tokens), ranked among the first results."""
+    """npm's command pages give each subcommand a one-line description and a code
+    block: before, each was a stub of its own (5 and 16 tokens), ranked among the first results."""
     md = (
         b"# npm stage list\n\nList all staged package versions\n\n## Synopsis\n\n"
         b"```bash\nnpm stage list [<package-spec>]\n```\n\n## Flags\n\n"

@@ -1,5 +1,5 @@
 """The reconcile report's arithmetic: writes in flight are not drift, until a drain that
-should have applied them has not (issue 42)."""
+should have applied them has not."""
 
 from __future__ import annotations
 

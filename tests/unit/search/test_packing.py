@@ -13,7 +13,7 @@ from tests.unit.search.test_diversify import _candidates
 
 
 def test_the_cap_yields_to_a_later_chunk_that_answers_better() -> None:
-    """Issue 47's tar question: three synopsis chunks of the man page were packed and the
+    """A tar question: three synopsis chunks of the man page were packed and the
     chunk with the option asked for, fifth in the results, was omitted by the cap of three
     chunks a document."""
     synopsis = ["tar -c [-f ARCHIVE] [OPTIONS] [FILE...]", "tar -r [-f ARCHIVE] [OPTIONS]",

@@ -38,7 +38,7 @@ REFUSED_HOSTS = {
     "[fe80::1]": "fe80::1",
     "[fc00::1]": "fc00::1",
     "[ff02::1]": "ff02::1",
-    # Issue 49: these passed (site-local IPv6, IETF protocol assignments), and the rest of
+    # Before, these passed (site-local IPv6, IETF protocol assignments), and the rest of
     # IANA's special-purpose blocks that are not globally reachable
     "[fec0::1]": "fec0::1",
     "192.0.0.9": "192.0.0.9",
