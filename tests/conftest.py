@@ -67,6 +67,9 @@ from services.cli.stack import (  # noqa: E402
 )
 from shared.settings import get_settings  # noqa: E402
 
+# Each contract test class that names the ports it holds (PORTS) must call all their methods.
+from tests.contract.port_calls import port_calls  # noqa: E402, F401
+
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
 

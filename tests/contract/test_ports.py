@@ -2,15 +2,17 @@
 implements it: what each audience of a store relies on, method by method.
 
 ``ChunkAudit``, the part both stores share for reconciliation, is ``ChunkStoreContract`` of
-test_stores.py, which both adapters pass; the classes below hold the other ports, and the
-last test proves that every method of every port is called by its contract."""
+test_stores.py, which every adapter passes; the classes below hold the other ports. Each class
+claims the port methods its tests call (PORTS, checked while it runs: port_calls.py), and the
+last test proves the claims cover every method of every port."""
 
 from __future__ import annotations
 
 import inspect
+import sys
 import uuid
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -27,8 +29,8 @@ from shared.stores.memory import MemorySnapshots
 from shared.stores.schemas import ReindexStart
 from shared.stores.vector_store import PgVectorStore
 from tests.contract import test_stores
+from tests.contract.port_calls import ALL, Claims, claimed, declared_ports, methods
 from tests.contract.test_stores import (
-    ChunkStoreContract,
     ElasticsearchHarness,
     PgVectorHarness,
     Record,
@@ -36,6 +38,7 @@ from tests.contract.test_stores import (
     _tenant,
     _vector,
 )
+from tests.unit.stores import test_memory_stores
 
 
 def _lines(record: Record) -> list[dict[str, Any]]:
@@ -61,6 +64,8 @@ def own_index(fresh_stores: None) -> Iterator[ElasticsearchChunkIndex]:
 class TestChunkWriterPort:
     """The relay's writes (bulk, write, exists and reindex_target: test_stores.py)."""
 
+    PORTS: ClassVar[Claims] = {ports.ChunkWriter: ALL, ports.IndexReindex: ALL}
+
     def test_prepare_makes_a_tenants_index_and_forget_has_it_checked_again(
         self, own_index: ElasticsearchChunkIndex
     ) -> None:
@@ -75,6 +80,7 @@ class TestChunkWriterPort:
         record = Record(tenant, _doc(), "Written after the index came back.")
         [item] = own_index.bulk([(tenant, _lines(record))])["items"]
         assert item["index"]["status"] == 201
+        assert own_index.exists(tenant, record.id)
 
     def test_a_reindex_copies_dual_writes_and_switches_every_alias(
         self, own_index: ElasticsearchChunkIndex
@@ -162,6 +168,8 @@ class TestChunkWriterPort:
 class TestLexicalSearchPort:
     """The lexical arm (lexical_search: test_stores.py's shared contract)."""
 
+    PORTS: ClassVar[Claims] = {ports.LexicalSearch: {"term_counts"}}
+
     def test_term_counts_are_counted_within_the_tenant(self) -> None:
         harness, tenant, other = ElasticsearchHarness(), _tenant(), _tenant()
         harness.write(
@@ -179,6 +187,8 @@ class TestLexicalSearchPort:
 
 class TestIndexAuditPort:
     """Reconciliation's reads of the index (the rest: test_stores.py)."""
+
+    PORTS: ClassVar[Claims] = {ports.IndexAudit: {"foreign_copies", "refresh"}}
 
     def test_a_copy_that_strayed_into_another_tenants_index_is_foreign_there(self) -> None:
         harness, owner, host = ElasticsearchHarness(), _tenant(), _tenant()
@@ -213,6 +223,8 @@ def written(fresh_stores: None) -> tuple[str, str, list[Record]]:
 class TestVectorSearchPort:
     """The dense arm's reads (nearest and hydrate: test_stores.py)."""
 
+    PORTS: ClassVar[Claims] = {ports.VectorSearch: {"embeddings", "texts", "metadata_values"}}
+
     def test_embeddings_texts_and_metadata_values_are_read_within_the_tenant(
         self, written: tuple[str, str, list[Record]]
     ) -> None:
@@ -234,6 +246,11 @@ class TestVectorSearchPort:
 class TestVectorAuditPort:
     """Reconciliation's reads of Postgres (bucket_stats: test_stores.py)."""
 
+    PORTS: ClassVar[Claims] = {
+        ports.VectorAudit: {"fingerprints_by_ids", "owners", "chunks_by_ids"},
+        ports.VectorReads: {"chunks_by_ids"},
+    }
+
     def test_fingerprints_owners_and_chunks_by_id(
         self, written: tuple[str, str, list[Record]]
     ) -> None:
@@ -254,6 +271,8 @@ class TestVectorAuditPort:
 
 class TestReindexSourcePort:
     """Reindex's reads of Postgres (count_of_tenant: test_stores.py)."""
+
+    PORTS: ClassVar[Claims] = {ports.ReindexSource: {"count_up_to", "page_after"}}
 
     def test_pages_follow_id_order_and_counts_say_where_a_run_resumes(
         self, written: tuple[str, str, list[Record]]
@@ -286,6 +305,8 @@ class TestReindexSourcePort:
 class TestVectorReadsPort:
     """The document view's reads (chunks_by_ids: above)."""
 
+    PORTS: ClassVar[Claims] = {ports.VectorReads: {"document_chunks", "count_of_document"}}
+
     def test_a_documents_chunks_in_order_by_section_and_counted(
         self, written: tuple[str, str, list[Record]]
     ) -> None:
@@ -300,6 +321,8 @@ class TestVectorReadsPort:
 
 class TestCorpusSamplePort:
     """Calibration's draw of a tenant's chunk texts."""
+
+    PORTS: ClassVar[Claims] = {ports.CorpusSample: ALL}
 
     def test_a_sample_is_the_tenants_own_and_repeats_for_one_seed(
         self, written: tuple[str, str, list[Record]]
@@ -323,6 +346,8 @@ class TestSnapshotStorePort:
     """A paginated search's kept rankings: a snapshot comes back as it was put, an id never
     put (or dropped) is None, and a tenant past its cap loses its own oldest, not another's."""
 
+    PORTS: ClassVar[Claims] = {ports.SnapshotStore: ALL}
+
     @pytest.mark.parametrize("kind", ["redis", "memory"])
     def test_a_snapshot_comes_back_as_it_was_put(self, fresh_stores: None, kind: str) -> None:
         snapshots = connect().snapshots if kind == "redis" else MemorySnapshots()
@@ -345,50 +370,29 @@ class TestSnapshotStorePort:
 
 # ------------------------------------------------------------------ every method is exercised
 
-# Each port, with the classes whose tests (and harnesses) call its methods.
-CONTRACTS: dict[type[Any], list[type[Any]]] = {
-    ports.ChunkAudit: [ChunkStoreContract, PgVectorHarness, ElasticsearchHarness],
-    ports.ChunkWriter: [
-        TestChunkWriterPort,
-        test_stores.TestElasticsearchChunkIndex,
-        ElasticsearchHarness,
-    ],
-    ports.LexicalSearch: [TestLexicalSearchPort, ElasticsearchHarness],
-    ports.IndexAudit: [
-        TestIndexAuditPort,
-        test_stores.TestElasticsearchChunkIndex,
-        ElasticsearchHarness,
-    ],
-    ports.IndexReindex: [TestChunkWriterPort],
-    ports.IndexHealth: [test_stores.TestElasticsearchChunkIndex],
-    ports.VectorWriter: [PgVectorHarness],
-    ports.VectorSearch: [TestVectorSearchPort, test_stores.TestPgVectorStore, PgVectorHarness],
-    ports.VectorAudit: [TestVectorAuditPort, PgVectorHarness],
-    ports.ReindexSource: [TestReindexSourcePort, PgVectorHarness],
-    ports.VectorReads: [TestVectorReadsPort, TestVectorAuditPort],
-    ports.CorpusSample: [TestCorpusSamplePort],
-    ports.SnapshotStore: [TestSnapshotStorePort],
-}
 
-
-def _methods(port: type[Any]) -> set[str]:
-    return {
-        name
-        for cls in port.__mro__
-        if cls not in (Protocol, object) and cls.__module__ == ports.__name__
-        for name, member in vars(cls).items()
-        if inspect.isfunction(member) and not name.startswith("_")
-    }
-
-
-def test_every_method_of_every_port_is_called_by_its_contract() -> None:
-    declared = {
+def _contract_classes() -> list[type[Any]]:
+    modules = (sys.modules[__name__], test_stores, test_memory_stores)
+    return [
         member
-        for member in vars(ports).values()
-        if inspect.isclass(member) and member.__module__ == ports.__name__
+        for module in modules
+        for member in vars(module).values()
+        if inspect.isclass(member) and member.__module__ == module.__name__
+        if "PORTS" in vars(member)
+    ]
+
+
+def test_every_method_of_every_port_is_claimed_by_a_contract() -> None:
+    """Each class's claims are checked while it runs (port_calls.py); together they must
+    cover every method of every port."""
+    claims: dict[type[Any], set[str]] = {}
+    for holder in _contract_classes():
+        for port, names in claimed(holder.PORTS).items():
+            claims.setdefault(port, set()).update(names)
+    assert set(claims) == declared_ports()
+    unclaimed = {
+        port.__name__: sorted(methods(port) - names)
+        for port, names in claims.items()
+        if methods(port) - names
     }
-    assert declared == set(CONTRACTS)
-    for port, holders in CONTRACTS.items():
-        source = "".join(inspect.getsource(holder) for holder in holders)
-        uncalled = sorted(m for m in _methods(port) if f".{m}(" not in source)
-        assert not uncalled, f"{port.__name__}: {uncalled}"
+    assert not unclaimed, unclaimed

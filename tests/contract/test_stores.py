@@ -24,7 +24,7 @@ import hashlib
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import pytest
@@ -34,7 +34,7 @@ from shared.db import unit_of_work
 from shared.db.repository import now
 from shared.documents import repository as documents_repo
 from shared.models import Chunk, Document
-from shared.stores import partitions, vector_store
+from shared.stores import partitions, ports, vector_store
 from shared.stores import repository as stores_repo
 from shared.stores.buckets import bucket_of, fingerprint
 from shared.stores.chunk_index import ElasticsearchChunkIndex
@@ -42,6 +42,7 @@ from shared.stores.filters import Filters
 from shared.stores.schemas import BucketStats, ChunkRow, Fingerprints, VersionChunks, chunk_id
 from shared.stores.vector_store import PgVectorStore
 from shared.tenants import repository as tenants_repo
+from tests.contract.port_calls import ALL, Claims, methods
 from tests.helpers import key_headers, upload_text, wait_converged, wait_job
 
 DIMENSIONS = 384
@@ -139,6 +140,8 @@ def _doc() -> uuid.UUID:
 
 class ChunkStoreContract:
     """The tests every chunk store passes; a subclass provides the ``store`` fixture."""
+
+    PORTS: ClassVar[Claims] = {ports.ChunkAudit: ALL}
 
     def test_bucket_sums_and_fingerprints_are_those_of_what_was_written(
         self, store: StoreUnderTest
@@ -288,6 +291,14 @@ class PgVectorHarness:
 
 
 class TestPgVectorStore(ChunkStoreContract):
+    PORTS: ClassVar[Claims] = {
+        **ChunkStoreContract.PORTS,
+        ports.VectorWriter: ALL,
+        ports.VectorSearch: {"nearest", "hydrate"},
+        ports.VectorAudit: methods(ports.ChunkAudit) | {"bucket_stats"},
+        ports.ReindexSource: {"count_of_tenant"},
+    }
+
     @pytest.fixture
     def store(self, fresh_stores: None) -> PgVectorHarness:
         return PgVectorHarness()
@@ -437,6 +448,14 @@ class ElasticsearchHarness:
 
 
 class TestElasticsearchChunkIndex(ChunkStoreContract):
+    PORTS: ClassVar[Claims] = {
+        **ChunkStoreContract.PORTS,
+        ports.ChunkWriter: {"write", "bulk", "exists"},
+        ports.LexicalSearch: {"lexical_search"},
+        ports.IndexAudit: methods(ports.IndexAudit) - {"foreign_copies"},
+        ports.IndexHealth: ALL,
+    }
+
     @pytest.fixture
     def store(self, fresh_stores: None) -> ElasticsearchHarness:
         return ElasticsearchHarness()
