@@ -105,6 +105,15 @@ class StoreRejected(StoreError):
     code = "store_rejected"
 
 
+class StoreConflict(StoreError):
+    """A store refused a write because another got there first (a version conflict, a
+    deadlock or serialization failure between two transactions, a unique key taken); the
+    retry reads again and goes through."""
+
+    status_code = 409
+    code = "store_conflict"
+
+
 class ParseError(ConcordError):
     """The document cannot be turned into text; retrying will not help."""
 

@@ -12,12 +12,13 @@ import redis
 from billiard.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.exc import DBAPIError, OperationalError, StatementError
 
-from shared.errors import ConcordError, StoreUnavailable
+from shared.errors import ConcordError, StoreConflict, StoreUnavailable
 from shared.text import storable_text
 
 RETRIABLE: tuple[type[BaseException], ...] = (
     OperationalError,
     StoreUnavailable,
+    StoreConflict,  # a write that lost a race: the retry reads again
     redis.ConnectionError,
     # A task past its soft time limit: the work it did is kept (embeddings are cached as
     # they are made, see shared/ingest/pipeline.embed_batch), so the next attempt goes further.

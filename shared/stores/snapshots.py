@@ -9,11 +9,11 @@ import functools
 
 import redis
 from redis.commands.core import Script
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
-from shared.errors import StoreUnavailable
 from shared.redis_client import redis_client
 from shared.settings import Settings
+from shared.stores.driver_errors import TRANSIENT_REDIS_ANSWERS, raises_redis_errors
 
 PREFIX = "concord:search-cursor:"
 
@@ -36,6 +36,7 @@ end
 """
 
 
+@raises_redis_errors  # Concord's store errors, never redis-py's
 class RedisSnapshots:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -43,28 +44,25 @@ class RedisSnapshots:
     def put(self, tenant_id: str, snapshot_id: str, blob: bytes) -> None:
         """Keep ``blob`` under ``snapshot_id`` (an id the caller drew at random)."""
         settings = self.settings
-        try:
-            _save_script(self._redis())(
-                keys=[PREFIX + snapshot_id, _live_snapshots(tenant_id)],
-                args=[
-                    blob,
-                    settings.search_cursor_ttl_s,
-                    max(1, settings.search_cursors_per_tenant),
-                    snapshot_id,
-                    PREFIX,
-                ],
-            )
-        except RedisError as e:
-            raise StoreUnavailable(f"Redis: {e}", store="Redis") from e
+        _save_script(self._redis())(
+            keys=[PREFIX + snapshot_id, _live_snapshots(tenant_id)],
+            args=[
+                blob,
+                settings.search_cursor_ttl_s,
+                max(1, settings.search_cursors_per_tenant),
+                snapshot_id,
+                PREFIX,
+            ],
+        )
 
     def get(self, snapshot_id: str) -> bytes | None:
         """The snapshot, or None once it expired or was dropped (or was never kept)."""
         try:
             raw = self._redis().get(PREFIX + snapshot_id)
-        except ResponseError:  # not a snapshot's key (only a forged id could name one)
-            return None
-        except RedisError as e:
-            raise StoreUnavailable(f"Redis: {type(e).__name__}", store="Redis") from e
+        except ResponseError as e:
+            if str(e).startswith(TRANSIENT_REDIS_ANSWERS):
+                raise
+            return None  # not a snapshot's key (only a forged id could name one)
         return raw if isinstance(raw, bytes) else None
 
     def _redis(self) -> redis.Redis:

@@ -13,9 +13,11 @@ it:
   chunks in id order.
 
 ``PgVectorStore`` is bound to a session, the caller's unit of work; every statement it runs
-is in shared/stores/repository.py. The contract it shares with the chunk index
-(shared/stores/chunk_index/) is tested once for both in tests/contract/test_stores.py, and
-for their in-memory twins (shared/stores/memory/) in tests/unit/stores."""
+is in shared/stores/repository.py, and its methods raise Concord's store errors
+(shared/stores/driver_errors.postgres_error), never SQLAlchemy's. The contract it shares
+with the chunk index (shared/stores/chunk_index/) is tested once for both in
+tests/contract/test_stores.py, and for their in-memory twins (shared/stores/memory/) in
+tests/unit/stores."""
 
 from __future__ import annotations
 
@@ -25,15 +27,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from shared.db import any_of
 from shared.db import repository as db_repo
-from shared.errors import StoreUnavailable
 from shared.models import Chunk, Document
 from shared.settings import Settings, get_settings
 from shared.stores import repository as repo
+from shared.stores.driver_errors import raises_postgres_errors
 from shared.stores.filters import Filters, sql_conditions
 from shared.stores.partitions import partition_name
 from shared.stores.ports import (
@@ -59,6 +60,7 @@ class VectorStore(
     is. Consumers take the narrowest port they use."""
 
 
+@raises_postgres_errors  # Concord's store errors, never SQLAlchemy's or psycopg's
 class PgVectorStore:
     def __init__(self, session: Session, settings: Settings | None = None) -> None:
         self.session = session
@@ -97,18 +99,15 @@ class PgVectorStore:
         With ``within_s`` (a search's): Postgres cancels the search past that many seconds,
         and it runs in a savepoint, rolled back after (a read writes nothing): a cancelled
         statement leaves the caller's transaction usable, and the caller's own statement
-        limit is back in force after. A failure is StoreUnavailable."""
+        limit is back in force after. A cancelled or failed search is StoreUnavailable."""
         if within_s is None:
             return self._nearest(tenant_id, vector, size, filters)
+        savepoint = self.session.begin_nested()
         try:
-            savepoint = self.session.begin_nested()
-            try:
-                db_repo.limit_statements(self.session, within_s)
-                return self._nearest(tenant_id, vector, size, filters)
-            finally:
-                savepoint.rollback()
-        except SQLAlchemyError as e:
-            raise StoreUnavailable(f"Postgres: {type(e).__name__}: {e}", store="Postgres") from e
+            db_repo.limit_statements(self.session, within_s)
+            return self._nearest(tenant_id, vector, size, filters)
+        finally:
+            savepoint.rollback()
 
     def _nearest(
         self, tenant_id: str, vector: list[float], size: int, filters: Filters | None

@@ -1,0 +1,137 @@
+"""Every store adapter raises Concord's store errors (shared/errors.StoreError), never its
+driver's, so no caller reads a driver's exception types: StoreUnavailable where the store gave
+no answer or cannot take the request now (retriable), StoreConflict where it refused a write
+because another got there first (retriable: the retry reads again), StoreRejected where it
+refused the request itself (the same request is refused again).
+
+``translating`` makes an adapter class do this for every public method; the translations of
+Postgres' and Redis' errors are here, Elasticsearch's beside its client (shared/stores/elastic.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+from redis.exceptions import RedisError, ResponseError
+from sqlalchemy.exc import (
+    DBAPIError,
+    DisconnectionError,
+    InterfaceError,
+    OperationalError,
+    PendingRollbackError,
+    SQLAlchemyError,
+)
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+
+from shared.errors import StoreConflict, StoreError, StoreRejected, StoreUnavailable
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+
+
+def translating(
+    driver_errors: tuple[type[BaseException], ...], translate: Callable[[Any], StoreError]
+) -> Callable[[type[T]], type[T]]:
+    """A class decorator: every public method of the adapter raises ``translate(error)``
+    where the driver raised one of ``driver_errors`` (the method's own handling of a driver
+    error, a 404 read as empty, comes first)."""
+
+    def decorate(cls: type[T]) -> type[T]:
+        for name, member in list(vars(cls).items()):
+            if not name.startswith("_") and inspect.isfunction(member):
+                setattr(cls, name, _translated(member, driver_errors, translate))
+        return cls
+
+    return decorate
+
+
+def _translated(
+    method: Callable[P, R],
+    driver_errors: tuple[type[BaseException], ...],
+    translate: Callable[[Any], StoreError],
+) -> Callable[P, R]:
+    @functools.wraps(method)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except driver_errors as e:
+            raise translate(e) from e
+
+    return call
+
+
+# ------------------------------------------------------------------ Postgres
+
+POSTGRES = "Postgres"
+# A write that lost to a concurrent one: a serialization failure, a deadlock, a unique key
+# another transaction took. Retried, the transaction reads again and goes through.
+CONFLICT_SQLSTATES = {"40001", "40P01", "23505"}
+# Postgres' class 54, "program limit exceeded" (an index row or a statement too large): psycopg
+# raises it as an OperationalError, like an outage, but it is the request's own.
+OVER_A_LIMIT_SQLSTATE_CLASS = "54"
+
+
+def postgres_error(error: SQLAlchemyError) -> StoreError:
+    """SQLAlchemy's error (around psycopg's) as Concord's. The message is the server's
+    primary one: the statement and its parameters (rows of any tenant) stay out of it."""
+    sqlstate = _sqlstate(error)
+    message = f"{POSTGRES}: {_primary_message(error)}" + (f" ({sqlstate})" if sqlstate else "")
+    if sqlstate in CONFLICT_SQLSTATES:
+        return StoreConflict(message, store=POSTGRES)
+    if isinstance(error, DBAPIError) and error.connection_invalidated:
+        return StoreUnavailable(message, store=POSTGRES)
+    if sqlstate.startswith(OVER_A_LIMIT_SQLSTATE_CLASS):
+        return StoreRejected(message, store=POSTGRES)
+    unavailable = (
+        OperationalError,  # connection refused or lost, a statement cancelled past its limit
+        InterfaceError,
+        DisconnectionError,
+        PoolTimeoutError,  # no connection free in the pool in time
+        PendingRollbackError,  # the transaction was lost to an earlier failure
+    )
+    if isinstance(error, unavailable):
+        return StoreUnavailable(message, store=POSTGRES)
+    return StoreRejected(message, store=POSTGRES)
+
+
+def _sqlstate(error: SQLAlchemyError) -> str:
+    return str(getattr(getattr(error, "orig", None), "sqlstate", None) or "")
+
+
+def _primary_message(error: SQLAlchemyError) -> str:
+    orig = getattr(error, "orig", None)
+    primary = getattr(getattr(orig, "diag", None), "message_primary", None)
+    if primary:
+        return str(primary)
+    if orig is not None:
+        return f"{type(orig).__name__}: {str(orig).splitlines()[0] if str(orig) else ''}"
+    return type(error).__name__
+
+
+raises_postgres_errors = translating((SQLAlchemyError,), postgres_error)
+
+
+# ------------------------------------------------------------------ Redis
+
+REDIS = "Redis"
+# Answers that refuse a command for now, not for what it is: out of memory, a script running,
+# a replica or a cluster not ready.
+TRANSIENT_REDIS_ANSWERS = (
+    "OOM", "BUSY", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN",
+)  # fmt: skip
+
+
+def redis_error(error: RedisError) -> StoreError:
+    """An answer refusing the command itself (a wrong type, a script's error) is
+    StoreRejected; no answer (refused, reset, timed out) or a refusal for now (out of memory,
+    loading) StoreUnavailable."""
+    if isinstance(error, ResponseError) and not str(error).startswith(TRANSIENT_REDIS_ANSWERS):
+        return StoreRejected(f"{REDIS}: {error}", store=REDIS)
+    return StoreUnavailable(f"{REDIS}: {type(error).__name__}", store=REDIS)
+
+
+raises_redis_errors = translating((RedisError,), redis_error)
