@@ -38,7 +38,7 @@ def decide(
     dropped: int,
     judged: AnswerabilityTrace | None,
     reranked: bool,
-    load_embeddings: Callable[[list[Candidate]], None],
+    load_embeddings: Callable[[list[Candidate]], list[Candidate]],
     counts: CorpusCounts | None = None,
 ) -> PolicyResult:
     """The policy's decision over ``results``. Near-duplicate suppression compares the

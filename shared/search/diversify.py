@@ -138,14 +138,13 @@ def mmr(
 def diversify(
     query: Query,
     candidates: list[Candidate],
-    load_embeddings: Callable[[list[Candidate]], None],
+    load_embeddings: Callable[[list[Candidate]], list[Candidate]],
 ) -> tuple[list[Candidate], list[Candidate]]:
     """The candidates in their final order (MMR within a window of the best ones when the
     request asks for it) and the page's results: the first top_k within the per-document
-    cap. ``load_embeddings`` reads the window's embeddings MMR compares."""
+    cap. ``load_embeddings`` gives the window's candidates with the embeddings MMR compares."""
     request = query.request
     if request.mmr is not None:
-        window = candidates[: query.settings.search_candidate_window]
-        load_embeddings(window)
+        window = load_embeddings(candidates[: query.settings.search_candidate_window])
         candidates = mmr(window, request.mmr.lambda_, request.top_k, request.per_document_cap)
     return candidates, cap_per_document(candidates, request.per_document_cap)[: request.top_k]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 
 from shared.search.caps import cap_per_document, within_cap
 from shared.search.values import Candidate, Candidates, Query, Retrieved
@@ -117,7 +118,7 @@ def hydrate(
                 indexed_at=row.updated_at.isoformat(),
                 text=row.text,
                 token_count=row.token_count,
-                # The rest are loaded for the candidates that need them (attach_embeddings).
+                # The rest are loaded for the candidates that need them (with_embeddings).
                 embedding=(None if row.embedding is None else vector_from_bytes(row.embedding)),
                 scores={"dense_cosine": round(float(cosines[cid] if known else row.cosine), 6)},
                 flags=list(row.flags),
@@ -129,12 +130,18 @@ def hydrate(
     return Candidates(candidates, len(stale), stale)
 
 
-def attach_embeddings(query: Query, vectors: VectorSearch, candidates: list[Candidate]) -> None:
-    """Read the embeddings of the candidates hydrated without one."""
+def with_embeddings(
+    query: Query, vectors: VectorSearch, candidates: list[Candidate]
+) -> list[Candidate]:
+    """The candidates, those hydrated without an embedding as copies with the one Postgres
+    holds (in one read)."""
     missing = [c.chunk_id for c in candidates if c.embedding is None]
     if not missing:
-        return
+        return candidates
     found = vectors.embeddings(query.tenant_id, missing)
-    for c in candidates:
-        if c.embedding is None and c.chunk_id in found:
-            c.embedding = found[c.chunk_id]
+    return [
+        replace(c, embedding=found[c.chunk_id])
+        if c.embedding is None and c.chunk_id in found
+        else c
+        for c in candidates
+    ]

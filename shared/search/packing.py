@@ -42,7 +42,8 @@ def looks_like_prompt_injection(text: str) -> bool:
 
 # How many candidates' embeddings to read at once when the packer reaches one without.
 EMBEDDINGS_PER_READ = 16
-LoadEmbeddings = Callable[[list[Candidate]], None]
+# Copies of the candidates given, in their order, with the embeddings the store holds.
+LoadEmbeddings = Callable[[list[Candidate]], list[Candidate]]
 
 
 def pack(
@@ -56,7 +57,9 @@ def pack(
     packed_vectors: dict[str, np.ndarray] = {}
     packed: np.ndarray | None = None  # the same, as one matrix (stacked when one changes)
     loaded_before = 0  # candidates before this index have been offered to load_embeddings
-    for i, c in enumerate(candidates):
+    candidates = list(candidates)  # loaded copies take their originals' places in this one
+    for i in range(len(candidates)):
+        c = candidates[i]
         same_document = packed_by_document.setdefault(c.document_id, [])
         if len(same_document) >= config.max_chunks_per_document:
             # The cap keeps a document's chunks that answer best: a later one that matches
@@ -77,8 +80,10 @@ def pack(
             continue
         text, tokens, truncated = fitted
         if c.embedding is None and packed is not None and i >= loaded_before and load_embeddings:
-            load_embeddings(candidates[i : i + EMBEDDINGS_PER_READ])
-            loaded_before = i + EMBEDDINGS_PER_READ
+            candidates[i : i + EMBEDDINGS_PER_READ] = load_embeddings(
+                candidates[i : i + EMBEDDINGS_PER_READ]
+            )
+            loaded_before, c = i + EMBEDDINGS_PER_READ, candidates[i]
         if (
             c.embedding is not None
             and packed is not None

@@ -50,9 +50,9 @@ def apply_policy(
     dropped_before: int = 0,
     load_embeddings: LoadEmbeddings | None = None,
 ) -> PolicyResult:
-    """``load_embeddings`` fills in ``embedding`` for those of the given candidates it can
-    (the search reads them from Postgres): near-duplicate suppression calls it only for
-    candidates it compares, those it reaches while the budget lasts."""
+    """``load_embeddings`` returns copies of the candidates it is given with ``embedding``
+    filled in where it can (the search reads them from Postgres): near-duplicate suppression
+    calls it only for candidates it compares, those it reaches while the budget lasts."""
     result = PolicyResult(
         "abstain",
         None,

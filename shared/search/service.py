@@ -35,7 +35,7 @@ from shared.search import cursors
 from shared.search.decide import decide, judge
 from shared.search.diversify import collapse_copies, crumbs_last, diversify
 from shared.search.fusion import fused_ranking
-from shared.search.hydrate import attach_embeddings, hydrate, hydrate_page
+from shared.search.hydrate import hydrate, hydrate_page, with_embeddings
 from shared.search.rerank import rerank
 from shared.search.resolve import answerability_model, resolve
 from shared.search.respond import respond
@@ -132,8 +132,8 @@ def page_of(
     """The page of results from ``offset`` in the fused ranking (0: the first)."""
     request = query.request
 
-    def load_embeddings(candidates: list[Candidate]) -> None:
-        attach_embeddings(query, vectors, candidates)
+    def load_embeddings(candidates: list[Candidate]) -> list[Candidate]:
+        return with_embeddings(query, vectors, candidates)
 
     page = timings.timed("hydrate", lambda: hydrate_page(query, vectors, retrieved, offset=offset))
     ordered, degraded = crumbs_last(collapse_copies(page.items)), []

@@ -40,3 +40,33 @@ def test_hydration_for_a_per_document_cap_stops_at_the_candidate_window(monkeypa
     candidates = page.items
     assert len(candidates) <= 100 + max(hydrated)  # one slice past the window at most
     assert sum(hydrated) < 2000
+
+
+def test_embeddings_are_read_once_into_copies_leaving_the_given_candidates_as_they_were():
+    from dataclasses import replace
+
+    from shared.search.hydrate import with_embeddings
+    from shared.search.schemas import SearchRequest
+    from shared.search.values import Query
+    from shared.settings import Settings
+
+    full = _candidates(4, documents=2)
+    given = [replace(c, embedding=None) if i % 2 else c for i, c in enumerate(full)]
+    reads: list[list[str]] = []
+
+    class Vectors:  # the one method with_embeddings reads (a store holds all but d1:3's)
+        def embeddings(self, tenant_id: str, ids: list[str]) -> dict[str, object]:
+            reads.append(ids)
+            return {c.chunk_id: c.embedding for c in full if c.chunk_id in ids[:1]}
+
+    query = Query("t", SearchRequest.model_validate({"query": "q"}), Settings())
+    loaded = with_embeddings(query, Vectors(), given)  # type: ignore[arg-type]
+    assert reads == [["d1:1", "d1:3"]]
+    assert [c.embedding is full[i].embedding for i, c in enumerate(loaded)] == [
+        True,
+        True,
+        True,
+        False,
+    ]
+    assert loaded[3].embedding is None and loaded[2] is given[2]  # none to read, no copy
+    assert [c.embedding is None for c in given] == [False, True, False, True]  # untouched

@@ -115,10 +115,9 @@ def test_the_packer_reads_embeddings_only_for_results_it_reaches_while_the_budge
         c.embedding = None
     asked: list[str] = []
 
-    def load(some: list[Any]) -> None:
-        for c in some:
-            asked.append(c.chunk_id)
-            c.embedding = kept[c.chunk_id]
+    def load(some: list[Any]) -> list[Any]:
+        asked.extend(c.chunk_id for c in some)
+        return [replace(c, embedding=kept[c.chunk_id]) for c in some]
 
     class Words:
         def __call__(self, text: str) -> int:
