@@ -67,7 +67,7 @@ def main() -> None:
             uow,
             get_settings(),
             Upload(tenant_id=tenant, external_id="0.txt", raw=b"First.", content_type="text/plain"),
-            publish=False,
+            queue=None,
         )
     port = _free_port()
     base = f"http://127.0.0.1:{port}"

@@ -57,7 +57,7 @@ def main() -> None:
             uow,
             settings,
             Upload(tenant, "long.md", raw, "text/markdown"),
-            publish=False,  # processed here, not by a worker
+            queue=None,  # processed here, not by a worker
         )
     assert result.job_id is not None
     started = time.monotonic()
@@ -96,7 +96,10 @@ def main() -> None:
     args.out.write_text(json.dumps(row, indent=2))
     # Clean up as a user would: delete the document (both stores, through the outbox).
     with unit_of_work() as uow:
-        delete_document(uow, connect().vectors(uow.session), tenant, result.document_id)
+        stores = connect()
+        delete_document(
+            uow, stores.vectors(uow.session), tenant, result.document_id, queue=stores.queue
+        )
     relay.drain(connect(), unit_of_work, max_batches=10_000)
 
 

@@ -20,7 +20,6 @@ from shared.documents.service import content_hash, delete_document
 from shared.jobs.repository import live_job_states
 from shared.models import Chunk
 from shared.outbox.repository import outbox_backlog
-from shared.queue import publish_upload_events
 from shared.stores.compose import connect
 from shared.stores.partitions import place_tenants
 
@@ -62,11 +61,11 @@ def sync_uploads(
 ) -> SyncResult:
     """Make ``uploads`` the tenant's documents: publish the new and changed ones, delete the
     others, and wait until every one is indexed (or has failed) and served by both stores."""
-    result = SyncResult()
+    result, stores = SyncResult(), connect()
     with unit_of_work() as uow:
         existing = repo.live_documents(uow.session, tenant_id)
     wanted = {u.external_id for u in uploads}
-    batcher = EventBatcher(publish_upload_events)
+    batcher = EventBatcher(stores.queue.publish_upload_events)
     for i, upload in enumerate(uploads, start=1):
         if existing.get(upload.external_id, (None, None))[1] == content_hash(upload):
             result.unchanged += 1
@@ -86,7 +85,8 @@ def sync_uploads(
     for external_id, (doc_id, _) in existing.items():
         if external_id not in wanted:
             with unit_of_work() as uow:
-                delete_document(uow, connect().vectors(uow.session), tenant_id, doc_id)
+                vectors = stores.vectors(uow.session)
+                delete_document(uow, vectors, tenant_id, doc_id, queue=stores.queue)
             result.deleted += 1
     states = _wait_jobs(tenant_id, sorted(wanted), progress, timeout_s)
     result.indexed = sum(1 for s in states.values() if s == "indexed")

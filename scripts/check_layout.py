@@ -16,7 +16,8 @@
 7. Only ``shared/stores`` imports the Elasticsearch client: its adapters raise Concord's
    store errors (shared/errors.StoreError) instead of the driver's, and callers catch those.
 8. No module constructs a store adapter (``ElasticsearchChunkIndex``, ``PgVectorStore``, the
-   in-memory ones) but ``shared/stores/compose.py`` and the adapter's own module: the
+   task queue's ``CeleryQueue``, the in-memory ones) but ``shared/stores/compose.py`` and the
+   adapter's own module: the
    composition roots (the API app, the worker, the CLI, evaluation, training) call
    ``compose.connect`` and every service and stage receives the stores it uses.
 9. No stage of the query path imports another stage's module: each takes values and returns
@@ -195,10 +196,10 @@ def imports_elasticsearch(path: Path, tree: ast.AST) -> list[str]:
     ]
 
 
-ADAPTERS = {"ElasticsearchChunkIndex", "PgVectorStore", "RedisSnapshots", "MemoryChunkIndex",
-            "MemoryVectorStore", "MemorySnapshots"}  # fmt: skip
+ADAPTERS = {"ElasticsearchChunkIndex", "PgVectorStore", "RedisSnapshots", "CeleryQueue",
+            "MemoryChunkIndex", "MemoryVectorStore", "MemorySnapshots", "MemoryQueue"}  # fmt: skip
 MAY_CONSTRUCT = {"shared.stores.compose", "shared.stores.chunk_index", "shared.stores.vector_store",
-                 "shared.stores.snapshots", "shared.stores.memory"}  # fmt: skip
+                 "shared.stores.snapshots", "shared.stores.memory", "shared.queue"}  # fmt: skip
 
 
 def may_construct(module: str) -> bool:

@@ -14,13 +14,16 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
 from shared.db import Transactions
+
+if TYPE_CHECKING:
+    from shared.queue import TaskQueue
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +81,9 @@ class SystemCollector(Collector):
     :data:`SYSTEM_FIGURES_MAX_AGE_S`), in a transaction from ``transactions`` (the API's own
     unit of work: a scrape of /metrics is the boundary)."""
 
-    def __init__(self, transactions: Transactions) -> None:
+    def __init__(self, transactions: Transactions, queue: TaskQueue) -> None:
         self.transactions = transactions
+        self.queue = queue
         self._lock = threading.Lock()
         self._read_at = -math.inf
         self._figures: _SystemFigures | None = None
@@ -87,11 +91,10 @@ class SystemCollector(Collector):
     def _read(self) -> _SystemFigures | None:
         from shared.jobs import repository as jobs_repo
         from shared.outbox import repository as outbox_repo
-        from shared.queue import queue_depths
         from shared.reconcile import repository as reconcile_repo
 
         try:
-            depths = queue_depths()
+            depths = self.queue.queue_depths()
             with self.transactions() as uow:
                 return _SystemFigures(
                     depths,

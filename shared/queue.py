@@ -1,4 +1,11 @@
-"""Publishing to the Celery queues by task name, so the API and CLI never import worker code.
+"""The task queue: publishing to the Celery queues by task name, so the API and CLI never
+import worker code.
+
+Services publish through the ``TaskQueue`` port, which the composition roots hand them in
+their ``Stores`` (shared/stores/compose.py): ``CeleryQueue`` here (Celery's Redis transport),
+or ``MemoryQueue`` (shared/stores/memory/queue.py) in the unit tier. Both pass the same
+contract (tests/contract/test_queue.py). Producers outside Concord's processes publish upload
+events with :func:`publish_upload_event` and :func:`publish_upload_events`.
 
 Publishing is best effort on purpose: the job row is already committed, and the lease sweep
 re-publishes any job whose message never arrived, so a Redis outage delays work, never loses it.
@@ -11,13 +18,17 @@ import logging
 import uuid
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, Protocol
 
+import kombu.exceptions
 import redis
 from celery import Celery
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from shared.redis_client import redis_client
-from shared.settings import get_settings
+from shared.redis_client import redis_options
+from shared.settings import Settings, get_settings
+from shared.stores.driver_errors import broker_error, translating
 
 log = logging.getLogger(__name__)
 
@@ -43,37 +54,63 @@ CALIBRATE_SETTLED_TASK = "concord.maintenance.calibrate_settled_tenants"
 TRAIN_RERANKER_TASK = "concord.training.train_reranker"
 
 
-def broker_socket_options() -> dict[str, float]:
+def broker_socket_options(settings: Settings | None = None) -> dict[str, float]:
     """Socket timeouts for every connection to the broker: without them a Redis that accepts
     connections and then stays silent would hold an upload request (or a worker) forever."""
-    settings = get_settings()
+    settings = settings or get_settings()
     return {
         "socket_timeout": settings.redis_socket_timeout_s,
         "socket_connect_timeout": settings.redis_socket_timeout_s,
     }
 
 
-@lru_cache
-def get_producer() -> Celery:
-    settings = get_settings()
+QUEUES = (INGEST_QUEUE, RELAY_QUEUE, MAINTENANCE_QUEUE, TRAINING_QUEUE, WEBHOOKS_QUEUE)
+
+RELAY_PENDING_KEY = "concord:relay-pending"
+WEBHOOKS_PENDING_KEY = "concord:webhooks-pending"
+CALIBRATE_PENDING_KEY = "concord:calibrate-pending"
+# How long a request that never started (its message lost) keeps others from being sent;
+# beat's periodic run covers that time.
+PENDING_REQUEST_TTL_S = 10
+
+
+class TaskQueue(Protocol):
+    """What services ask of the task queue. Publishing an ingest job or a run is best effort
+    (False when it failed: the sweep or beat recovers it); a training job and upload events
+    must reach the queue (it raises)."""
+
+    def publish_ingest_job(self, job_id: uuid.UUID) -> bool: ...
+    def publish_ingest_jobs(self, job_ids: Sequence[uuid.UUID]) -> bool: ...
+    def publish_training_job(self, job_id: uuid.UUID) -> None: ...
+    def publish_upload_events(self, events: list[dict[str, Any]]) -> None: ...
+    # Debounced requests for a run: one waits at a time; the run's start (``*_started``)
+    # lets the next commit ask for another.
+    def publish_relay(self) -> bool: ...
+    def relay_started(self) -> None: ...
+    def publish_webhooks(self) -> bool: ...
+    def webhooks_started(self) -> None: ...
+    def publish_calibration(self) -> bool: ...
+    def calibration_started(self) -> None: ...
+    def queue_depths(self) -> dict[str, int]: ...
+    def warm_up(self) -> None: ...
+
+
+def _make_producer(settings: Settings) -> Celery:
     producer = Celery("concord-producer", broker=settings.redis_url(), set_as_current=False)
-    producer.conf.broker_transport_options = broker_socket_options()
+    producer.conf.broker_transport_options = broker_socket_options(settings)
     producer.conf.broker_connection_timeout = settings.redis_socket_timeout_s
     return producer
 
 
-def connect_producer() -> None:
-    """Open the producer's broker connection and build what publishing builds on first use
-    (the API's warm-up: otherwise the first upload after start-up pays for it)."""
-    producer = get_producer()
-    producer.amqp.router  # noqa: B018  (built on first access)
-    with producer.producer_or_acquire() as publisher:
-        publisher.connection.ensure_connection(max_retries=1)
+@lru_cache
+def get_producer() -> Celery:
+    """The producer of this process's configured broker (for :func:`publish_upload_event`)."""
+    return _make_producer(get_settings())
 
 
-def _send(name: str, args: list[Any], queue: str) -> bool:
+def _send(producer: Celery, name: str, args: list[Any], queue: str) -> bool:
     try:
-        get_producer().send_task(
+        producer.send_task(
             name,
             args=args,
             queue=queue,
@@ -93,111 +130,117 @@ def _send(name: str, args: list[Any], queue: str) -> bool:
         return False
 
 
-def publish_ingest_job(job_id: uuid.UUID) -> bool:
-    return _send(PROCESS_JOB_TASK, [str(job_id)], INGEST_QUEUE)
+@translating((redis.RedisError, kombu.exceptions.OperationalError), broker_error)
+class CeleryQueue:
+    """TaskQueue on Celery's Redis transport (each queue a Redis list), for ``settings``'
+    Redis; its producer and client are made on first use. What must surface (a training job,
+    upload events, the depths) raises StoreUnavailable when Redis does not answer."""
 
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._producer: Celery | None = None
+        self._client: redis.Redis | None = None
 
-def publish_ingest_jobs(job_ids: Sequence[uuid.UUID]) -> bool:
-    """One message for jobs accepted together, processed as one batch."""
-    return _send(PROCESS_JOBS_TASK, [[str(j) for j in job_ids]], INGEST_QUEUE)
+    def warm_up(self) -> None:
+        """Open the producer's broker connection and build what publishing builds on first
+        use (the API's warm-up: otherwise the first upload after start-up pays for it)."""
+        producer = self._celery()
+        producer.amqp.router  # noqa: B018  (built on first access)
+        with producer.producer_or_acquire() as publisher:
+            publisher.connection.ensure_connection(max_retries=1)
 
+    def publish_ingest_job(self, job_id: uuid.UUID) -> bool:
+        return _send(self._celery(), PROCESS_JOB_TASK, [str(job_id)], INGEST_QUEUE)
 
-RELAY_PENDING_KEY = "concord:relay-pending"
+    def publish_ingest_jobs(self, job_ids: Sequence[uuid.UUID]) -> bool:
+        """One message for jobs accepted together, processed as one batch."""
+        return _send(self._celery(), PROCESS_JOBS_TASK, [[str(j) for j in job_ids]], INGEST_QUEUE)
 
+    def publish_training_job(self, job_id: uuid.UUID) -> None:
+        """Unlike ingest there is no sweep behind this: a failure to publish must surface."""
+        self._celery().send_task(TRAIN_RERANKER_TASK, args=[str(job_id)], queue=TRAINING_QUEUE)
 
-def publish_training_job(job_id: uuid.UUID) -> None:
-    """Unlike ingest there is no sweep behind this: a failure to publish must surface."""
-    get_producer().send_task(TRAIN_RERANKER_TASK, args=[str(job_id)], queue=TRAINING_QUEUE)
+    def publish_upload_events(self, events: list[dict[str, Any]]) -> None:
+        """Many upload events in one message (what `concord ingest` sends): accepted in one
+        transaction and processed as one batch; a failure must surface."""
+        self._celery().send_task(ACCEPT_EVENTS_TASK, args=[events], queue=INGEST_QUEUE)
 
+    def publish_relay(self) -> bool:
+        """Ask for an outbox drain now, unless one is asked for and has not started yet:
+        that one claims the rows of this commit too (see _publish_debounced)."""
+        return self._publish_debounced(RELAY_PENDING_KEY, RELAY_TASK, RELAY_QUEUE)
 
-def publish_relay() -> bool:
-    """Ask for an outbox drain now, unless one is asked for and has not started yet: that one
-    claims the rows of this commit too (see _publish_debounced)."""
-    return _publish_debounced(RELAY_PENDING_KEY, RELAY_TASK, RELAY_QUEUE)
+    def relay_started(self) -> None:
+        """A drain starts: a commit from now on asks for another one."""
+        self._request_taken(RELAY_PENDING_KEY)
 
+    def publish_webhooks(self) -> bool:
+        """Ask for the due webhook deliveries to be sent now (debounced as the relay is;
+        beat sends them periodically anyway)."""
+        return self._publish_debounced(WEBHOOKS_PENDING_KEY, WEBHOOKS_TASK, WEBHOOKS_QUEUE)
 
-def relay_started() -> None:
-    """A drain starts: a commit from now on asks for another one."""
-    _request_taken(RELAY_PENDING_KEY)
+    def webhooks_started(self) -> None:
+        self._request_taken(WEBHOOKS_PENDING_KEY)
 
+    def publish_calibration(self) -> bool:
+        """Ask for the calibration of tenants whose ingest has settled (debounced as the
+        relay is: one request waits at most, however many batches commit meanwhile)."""
+        return self._publish_debounced(
+            CALIBRATE_PENDING_KEY, CALIBRATE_SETTLED_TASK, TRAINING_QUEUE
+        )
 
-WEBHOOKS_PENDING_KEY = "concord:webhooks-pending"
+    def calibration_started(self) -> None:
+        self._request_taken(CALIBRATE_PENDING_KEY)
 
+    def queue_depths(self) -> dict[str, int]:
+        """Messages waiting per queue (Celery's Redis transport keeps each queue as a list)."""
+        client = self._redis()
+        return {q: int(client.llen(q)) for q in QUEUES}
 
-def publish_webhooks() -> bool:
-    """Ask for the due webhook deliveries to be sent now (debounced as the relay is; beat
-    sends them periodically anyway)."""
-    return _publish_debounced(WEBHOOKS_PENDING_KEY, WEBHOOKS_TASK, WEBHOOKS_QUEUE)
+    def _publish_debounced(self, pending_key: str, task: str, queue: str) -> bool:
+        """``task`` on ``queue``, unless one is already waiting (``pending_key`` marks it
+        from when it is sent until its run starts, see _request_taken). Whatever committed
+        before that start is the waiting run's, so one message waits (one more each
+        PENDING_REQUEST_TTL_S while the relay worker is busy elsewhere) and a busy ingest
+        does not flood the queue; and a commit does not wait for beat, as one did when a
+        request a second was sent at most (the last batch of a burst waited up to
+        relay_interval_seconds before Elasticsearch had it). Only where Redis fails do rows
+        wait for beat."""
+        try:
+            if not self._redis().set(pending_key, "1", nx=True, ex=PENDING_REQUEST_TTL_S):
+                return True
+        except redis.RedisError:
+            return False  # the broker is the same Redis: publishing would fail too
+        sent = _send(self._celery(), task, [], queue)
+        if not sent:
+            self._request_taken(pending_key)  # nothing waits: the next commit asks again
+        return sent
 
+    def _request_taken(self, pending_key: str) -> None:
+        """A run starts before it reads what is due: a commit after this asks for a run of
+        its own, whose rows this one may not see."""
+        with contextlib.suppress(redis.RedisError):  # the key expires; beat runs meanwhile
+            self._redis().delete(pending_key)
 
-def webhooks_started() -> None:
-    """A delivery run starts: a commit from now on asks for another one."""
-    _request_taken(WEBHOOKS_PENDING_KEY)
+    def _celery(self) -> Celery:
+        if self._producer is None:
+            self._producer = _make_producer(self.settings)
+        return self._producer
 
-
-CALIBRATE_PENDING_KEY = "concord:calibrate-pending"
-
-
-def publish_calibration() -> bool:
-    """Ask for the calibration of tenants whose ingest has settled (debounced as the relay
-    is: one request waits at most, however many batches commit meanwhile)."""
-    return _publish_debounced(CALIBRATE_PENDING_KEY, CALIBRATE_SETTLED_TASK, TRAINING_QUEUE)
-
-
-def calibration_started() -> None:
-    """A calibration run starts: a batch written from now on asks for another one."""
-    _request_taken(CALIBRATE_PENDING_KEY)
-
-
-# How long a request that never started (its message lost) keeps others from being sent;
-# beat's periodic run covers that time.
-PENDING_REQUEST_TTL_S = 10
-
-
-def _publish_debounced(pending_key: str, task: str, queue: str) -> bool:
-    """``task`` on ``queue``, unless one is already waiting (``pending_key`` marks it
-    from when it is sent until its run starts, see _request_taken). Whatever committed
-    before that start is the waiting run's, so one message waits (one more each
-    PENDING_REQUEST_TTL_S while the relay worker is busy elsewhere) and a busy ingest does
-    not flood the queue; and a commit does not wait for beat, as one did when a request a
-    second was sent at most (the last batch of a burst waited up to relay_interval_seconds
-    before Elasticsearch had it). Only where Redis fails do rows wait for beat."""
-    try:
-        if not _redis().set(pending_key, "1", nx=True, ex=PENDING_REQUEST_TTL_S):
-            return True
-    except redis.RedisError:
-        return False  # the broker is the same Redis: publishing would fail too
-    sent = _send(task, [], queue)
-    if not sent:
-        _request_taken(pending_key)  # nothing waits: the next commit asks again
-    return sent
-
-
-def _request_taken(pending_key: str) -> None:
-    """A run starts before it reads what is due: a commit after this asks for a run of its
-    own, whose rows this one may not see."""
-    with contextlib.suppress(redis.RedisError):  # the key expires; beat runs meanwhile
-        _redis().delete(pending_key)
+    def _redis(self) -> redis.Redis:
+        # One bounded try: callers fall back (the sweep, beat).
+        if self._client is None:
+            options = redis_options(self.settings, self.settings.redis_socket_timeout_s)
+            self._client = redis.Redis(**options, retry=Retry(NoBackoff(), 0))
+        return self._client
 
 
 def publish_upload_event(event: dict[str, Any]) -> None:
-    """Producers publish upload events; failures here must surface."""
+    """For producers: an upload event on this process's configured queue (failures
+    surface)."""
     get_producer().send_task(ACCEPT_EVENT_TASK, args=[event], queue=INGEST_QUEUE)
 
 
 def publish_upload_events(events: list[dict[str, Any]]) -> None:
-    """Many upload events in one message (what `concord ingest` sends): accepted in one
-    transaction and processed as one batch, instead of two messages and a transaction each."""
+    """For producers: many upload events in one message, accepted in one transaction."""
     get_producer().send_task(ACCEPT_EVENTS_TASK, args=[events], queue=INGEST_QUEUE)
-
-
-def queue_depths() -> dict[str, int]:
-    """Messages waiting per queue (Celery's Redis transport keeps each queue as a list)."""
-    client = _redis()
-    queues = (INGEST_QUEUE, RELAY_QUEUE, MAINTENANCE_QUEUE, TRAINING_QUEUE, WEBHOOKS_QUEUE)
-    return {q: int(client.llen(q)) for q in queues}
-
-
-def _redis() -> redis.Redis:
-    # One bounded try: callers fall back (the sweep, beat).
-    return redis_client(get_settings().redis_socket_timeout_s)

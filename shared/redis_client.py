@@ -12,7 +12,7 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from shared.settings import get_settings
+from shared.settings import Settings, get_settings
 
 
 @lru_cache
@@ -21,11 +21,11 @@ def redis_client(timeout_s: float) -> redis.Redis:
     answer, and tries once: redis-py retries 3 times with backoff by default, which made a
     silent Redis cost 9 s per call. Callers decide what to do when it fails (the rate limiter
     fails open, the sweep waits for its next run). One client per timeout per process."""
-    return redis.Redis(**_options(timeout_s), retry=Retry(NoBackoff(), 0))
+    return redis.Redis(**redis_options(get_settings(), timeout_s), retry=Retry(NoBackoff(), 0))
 
 
-def _options(timeout_s: float) -> dict[str, Any]:
-    settings = get_settings()
+def redis_options(settings: Settings, timeout_s: float) -> dict[str, Any]:
+    """Where ``settings``' Redis is, and how long to wait for it."""
     return {
         "host": settings.redis_host,
         "port": settings.redis_port,
@@ -54,7 +54,7 @@ def async_redis_client(timeout_s: float) -> redis.asyncio.Redis:
             max_connections=ASYNC_CONNECTIONS,
             timeout=timeout_s,
             retry=redis.asyncio.retry.Retry(NoBackoff(), 0),
-            **_options(timeout_s),
+            **redis_options(get_settings(), timeout_s),
         )
         clients[timeout_s] = redis.asyncio.Redis(connection_pool=pool)
     return clients[timeout_s]

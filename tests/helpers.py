@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -17,11 +18,39 @@ from sqlalchemy import text as sql_text
 from evaluation.runner import HttpPoster
 from shared.db import unit_of_work
 from shared.models import Chunk, Document, EsOutbox
+from shared.queue import TaskQueue
 from shared.settings import get_settings
+from shared.stores.compose import connect
 from shared.stores.elastic import get_es
 from tests.conftest import wait_for
 
 BRPOP_TIMEOUT_S = 1.0  # kombu's Redis transport (brpop_timeout)
+
+
+@functools.cache
+def suite_queue() -> TaskQueue:
+    """The task queue the suite's workers consume, as a composition root builds it."""
+    return connect().queue
+
+
+class RecordingQueue:
+    """The suite's task queue, with the calls of the ``recorded`` methods kept in ``calls``
+    (their arguments) and, with ``send``, sent on as well."""
+
+    def __init__(self, *recorded: str, send: bool = True) -> None:
+        self.calls: dict[str, list[tuple[Any, ...]]] = {name: [] for name in recorded}
+        self.send = send
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(suite_queue(), name)
+        if name not in self.calls:
+            return real
+
+        def record(*args: Any) -> Any:
+            self.calls[name].append(args)
+            return real(*args) if self.send else True
+
+        return record
 
 
 def upload_text(
@@ -276,7 +305,7 @@ def dead_lettered_upload(client: Any, auth: dict[str, str], worker: Any) -> tupl
     with paused(worker):
         up = upload_text(client, auth, "phoenix.txt", "The phoenix rises again from its ashes.")
         exhaust_attempts(up["job_id"])
-        sweep.sweep_expired_jobs(unit_of_work)
+        sweep.sweep_expired_jobs(unit_of_work, suite_queue())
     assert wait_job(client, auth, up["job_id"], state="dead_lettered")
     with unit_of_work() as uow:
         letter_id = uow.session.scalar(select(DeadLetter.id).where(DeadLetter.ref == up["job_id"]))

@@ -25,7 +25,7 @@ from evaluation.harness import eval_tenant
 from shared.db import unit_of_work
 from shared.db.repository import now
 from shared.models import TrainingJob
-from shared.queue import publish_training_job
+from shared.queue import TaskQueue
 from shared.text import storable_text
 from shared.webhooks import service as webhooks
 from training import repository as repo
@@ -36,7 +36,9 @@ log = logging.getLogger(__name__)
 HEARTBEAT_S = 10.0
 
 
-def start_training_job(dataset_dir: Path, name: str, options: TrainingOptions) -> uuid.UUID:
+def start_training_job(
+    dataset_dir: Path, name: str, options: TrainingOptions, *, queue: TaskQueue
+) -> uuid.UUID:
     """Check the request here (a bad dataset fails now, not in the worker), then queue it."""
     refuse_test_split(options.split)
     dataset = beir.load(dataset_dir)
@@ -55,11 +57,11 @@ def start_training_job(dataset_dir: Path, name: str, options: TrainingOptions) -
                 progress={},
             ),
         )
-    publish_training_job(job_id)
+    queue.publish_training_job(job_id)
     return job_id
 
 
-def run_training_job(job_id: uuid.UUID) -> dict[str, Any]:
+def run_training_job(job_id: uuid.UUID, *, queue: TaskQueue) -> dict[str, Any]:
     with unit_of_work() as uow:
         # Locked: the sweep may have published a queued job again, and two messages taken at
         # once must not both start it.
@@ -93,9 +95,10 @@ def run_training_job(job_id: uuid.UUID) -> dict[str, Any]:
                 progress,
             )
     except Exception as e:
-        _finish(job_id, "failed", error=storable_text(f"{type(e).__name__}: {e}"[:2000]))
+        error = storable_text(f"{type(e).__name__}: {e}"[:2000])
+        _finish(job_id, "failed", queue=queue, error=error)
         raise
-    _finish(job_id, "done", result=card)
+    _finish(job_id, "done", queue=queue, result=card)
     return {"job_id": str(job_id), "state": "done"}
 
 
@@ -124,7 +127,12 @@ def _heartbeat(job_id: uuid.UUID) -> Iterator[None]:
 
 
 def _finish(
-    job_id: uuid.UUID, state: str, result: dict[str, Any] | None = None, error: str | None = None
+    job_id: uuid.UUID,
+    state: str,
+    *,
+    queue: TaskQueue,
+    result: dict[str, Any] | None = None,
+    error: str | None = None,
 ) -> None:
     with unit_of_work() as uow:
         job = repo.training_job(uow.session, job_id, lock=True)
@@ -133,4 +141,4 @@ def _finish(
             return
         job.state, job.result, job.error = state, result, error
         job.updated_at = now(uow.session)
-        webhooks.training_finished(uow, job)
+        webhooks.training_finished(uow, job, queue=queue)

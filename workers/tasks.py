@@ -38,10 +38,6 @@ from shared.queue import (
     TRAINING_QUEUE,
     WEBHOOKS_QUEUE,
     WEBHOOKS_TASK,
-    calibration_started,
-    publish_upload_events,
-    relay_started,
-    webhooks_started,
 )
 from shared.reconcile.service import periodic_reconcile
 from shared.redis_client import redis_client
@@ -61,7 +57,7 @@ log = logging.getLogger(__name__)
 def _dead_letter_job(task: Task, error: Exception, job_id: str) -> None:
     """The job's retries are spent, or its error is not one a retry fixes."""
     with unit_of_work() as uow:
-        jobs.record_failure(uow, uuid.UUID(job_id), error)
+        jobs.record_failure(uow, uuid.UUID(job_id), error, queue=worker_stores().queue)
     raise error
 
 
@@ -152,7 +148,7 @@ def accept_upload_events(self: Task, events: list[Any]) -> dict[str, int]:
             if start == 0:
                 raise  # nothing committed yet: this message's retry or fallback has it all
             log.warning("events %d.. of a message go on in a message of their own: %s", start, e)
-            publish_upload_events(listed[start:])
+            worker_stores().queue.publish_upload_events(listed[start:])
             break
     return outcome.counts()
 
@@ -176,15 +172,16 @@ def accept_upload_event(self: Task, event: Any) -> dict[str, Any]:
 
 @concord_task(RELAY_TASK, RELAY_QUEUE, max_retries=0)
 def drain_outbox(self: Task) -> dict[str, Any]:
-    relay_started()  # before the drain claims rows: later commits ask for the next drain
-    return vars(relay.drain(worker_stores(), unit_of_work))
+    stores = worker_stores()
+    stores.queue.relay_started()  # before the drain claims rows: later commits ask again
+    return vars(relay.drain(stores, unit_of_work))
 
 
 @concord_task(WEBHOOKS_TASK, WEBHOOKS_QUEUE, max_retries=0)
 def deliver_webhooks(self: Task) -> dict[str, Any]:
     """Send the webhook deliveries that are due (after a commit that made some, and on beat:
     retries come due there)."""
-    webhooks_started()
+    worker_stores().queue.webhooks_started()
     return webhook_delivery.deliver_due(unit_of_work, get_settings()).as_dict()
 
 
@@ -210,10 +207,9 @@ def calibrate_tenants(self: Task) -> dict[str, Any]:
 def calibrate_settled_tenants(self: Task) -> dict[str, Any]:
     """After an ingest batch: the threshold of each tenant whose ingest has settled and whose
     corpus is new or has changed, without waiting for beat."""
-    calibration_started()  # a batch written from now on asks for a run of its own
-    done = calibration.calibrate_due(
-        worker_stores(), unit_of_work, get_settings(), settled_only=True
-    )
+    stores = worker_stores()
+    stores.queue.calibration_started()  # a batch written from now on asks for a run of its own
+    done = calibration.calibrate_due(stores, unit_of_work, get_settings(), settled_only=True)
     return {"calibrated": {c.tenant_id: c.min_score for c in done}}
 
 
@@ -228,7 +224,7 @@ def sweep_expired_jobs(self: Task) -> dict[str, Any]:
     """Jobs whose lease ran out (shared/jobs/sweep.py), and messages a dead worker's main
     process was holding (workers/deliveries.py): each whatever became of the other."""
     try:
-        return vars(sweep.sweep_expired_jobs(unit_of_work))
+        return vars(sweep.sweep_expired_jobs(unit_of_work, worker_stores().queue))
     finally:
         _hand_back_orphaned_messages(self)
 
@@ -246,4 +242,4 @@ def train_reranker(self: Task, job_id: str) -> dict[str, Any]:
     from training.jobs import run_training_job
 
     with job_context(job_id, None):
-        return run_training_job(uuid.UUID(job_id))
+        return run_training_job(uuid.UUID(job_id), queue=worker_stores().queue)

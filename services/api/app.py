@@ -82,7 +82,7 @@ def _store_unavailable(store: str) -> Callable[[Request, Exception], Awaitable[R
 @lru_cache(maxsize=1)
 def _register_system_metrics() -> None:
     """Once per process, however many apps the tests create."""
-    REGISTRY.register(SystemCollector(unit_of_work))
+    REGISTRY.register(SystemCollector(unit_of_work, connect(get_settings()).queue))
 
 
 class RequestContextMiddleware:
@@ -149,6 +149,8 @@ def create_app(warm_up: WarmUp | None = None, stores: Stores | None = None) -> F
         static_url="/docs-assets",
     )
     app.state.stores = stores or connect(get_settings())
+    if warming.stores is None:  # the queue's producer it warms is the routes' own
+        warming.stores = app.state.stores
     app.include_router(documents.router)
     app.include_router(jobs.router)
     app.include_router(search.router)

@@ -18,7 +18,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shared.stores.compose import Stores
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +72,7 @@ class _Rehearsal(Exception):
     pass
 
 
-def _connections() -> None:
+def _connections(stores: Stores | None) -> None:
     """Open a connection to each store (the readiness checks' own round trips) and to the
     broker, and rehearse an upload's statements in a transaction rolled back (SQLAlchemy
     compiles each statement the first time it runs: a first upload paid 25 ms for it)."""
@@ -77,13 +80,13 @@ def _connections() -> None:
     from shared.db import unit_of_work
     from shared.documents.schemas import Upload
     from shared.documents.service import accept_uploads
-    from shared.queue import connect_producer
     from shared.settings import get_settings
     from shared.stores.compose import connect
 
     settings = get_settings()
-    readiness_checks(settings, connect(settings).index)
-    connect_producer()
+    stores = stores or connect(settings)
+    readiness_checks(settings, stores.index)
+    stores.queue.warm_up()
     upload = Upload(
         tenant_id="warm-up", external_id="warm-up", raw=b"warm up", content_type="text/plain"
     )
@@ -95,12 +98,10 @@ def _connections() -> None:
         pass
 
 
-STEPS: list[Step] = [("models", _models), ("parsers", _parsers), ("connections", _connections)]
-
-
 @dataclass
 class WarmUp:
-    steps: list[Step] = field(default_factory=lambda: list(STEPS))
+    steps: list[Step] | None = None  # None: the models, the parsers, the connections
+    stores: Stores | None = None  # whose connections it opens: the app's (create_app sets it)
     seconds: dict[str, float] = field(default_factory=dict)  # each step done, in order
     errors: dict[str, str] = field(default_factory=dict)
     current: str | None = None
@@ -112,7 +113,14 @@ class WarmUp:
         threading.Thread(target=self._run, name="warm-up", daemon=True).start()
 
     def _run(self) -> None:
-        for name, step in self.steps:
+        steps = self.steps
+        if steps is None:
+            steps = [
+                ("models", _models),
+                ("parsers", _parsers),
+                ("connections", lambda: _connections(self.stores)),
+            ]
+        for name, step in steps:
             self.current = name
             began = time.monotonic()
             try:

@@ -174,8 +174,11 @@ def reembed(
     from shared.jobs import service as job_service
     from shared.jobs.repository import job_states
     from shared.settings import get_settings
+    from shared.stores.compose import connect
 
-    job_ids = job_service.reprocess_tenant(unit_of_work, tenant, get_settings())
+    job_ids = job_service.reprocess_tenant(
+        unit_of_work, tenant, get_settings(), queue=connect().queue
+    )
     console.print(f"queued {len(job_ids)} job(s) of tenant {tenant} again")
     if not wait or not job_ids:
         return
@@ -339,9 +342,10 @@ def dlq_replay(letter_id: int = typer.Argument(..., help="The id `dlq list` show
     upload refused at intake cannot be replayed (its fix is a corrected upload)."""
     from shared.admin.service import replay_dead_letter
     from shared.db import unit_of_work
+    from shared.stores.compose import connect
 
     with unit_of_work() as uow:
-        what = replay_dead_letter(uow, letter_id)
+        what = replay_dead_letter(uow, letter_id, queue=connect().queue)
     console.print(f"replayed dead letter {letter_id}: {what}")
 
 

@@ -37,7 +37,7 @@ def ingest(
     whatever the directory the command runs from."""
     tenant = tenants.resolve(tenant)
     from shared.documents.events import EventBatcher, build_upload_event
-    from shared.queue import publish_upload_events
+    from shared.stores.compose import connect
 
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
@@ -53,7 +53,7 @@ def ingest(
     published = failed = 0
     if wait:
         since, awaiting = _before_sending(tenant, named)
-    batcher = EventBatcher(publish_upload_events)  # a few dozen events per message
+    batcher = EventBatcher(connect().queue.publish_upload_events)  # a few dozen events a message
     with Progress(console=console) as progress:
         task = progress.add_task("publishing", total=len(named))
         for external_id, file in named.items():
@@ -192,9 +192,9 @@ def _send_sync_events(tenant: str, todo: SyncPlan, root: Path | None) -> int:
     batches, with a progress bar; how many were sent."""
     from shared.documents import sync as syncing
     from shared.documents.events import EventBatcher, build_delete_event, build_upload_event
-    from shared.queue import publish_upload_events
+    from shared.stores.compose import connect
 
-    batcher = EventBatcher(publish_upload_events)
+    batcher = EventBatcher(connect().queue.publish_upload_events)
     sent = 0
     with Progress(console=console) as progress:
         task = progress.add_task("sending", total=todo.to_send())

@@ -59,10 +59,11 @@ def train(
         seed=seed,
     )
     if background:
+        from shared.stores.compose import connect
         from training.jobs import start_training_job
 
         try:
-            job_id = start_training_job(dataset, name, options)
+            job_id = start_training_job(dataset, name, options, queue=connect().queue)
         except (DatasetError, TrainingRefused) as e:
             print_error(console, e)
             raise typer.Exit(2) from e

@@ -19,7 +19,7 @@ from shared.jobs import service as jobs
 from shared.jobs.schemas import JobRow
 from shared.models import DeadLetter, Document, DocumentVersion, JobState, OutboxOp
 from shared.outbox import repository as outbox_repo
-from shared.queue import publish_relay, queue_depths
+from shared.queue import TaskQueue
 from shared.reconcile import repository as reconcile_repo
 from shared.settings import get_settings
 from shared.stores.compose import Stores
@@ -71,7 +71,9 @@ def get_dead_letter(session: Session, letter_id: int, tenant_id: str | None = No
     return letter
 
 
-def replay_dead_letter(uow: UnitOfWork, letter_id: int, tenant_id: str | None = None) -> str:
+def replay_dead_letter(
+    uow: UnitOfWork, letter_id: int, tenant_id: str | None = None, *, queue: TaskQueue
+) -> str:
     """Give the work another full set of attempts, then remove the letter."""
     session = uow.session
     letter = get_dead_letter(session, letter_id, tenant_id)
@@ -79,7 +81,7 @@ def replay_dead_letter(uow: UnitOfWork, letter_id: int, tenant_id: str | None = 
         job = jobs_repo.job_by_id(session, uuid.UUID(letter.ref))
         if job is None:
             raise NotFound(f"job {letter.ref} no longer exists")
-        jobs.queue_for_replay(uow, job, get_settings())
+        jobs.queue_for_replay(uow, job, get_settings(), queue=queue)
         what = f"job {job.id} queued again"
     elif letter.source == "outbox":
         payload = letter.payload
@@ -95,7 +97,7 @@ def replay_dead_letter(uow: UnitOfWork, letter_id: int, tenant_id: str | None = 
             version=int(payload["version"]),
             chunk_ids=[letter.ref],
         )
-        uow.after_commit(publish_relay)
+        uow.after_commit(queue.publish_relay)
         what = f"Elasticsearch {op} of {letter.ref} queued again"
     else:
         raise BadRequest(
@@ -121,7 +123,7 @@ def system_stats(stores: Stores, transactions: Transactions, tenant_id: str | No
     with transactions() as uow:
         counted = _postgres_counts(uow.session, stores.vectors(uow.session), tenant_id)
     try:
-        depths: dict[str, int] | str = queue_depths()
+        depths: dict[str, int] | str = stores.queue.queue_depths()
     except Exception as e:  # Redis down: say so, answer the rest
         depths = f"unavailable ({type(e).__name__})"
     try:

@@ -55,7 +55,6 @@ from shared.documents.schemas import Upload
 from shared.documents.service import accept_uploads, add_event_dead_letter, delete_by_external_id
 from shared.errors import BadRequest, ConcordError, NotFound, PayloadTooLarge
 from shared.parsing import resolve_content_type
-from shared.queue import publish_ingest_jobs
 from shared.settings import Settings
 from shared.stores.compose import Stores
 from shared.tenants.service import validate_tenant_id
@@ -311,7 +310,8 @@ def accept_upload_events(
         if is_deletion:
             for deletion in (d for d in items if isinstance(d, Deletion)):
                 vectors = stores.vectors(uow.session)
-                if delete_by_external_id(uow, vectors, deletion.tenant_id, deletion.external_id):
+                tenant_id, external_id = deletion.tenant_id, deletion.external_id
+                if delete_by_external_id(uow, vectors, tenant_id, external_id, queue=stores.queue):
                     outcome.deleted += 1
                 else:
                     outcome.unchanged += 1
@@ -326,7 +326,7 @@ def accept_upload_events(
     size = max(settings.ingest_batch_jobs, 1)
     for start in range(0, len(outcome.job_ids), size):
         batch = outcome.job_ids[start : start + size]
-        uow.after_commit(functools.partial(publish_ingest_jobs, batch))
+        uow.after_commit(functools.partial(stores.queue.publish_ingest_jobs, batch))
     return outcome
 
 

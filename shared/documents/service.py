@@ -24,7 +24,7 @@ from shared.jobs import repository as jobs_repo
 from shared.logs import current_request_id
 from shared.models import Document, DocumentVersion, IngestJob, JobState, OutboxOp
 from shared.outbox import repository as outbox_repo
-from shared.queue import publish_ingest_job, publish_relay
+from shared.queue import TaskQueue
 from shared.retry import describe_error
 from shared.settings import Settings
 from shared.stores.ports import VectorWriter
@@ -42,17 +42,17 @@ def content_hash(upload: Upload) -> str:
 
 
 def accept_upload(
-    uow: UnitOfWork, settings: Settings, upload: Upload, publish: bool = True
+    uow: UnitOfWork, settings: Settings, upload: Upload, *, queue: TaskQueue | None
 ) -> UploadResult:
-    """Commit the document, its raw content and a job; the job is published after commit
-    (unless ``publish`` is False: the caller publishes the jobs it accepted together).
+    """Commit the document, its raw content and a job; the job is published on ``queue``
+    after commit (with None, the caller publishes the jobs it accepted together).
 
     Re-uploading unchanged content is a no-op that reports ``unchanged``; changed content
     becomes the next version."""
     result = accept_uploads(uow, settings, [upload])[0]
-    if publish and result.status == "accepted" and result.job_id is not None:
+    if queue is not None and result.status == "accepted" and result.job_id is not None:
         job_id = result.job_id
-        uow.after_commit(lambda: publish_ingest_job(job_id))
+        uow.after_commit(lambda: queue.publish_ingest_job(job_id))
     return result
 
 
@@ -262,7 +262,12 @@ def _letter_value(value: Any, depth: int = 0) -> Any:
 
 
 def delete_document(
-    uow: UnitOfWork, vectors: VectorWriter, tenant_id: str, document_id: uuid.UUID
+    uow: UnitOfWork,
+    vectors: VectorWriter,
+    tenant_id: str,
+    document_id: uuid.UUID,
+    *,
+    queue: TaskQueue,
 ) -> int:
     """Record a tombstone as a new version, remove the chunks from Postgres and queue their
     deletion from Elasticsearch in the same transaction. Returns the tombstone version."""
@@ -298,12 +303,12 @@ def delete_document(
         version=doc.version,
         chunk_ids=removed,
     )
-    uow.after_commit(publish_relay)
+    uow.after_commit(queue.publish_relay)
     return doc.version
 
 
 def delete_by_external_id(
-    uow: UnitOfWork, vectors: VectorWriter, tenant_id: str, external_id: str
+    uow: UnitOfWork, vectors: VectorWriter, tenant_id: str, external_id: str, *, queue: TaskQueue
 ) -> bool:
     """Delete the tenant's live document of that external id (a delete event); False when
     there is none, so that replaying a delete is a no-op."""
@@ -316,7 +321,7 @@ def delete_by_external_id(
     doc = found.get((tenant_id, external_id))
     if doc is None or doc.deleted:
         return False
-    delete_document(uow, vectors, tenant_id, doc.id)
+    delete_document(uow, vectors, tenant_id, doc.id, queue=queue)
     return True
 
 

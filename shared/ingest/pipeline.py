@@ -45,12 +45,7 @@ from shared.logs import job_context
 from shared.models import Document, DocumentVersion, IngestJob, JobState, OutboxOp
 from shared.outbox import repository as outbox_repo
 from shared.parsing import ParsedDocument, options_from, parse
-from shared.queue import (
-    publish_calibration,
-    publish_ingest_job,
-    publish_ingest_jobs,
-    publish_relay,
-)
+from shared.queue import TaskQueue
 from shared.retry import describe_error, is_retriable
 from shared.settings import Settings, get_settings
 from shared.stores.compose import Stores
@@ -127,9 +122,9 @@ def process_job(
     the caller (the task) retries ``job_id``; unless ``job_id`` was not in the batch (it
     waits its turn), when the error is not its own."""
     settings = settings or get_settings()
-    settle_owed_releases(transactions, settings)
+    settle_owed_releases(transactions, settings, queue=stores.queue)
     with transactions() as uow:
-        claimed = claim(uow, job_id, settings)
+        claimed = claim(uow, job_id, settings, queue=stores.queue)
     if isinstance(claimed, JobOutcome):
         return claimed
     # The batch is the next work in fair order: ``job_id`` may not be in it (its message is
@@ -161,18 +156,20 @@ def process_jobs(
     tenant's upload waits behind. On failure every job of the batch goes back to the queue
     with a message of its own."""
     settings = settings or get_settings()
-    settle_owed_releases(transactions, settings)
+    settle_owed_releases(transactions, settings, queue=stores.queue)
     with transactions() as uow:
-        claims, rest = claim_listed(uow, job_ids, settings)
+        claims, rest = claim_listed(uow, job_ids, settings, queue=stores.queue)
         if rest:
-            uow.after_commit(lambda: publish_ingest_jobs(rest))
+            uow.after_commit(lambda: stores.queue.publish_ingest_jobs(rest))
     return run(stores, claims, transactions, settings)
 
 
 # ------------------------------------------------------------------ claim
 
 
-def claim(uow: UnitOfWork, job_id: uuid.UUID, settings: Settings) -> list[Claim] | JobOutcome:
+def claim(
+    uow: UnitOfWork, job_id: uuid.UUID, settings: Settings, *, queue: TaskQueue
+) -> list[Claim] | JobOutcome:
     """A batch for the message of ``job_id``. The message is a wake-up, not an order: the
     batch is the next work in fair order over tenants (:func:`fair_batch`), ``job_id``
     among the candidates like any other. If it is not taken, its message goes to the back of
@@ -198,10 +195,10 @@ def claim(uow: UnitOfWork, job_id: uuid.UUID, settings: Settings) -> list[Claim]
     else:
         batch = list(fair_batch(uow, settings))
         if job not in batch:
-            uow.after_commit(lambda: publish_ingest_job(job_id))
+            uow.after_commit(lambda: queue.publish_ingest_job(job_id))
             if not batch:  # nothing else claimable either: this one, then
                 batch = [job]
-    claims = _start_all(uow, batch, current, settings)
+    claims = _start_all(uow, batch, current, settings, queue=queue)
     own = next((c for c in claims if c.job_id == job_id), None)
     if own is None and job in batch:  # its content is gone: failed by _start
         return JobOutcome(str(job_id), job.state, {"error": job.error_message})
@@ -209,7 +206,7 @@ def claim(uow: UnitOfWork, job_id: uuid.UUID, settings: Settings) -> list[Claim]
 
 
 def claim_listed(
-    uow: UnitOfWork, job_ids: list[uuid.UUID], settings: Settings
+    uow: UnitOfWork, job_ids: list[uuid.UUID], settings: Settings, *, queue: TaskQueue
 ) -> tuple[list[Claim], list[uuid.UUID]]:
     """A batch for a message of ``job_ids``: the next work in fair order over tenants (its
     jobs among the candidates like any other), and the listed jobs still queued after it,
@@ -221,7 +218,7 @@ def claim_listed(
     if not listed:
         return [], []
     batch = list(fair_batch(uow, settings))
-    claims = _start_all(uow, batch, now(session), settings)
+    claims = _start_all(uow, batch, now(session), settings, queue=queue)
     taken = {job.id for job in batch}
     return claims, [j.id for j in listed if j.id not in taken]
 
@@ -241,10 +238,10 @@ def fair_batch(uow: UnitOfWork, settings: Settings) -> Sequence[IngestJob]:
 
 
 def _start_all(
-    uow: UnitOfWork, batch: Sequence[IngestJob], at: Any, settings: Settings
+    uow: UnitOfWork, batch: Sequence[IngestJob], at: Any, settings: Settings, *, queue: TaskQueue
 ) -> list[Claim]:
     versions = documents_repo.versions(uow.session, [(j.document_id, j.version) for j in batch])
-    claims = [_start(uow, job, versions, at, settings) for job in batch]
+    claims = [_start(uow, job, versions, at, settings, queue=queue) for job in batch]
     return [c for c in claims if c is not None]
 
 
@@ -266,10 +263,12 @@ def _start(
     versions: dict[tuple[uuid.UUID, int], DocumentVersion],
     at: Any,
     settings: Settings,
+    *,
+    queue: TaskQueue,
 ) -> Claim | None:
     version = versions.get((job.document_id, job.version))
     if version is None or version.raw is None:
-        jobs.fail_without_content(uow, job, at)
+        jobs.fail_without_content(uow, job, at, queue=queue)
         return None
     jobs.start(job, at, settings)
     return Claim(
@@ -305,7 +304,7 @@ def run(
     than leaving them to their leases, and propagates; ``retried_by_task`` (the task's own
     job) is retried by its task instead of being published again."""
     settings = settings or get_settings()
-    steps = _Steps(transactions, stores.vectors, {})
+    steps = _Steps(transactions, stores.vectors, stores.queue, {})
 
     turn_left = settings.ingest_turn_chunks  # chunks the batch may still encode
 
@@ -341,7 +340,7 @@ def run(
             # Out of time or of memory: no job's own outcome, and any of them may be the
             # reason.
             lost = isinstance(e, (SoftTimeLimitExceeded, MemoryError))
-            _release(transactions, unfinished, settings, retried_by_task, lost)
+            _release(transactions, unfinished, settings, retried_by_task, lost, queue=stores.queue)
             raise
     return steps.outcomes
 
@@ -357,6 +356,7 @@ class _Steps:
 
     transactions: Transactions
     vectors: Callable[[Session], VectorWriter]  # the vector store in a write's transaction
+    queue: TaskQueue
     outcomes: dict[uuid.UUID, JobOutcome]
 
     def wait_their_turn(self, claims: list[Claim], settings: Settings) -> list[Claim]:
@@ -368,7 +368,7 @@ class _Steps:
         if not waiting:
             return claims
         with self.transactions() as uow:
-            jobs.wait_next_turn(uow, [c.job_id for c in waiting], settings)
+            jobs.wait_next_turn(uow, [c.job_id for c in waiting], settings, queue=self.queue)
         for claim in waiting:
             self.outcomes[claim.job_id] = JobOutcome(
                 str(claim.job_id),
@@ -420,7 +420,7 @@ class _Steps:
         """The batch's write; its jobs count as finished only once it has committed (a
         commit that fails releases them like any other unfinished job)."""
         with self.transactions() as uow:
-            written = write_batch(uow, claims, self.vectors(uow.session))
+            written = write_batch(uow, claims, self.vectors(uow.session), self.queue)
         self.outcomes.update(written)
 
     def _job_failed(self, claim: Claim, stage: str, error: Exception) -> JobOutcome:
@@ -435,7 +435,9 @@ class _Steps:
             log.warning("job failed at %s: %s", stage, describe_error(error), exc_info=dead_letter)
         try:
             with self.transactions() as uow:
-                jobs.fail(uow, claim.job_id, stage, error, dead_letter=dead_letter)
+                jobs.fail(
+                    uow, claim.job_id, stage, error, dead_letter=dead_letter, queue=self.queue
+                )
         except Exception as refused:
             if is_retriable(refused):
                 raise
@@ -447,7 +449,9 @@ class _Steps:
                 f"({describe_error(refused)})"
             )
             with self.transactions() as uow:
-                jobs.fail(uow, claim.job_id, stage, error, dead_letter=dead_letter)
+                jobs.fail(
+                    uow, claim.job_id, stage, error, dead_letter=dead_letter, queue=self.queue
+                )
         state = JobState.DEAD_LETTERED if dead_letter else JobState.FAILED
         return JobOutcome(
             str(claim.job_id), state, {"error": describe_error(error), "stage": stage}
@@ -468,6 +472,8 @@ def _release(
     settings: Settings,
     retried_by_task: uuid.UUID | None,
     lost: bool,
+    *,
+    queue: TaskQueue,
 ) -> None:
     """Hand unfinished jobs (``claims``: when this batch's claim of each began) back to
     the queue (shared/jobs/service.release). If Postgres is out of reach too, they are owed:
@@ -476,13 +482,15 @@ def _release(
         return
     try:
         with transactions() as uow:
-            jobs.release(uow, claims, settings, retried_by_task, lost)
+            jobs.release(uow, claims, settings, retried_by_task, lost, queue=queue)
     except Exception as e:
         log.warning("could not release %d jobs (%s); the next task will", len(claims), e)
         _owed_releases.update({job_id: (at, lost) for job_id, at in claims.items()})
 
 
-def settle_owed_releases(transactions: Transactions, settings: Settings) -> None:
+def settle_owed_releases(
+    transactions: Transactions, settings: Settings, *, queue: TaskQueue
+) -> None:
     """Hand back the jobs this process owes (see ``_owed_releases``), each with a message of
     its own. If Postgres is still out of reach, they stay owed and the task's own error
     (the same one) follows."""
@@ -494,7 +502,7 @@ def settle_owed_releases(transactions: Transactions, settings: Settings) -> None
             for lost in (False, True):
                 claims = {j: at for j, (at, was_lost) in owed.items() if was_lost is lost}
                 if claims:
-                    jobs.release(uow, claims, settings, None, lost)
+                    jobs.release(uow, claims, settings, None, lost, queue=queue)
     except Exception as e:
         log.warning("could not hand back %d jobs yet (%s)", len(owed), e)
         return
@@ -645,7 +653,7 @@ def _what_to_encode(
 
 
 def write_batch(
-    uow: UnitOfWork, claims: list[Claim], vectors: VectorWriter
+    uow: UnitOfWork, claims: list[Claim], vectors: VectorWriter, queue: TaskQueue
 ) -> dict[uuid.UUID, JobOutcome]:
     """Write the batch in the caller's transaction with a fixed number of statements whatever
     its size: the documents' locks, the jobs, the documents, the chunks, the superseded chunks
@@ -687,8 +695,8 @@ def write_batch(
         jobs.finish(job, detail, finished_at)
         outcomes[claim.job_id] = JobOutcome(str(claim.job_id), JobState.INDEXED, detail)
         finished.append((job, claim))
-    _write_versions(uow, list(writes.values()), docs, vectors)
-    webhooks.job_finished(uow, [job for job, _ in finished])  # one statement for the batch
+    _write_versions(uow, list(writes.values()), docs, vectors, queue)
+    webhooks.job_finished(uow, [job for job, _ in finished], queue=queue)  # one statement
     # Each job is charged its share of the batch's write time by chunk count.
     write_s = time.perf_counter() - write_started
     chunks = max(sum(len(claim.pieces) for _, claim in finished), 1)
@@ -705,7 +713,11 @@ def write_batch(
 
 
 def _write_versions(
-    uow: UnitOfWork, claims: list[Claim], docs: dict[uuid.UUID, Document], store: VectorWriter
+    uow: UnitOfWork,
+    claims: list[Claim],
+    docs: dict[uuid.UUID, Document],
+    store: VectorWriter,
+    queue: TaskQueue,
 ) -> None:
     """The chunks and embeddings of each claimed live version, the removal of the chunks
     they supersede, and the outbox rows that carry both to Elasticsearch; the relay is
@@ -747,10 +759,10 @@ def _write_versions(
             outbox_repo.OutboxEntry(c.tenant_id, c.document_id, OutboxOp.PURGE, c.version, gone),
         ]
     outbox_repo.add_outbox_entries(uow.session, entries)
-    uow.after_commit(publish_relay)  # debounced: one waiting request at most
+    uow.after_commit(queue.publish_relay)  # debounced: one waiting request at most
     if get_settings().calibrate_after_ingest:
         # A tenant whose last job this was is calibrated once it has settled (calibration.py)
-        uow.after_commit(publish_calibration)
+        uow.after_commit(queue.publish_calibration)
 
 
 def _chunk_rows(claim: Claim) -> list[ChunkRow]:

@@ -16,7 +16,7 @@ from shared.db.repository import now
 from shared.jobs import repository as repo
 from shared.jobs.schemas import DeadLetterView, IngestJobView, JobError, JobRow, TrainingJobView
 from shared.models import DeadLetter, Document, IngestJob, JobState, TrainingJob
-from shared.queue import publish_ingest_job, publish_ingest_jobs
+from shared.queue import TaskQueue
 from shared.retry import describe_error
 from shared.settings import Settings
 from shared.webhooks import service as webhooks
@@ -75,16 +75,24 @@ def finish(job: IngestJob, detail: dict[str, Any], at: datetime) -> None:
     job.detail = detail
 
 
-def fail_without_content(uow: UnitOfWork, job: IngestJob, at: datetime) -> None:
+def fail_without_content(
+    uow: UnitOfWork, job: IngestJob, at: datetime, *, queue: TaskQueue
+) -> None:
     job.state = JobState.FAILED
     job.error_stage, job.error_class = "claim", "MissingContent"
     job.error_message = "the document version has no stored content"
     job.finished_at = at
-    webhooks.job_finished(uow, [job])
+    webhooks.job_finished(uow, [job], queue=queue)
 
 
 def fail(
-    uow: UnitOfWork, job_id: uuid.UUID, stage: str, error: BaseException, dead_letter: bool
+    uow: UnitOfWork,
+    job_id: uuid.UUID,
+    stage: str,
+    error: BaseException,
+    *,
+    dead_letter: bool,
+    queue: TaskQueue,
 ) -> None:
     """Record that the job failed at ``stage``: ``failed``, or ``dead_lettered`` with a dead
     letter an operator can replay. A job finished meanwhile (by a worker that took it over)
@@ -101,13 +109,15 @@ def fail(
     job.lease_expires_at = None
     if dead_letter:
         _add_dead_letter(uow, job)
-    webhooks.job_finished(uow, [job])
+    webhooks.job_finished(uow, [job], queue=queue)
 
 
-def record_failure(uow: UnitOfWork, job_id: uuid.UUID, error: BaseException) -> None:
+def record_failure(
+    uow: UnitOfWork, job_id: uuid.UUID, error: BaseException, *, queue: TaskQueue
+) -> None:
     """A task's retries are spent, or its error is not one a retry fixes: the job is
     dead-lettered with the error, where an operator can see and replay it."""
-    fail(uow, job_id, "process", error, dead_letter=True)
+    fail(uow, job_id, "process", error, dead_letter=True, queue=queue)
 
 
 def release(
@@ -116,6 +126,8 @@ def release(
     settings: Settings,
     retried_by_task: uuid.UUID | None,
     lost: bool = False,
+    *,
+    queue: TaskQueue,
 ) -> None:
     """Hand unfinished jobs back to the queue at once, each with a message of its own, except
     ``retried_by_task``: its task's retry brings it back, and should that message be lost,
@@ -134,10 +146,12 @@ def release(
         if job.id == retried_by_task:
             job.lease_expires_at = current
         else:
-            publish_again(uow, job, current, settings)
+            publish_again(uow, job, current, settings, queue=queue)
 
 
-def wait_next_turn(uow: UnitOfWork, job_ids: Sequence[uuid.UUID], settings: Settings) -> None:
+def wait_next_turn(
+    uow: UnitOfWork, job_ids: Sequence[uuid.UUID], settings: Settings, *, queue: TaskQueue
+) -> None:
     """Running jobs whose turn is over before they are done (a large document's chunks are
     encoded a turn at a time): queued again with a message each, the turn not counted as an
     attempt (a document of 10,000 chunks takes forty turns, not forty of its attempts)."""
@@ -147,17 +161,19 @@ def wait_next_turn(uow: UnitOfWork, job_ids: Sequence[uuid.UUID], settings: Sett
             continue
         job.attempts = max(0, job.attempts - 1)
         job.state = JobState.QUEUED
-        publish_again(uow, job, current, settings)
+        publish_again(uow, job, current, settings, queue=queue)
 
 
-def publish_again(uow: UnitOfWork, job: IngestJob, at: datetime, settings: Settings) -> str:
+def publish_again(
+    uow: UnitOfWork, job: IngestJob, at: datetime, settings: Settings, *, queue: TaskQueue
+) -> str:
     """A fresh lease for a queued job, and its message again once the lease is committed."""
     extend_lease(job, at, settings.queued_republish_seconds)
-    uow.after_commit(functools.partial(publish_ingest_job, job.id))
+    uow.after_commit(functools.partial(queue.publish_ingest_job, job.id))
     return str(job.id)
 
 
-def give_up(uow: UnitOfWork, job: IngestJob, at: datetime) -> None:
+def give_up(uow: UnitOfWork, job: IngestJob, at: datetime, *, queue: TaskQueue) -> None:
     """The job's lease ran out once too often: dead-lettered with the last error it recorded."""
     job.state = JobState.DEAD_LETTERED
     job.error_stage = job.error_stage or "lease"
@@ -170,14 +186,19 @@ def give_up(uow: UnitOfWork, job: IngestJob, at: datetime) -> None:
     job.finished_at = at
     job.lease_expires_at = None
     _add_dead_letter(uow, job)
-    webhooks.job_finished(uow, [job])
+    webhooks.job_finished(uow, [job], queue=queue)
 
 
 REPROCESS_PAGE = 1000  # jobs locked and queued again per transaction by reprocess_tenant
 
 
 def reprocess_tenant(
-    transactions: Transactions, tenant_id: str, settings: Settings, page: int = REPROCESS_PAGE
+    transactions: Transactions,
+    tenant_id: str,
+    settings: Settings,
+    page: int = REPROCESS_PAGE,
+    *,
+    queue: TaskQueue,
 ) -> list[uuid.UUID]:
     """Run every live document of the tenant through the pipeline again at its live version
     (``concord reembed``: after a change to how chunks are made or embedded). The chunks are
@@ -198,17 +219,21 @@ def reprocess_tenant(
                 extend_lease(job, current, settings.queued_republish_seconds)
             ids = [job.id for job in listed]
             for start in range(0, len(ids), size):
-                uow.after_commit(functools.partial(publish_ingest_jobs, ids[start : start + size]))
+                uow.after_commit(
+                    functools.partial(queue.publish_ingest_jobs, ids[start : start + size])
+                )
         if not ids:  # only an empty page ends it: a locked page may come back short
             return queued
         queued += ids
         after = ids[-1]
 
 
-def queue_for_replay(uow: UnitOfWork, job: IngestJob, settings: Settings) -> None:
+def queue_for_replay(
+    uow: UnitOfWork, job: IngestJob, settings: Settings, *, queue: TaskQueue
+) -> None:
     """An operator's replay: a fresh set of attempts, published after commit."""
     _reset_for_replay(job)
-    publish_again(uow, job, now(uow.session), settings)
+    publish_again(uow, job, now(uow.session), settings, queue=queue)
 
 
 def _reset_for_replay(job: IngestJob) -> None:

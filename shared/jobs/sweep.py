@@ -35,7 +35,7 @@ from shared.db.repository import now
 from shared.jobs import repository as repo
 from shared.jobs import service as jobs
 from shared.models import JobState
-from shared.queue import INGEST_QUEUE, publish_training_job, queue_depths
+from shared.queue import INGEST_QUEUE, TaskQueue
 from shared.settings import Settings, get_settings
 from shared.webhooks import service as webhooks
 
@@ -63,19 +63,24 @@ SWEEP_GAP = timedelta(seconds=30)
 
 
 def sweep_expired_jobs(
-    transactions: Transactions, settings: Settings | None = None, limit: int = 500
+    transactions: Transactions,
+    queue: TaskQueue,
+    settings: Settings | None = None,
+    limit: int = 500,
 ) -> SweepReport:
     """Two transactions: the jobs whose lease ran out (published again, or given up on), then
     the queued jobs whose message Redis lost; then the silent training jobs."""
     global _reachable_since
     try:
-        return _sweep(transactions, settings or get_settings(), limit)
+        return _sweep(transactions, queue, settings or get_settings(), limit)
     except SQLAlchemyError:
         _reachable_since = None  # the next sweep that reaches Postgres starts counting anew
         raise
 
 
-def _sweep(transactions: Transactions, settings: Settings, limit: int) -> SweepReport:
+def _sweep(
+    transactions: Transactions, queue: TaskQueue, settings: Settings, limit: int
+) -> SweepReport:
     global _reachable_since, _last_sweep
     report = SweepReport()
     with transactions() as uow:
@@ -87,13 +92,13 @@ def _sweep(transactions: Transactions, settings: Settings, limit: int) -> SweepR
             if job.state == JobState.RUNNING:
                 jobs.lose_attempt(job)  # its worker was lost while it ran
             if job.attempts >= settings.job_max_attempts:
-                jobs.give_up(uow, job, current)
+                jobs.give_up(uow, job, current, queue=queue)
                 report.dead_lettered.append(str(job.id))
                 continue
             job.state = JobState.QUEUED
-            report.republished.append(jobs.publish_again(uow, job, current, settings))
-    report.republished += _republish_lost_messages(transactions, settings, limit)
-    _settle_silent_training_jobs(transactions, report, limit)
+            report.republished.append(jobs.publish_again(uow, job, current, settings, queue=queue))
+    report.republished += _republish_lost_messages(transactions, queue, settings, limit)
+    _settle_silent_training_jobs(transactions, queue, report, limit)
     if report.republished or report.dead_lettered:
         log.info(
             "sweep: republished %d, dead-lettered %d",
@@ -104,7 +109,7 @@ def _sweep(transactions: Transactions, settings: Settings, limit: int) -> SweepR
 
 
 def _settle_silent_training_jobs(
-    transactions: Transactions, report: SweepReport, limit: int
+    transactions: Transactions, queue: TaskQueue, report: SweepReport, limit: int
 ) -> None:
     with transactions() as uow:
         current = now(uow.session)
@@ -119,7 +124,7 @@ def _settle_silent_training_jobs(
         ):
             job.updated_at = current  # settled once per silence, not on every sweep
             if job.state == "queued":
-                uow.after_commit(functools.partial(publish_training_job, job.id))
+                uow.after_commit(functools.partial(queue.publish_training_job, job.id))
                 report.training_republished.append(str(job.id))
                 continue
             job.state = "failed"
@@ -127,7 +132,7 @@ def _settle_silent_training_jobs(
                 f"its worker stopped: no heartbeat for {jobs.TRAINING_LOST_AFTER.seconds} s "
                 "(start the training again)"
             )
-            webhooks.training_finished(uow, job)
+            webhooks.training_finished(uow, job, queue=queue)
             report.training_failed.append(str(job.id))
     if report.training_republished or report.training_failed:
         log.warning(
@@ -138,10 +143,10 @@ def _settle_silent_training_jobs(
 
 
 def _republish_lost_messages(
-    transactions: Transactions, settings: Settings, limit: int
+    transactions: Transactions, queue: TaskQueue, settings: Settings, limit: int
 ) -> list[str]:
     try:
-        if queue_depths()[INGEST_QUEUE] > 0:
+        if queue.queue_depths()[INGEST_QUEUE] > 0:
             return []  # messages are waiting: queued jobs are just behind them
     except Exception:  # Redis down: nothing can be published now anyway
         return []
@@ -149,7 +154,7 @@ def _republish_lost_messages(
         current = now(uow.session)
         stale = current - timedelta(seconds=settings.sweep_interval_seconds)
         return [
-            jobs.publish_again(uow, job, current, settings)
+            jobs.publish_again(uow, job, current, settings, queue=queue)
             for job in repo.queued_jobs_published_before(
                 uow.session, stale, settings.queued_republish_seconds, limit
             )

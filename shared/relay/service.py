@@ -27,7 +27,6 @@ from shared.errors import StoreError
 from shared.jobs import repository as jobs_repo
 from shared.models import Chunk, Document, EsOutbox, OutboxOp
 from shared.outbox import repository as repo
-from shared.queue import publish_relay
 from shared.retry import retry_delay
 from shared.settings import Settings, get_settings
 from shared.stores.chunk_document import es_document
@@ -86,10 +85,10 @@ def drain(
         if batch.claimed < settings.relay_batch_size or batch.unreachable:
             break
         if deadline is not None and time.monotonic() >= deadline:
-            publish_relay()
+            stores.queue.publish_relay()
             break
     else:
-        publish_relay()
+        stores.queue.publish_relay()
     return total
 
 

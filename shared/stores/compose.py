@@ -5,7 +5,9 @@ down: the API app (services/api/app.py), the worker (workers/celery_app.py), the
 or one store bound to its transaction) and constructs none itself. A unit test passes the
 in-memory stores (shared/stores/memory/) the same way.
 
-    root ──connect(settings)──▶ Stores(index, vectors, snapshots)
+    root ──connect(settings)──▶ Stores(index, vectors, snapshots, queue)
+                                  │      │        │         └─ queue: the task queue
+                                  │      │        │            (Celery on Redis)
                                   │      │        └─ snapshots: a paginated search's kept
                                   │      │           rankings (Redis)
                                   │      └─ vectors(session): the vector store in that
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from shared.queue import CeleryQueue, TaskQueue
 from shared.settings import Settings, get_settings
 from shared.stores.chunk_index import ChunkIndex, ElasticsearchChunkIndex
 from shared.stores.ports import SnapshotStore
@@ -31,19 +34,26 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Stores:
-    """The chunk index, the vector store bound to a given transaction, the snapshots."""
+    """The chunk index, the vector store bound to a given transaction, the snapshots, and
+    the task queue services publish their work to."""
 
     index: ChunkIndex
     vectors: Callable[[Session], VectorStore]
     snapshots: SnapshotStore
+    queue: TaskQueue
 
 
 def connect(settings: Settings | None = None) -> Stores:
     """The real stores, configured by ``settings``: Elasticsearch (its client made on first
-    use), pgvector in each caller's Postgres transaction, Redis."""
+    use), pgvector in each caller's Postgres transaction, Redis, Celery's queues on Redis."""
     settings = settings or get_settings()
 
     def vectors(session: Session) -> VectorStore:
         return PgVectorStore(session, settings)
 
-    return Stores(ElasticsearchChunkIndex(settings=settings), vectors, RedisSnapshots(settings))
+    return Stores(
+        ElasticsearchChunkIndex(settings=settings),
+        vectors,
+        RedisSnapshots(settings),
+        CeleryQueue(settings),
+    )

@@ -135,3 +135,11 @@ def redis_error(error: RedisError) -> StoreError:
 
 
 raises_redis_errors = translating((RedisError,), redis_error)
+
+
+# ------------------------------------------------------------------ the broker (Celery on Redis)
+
+
+def broker_error(error: Exception) -> StoreError:
+    """The task queue's broker could not take a message or answer: StoreUnavailable."""
+    return StoreUnavailable(f"{REDIS} (the task queue): {type(error).__name__}", store=REDIS)

@@ -20,7 +20,7 @@ from shared.db.repository import lock_key, now
 from shared.egress import EgressRefused, Network, check_destination_url
 from shared.errors import Conflict, InvalidRequest, NotFound
 from shared.models import IngestJob, TrainingJob, WebhookDelivery, WebhookEndpoint
-from shared.queue import publish_webhooks
+from shared.queue import TaskQueue
 from shared.settings import Settings
 from shared.tenants import repository as tenants_repo
 from shared.webhooks import repository as repo
@@ -96,16 +96,16 @@ def delivery_log(
     return [delivery_view(d) for d in repo.deliveries(session, endpoint_id, limit)]
 
 
-def job_finished(uow: UnitOfWork, jobs: Sequence[IngestJob]) -> None:
+def job_finished(uow: UnitOfWork, jobs: Sequence[IngestJob], *, queue: TaskQueue) -> None:
     """The events of jobs that reached a final state in this transaction, each naming its
     document by external id too (what the tenant's own systems know it by)."""
     finished = [j for j in jobs if str(j.state) in JOB_EVENTS]
     names = repo.external_ids(uow.session, [j.document_id for j in finished])
     emit(uow, [(j.tenant_id, JOB_EVENTS[str(j.state)], job_payload(j, names.get(j.document_id)))
-               for j in finished])  # fmt: skip
+               for j in finished], queue=queue)  # fmt: skip
 
 
-def training_finished(uow: UnitOfWork, job: TrainingJob) -> None:
+def training_finished(uow: UnitOfWork, job: TrainingJob, *, queue: TaskQueue) -> None:
     event = "training.finished" if job.state == "done" else "training.failed"
     emit(
         uow,
@@ -123,13 +123,16 @@ def training_finished(uow: UnitOfWork, job: TrainingJob) -> None:
                 },
             )
         ],
+        queue=queue,
     )
 
 
-def emit(uow: UnitOfWork, events: Sequence[tuple[str, str, dict[str, Any]]]) -> None:
+def emit(
+    uow: UnitOfWork, events: Sequence[tuple[str, str, dict[str, Any]]], *, queue: TaskQueue
+) -> None:
     """Deliveries for ``events`` (tenant, event, payload), sent once this transaction commits."""
     if repo.add_deliveries(uow.session, events):
-        uow.after_commit(publish_webhooks)
+        uow.after_commit(queue.publish_webhooks)
 
 
 def job_payload(job: IngestJob, external_id: str | None = None) -> dict[str, Any]:

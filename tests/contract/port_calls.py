@@ -16,9 +16,15 @@ from typing import Any, Protocol
 
 import pytest
 
+from shared import queue
 from shared.stores import ports
 from shared.stores.chunk_index import ElasticsearchChunkIndex
-from shared.stores.memory import MemoryChunkIndex, MemorySnapshots, MemoryVectorStore
+from shared.stores.memory import (
+    MemoryChunkIndex,
+    MemoryQueue,
+    MemorySnapshots,
+    MemoryVectorStore,
+)
 from shared.stores.snapshots import RedisSnapshots
 from shared.stores.vector_store import PgVectorStore
 
@@ -26,9 +32,11 @@ ADAPTERS = (
     ElasticsearchChunkIndex,
     PgVectorStore,
     RedisSnapshots,
+    queue.CeleryQueue,
     MemoryChunkIndex,
     MemoryVectorStore,
     MemorySnapshots,
+    MemoryQueue,
 )
 
 
@@ -41,18 +49,19 @@ def methods(port: type[Any]) -> set[str]:
     return {
         name
         for cls in port.__mro__
-        if cls not in (Protocol, object) and cls.__module__ == ports.__name__
+        if cls not in (Protocol, object) and cls.__module__ == port.__module__
         for name, member in vars(cls).items()
         if inspect.isfunction(member) and not name.startswith("_")
     }
 
 
 def declared_ports() -> set[type[Any]]:
+    """The stores' ports, and the task queue's."""
     return {
         member
         for member in vars(ports).values()
         if inspect.isclass(member) and member.__module__ == ports.__name__
-    }
+    } | {queue.TaskQueue}
 
 
 def claimed(claims: Claims) -> dict[type[Any], set[str]]:

@@ -28,7 +28,7 @@ from shared.stores.es_index import anchor_index, ensure_index, tenant_alias, ten
 from shared.stores.memory import MemorySnapshots
 from shared.stores.schemas import ReindexStart
 from shared.stores.vector_store import PgVectorStore
-from tests.contract import test_stores
+from tests.contract import test_queue, test_stores
 from tests.contract.port_calls import ALL, Claims, claimed, declared_ports, methods
 from tests.contract.test_stores import (
     ElasticsearchHarness,
@@ -372,7 +372,7 @@ class TestSnapshotStorePort:
 
 
 def _contract_classes() -> list[type[Any]]:
-    modules = (sys.modules[__name__], test_stores, test_memory_stores)
+    modules = (sys.modules[__name__], test_stores, test_memory_stores, test_queue)
     return [
         member
         for module in modules

@@ -18,7 +18,14 @@ from fastapi.testclient import TestClient
 
 from shared.stores.elastic import get_es
 from tests.conftest import CeleryProcess, wait_for
-from tests.helpers import dead_lettered_upload, new_key, tenant_index, wait_converged, wait_job
+from tests.helpers import (
+    dead_lettered_upload,
+    new_key,
+    suite_queue,
+    tenant_index,
+    wait_converged,
+    wait_job,
+)
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(os.environ.get("CONCORD_TEST_ARTIFACTS", "test-artifacts")) / "console"
@@ -284,7 +291,7 @@ def test_system_figures_are_read_at_most_every_few_seconds_however_often_scraped
         reads.append(1)
         return unit_of_work()
 
-    collector = SystemCollector(counted_unit_of_work)
+    collector = SystemCollector(counted_unit_of_work, suite_queue())
     scrapes = [{m.name for m in collector.collect()} for _ in range(20)]
     assert len(reads) == 1
     assert all(names == scrapes[0] for names in scrapes)

@@ -122,11 +122,12 @@ def dead_letter_route(letter_id: LetterId, principal: Admin) -> DeadLetterView:
     "/dead-letters/{letter_id}/replay",
     responses=NOT_REPLAYABLE,
 )
-def replay_route(letter_id: LetterId, principal: Admin) -> Replayed:
+def replay_route(letter_id: LetterId, principal: Admin, stores: StoresDep) -> Replayed:
     """Run a dead letter again once its cause is fixed: a job gets a fresh set of attempts, an
     Elasticsearch write is queued again; the letter is removed."""
     with unit_of_work() as uow:
-        return Replayed(replayed=ops.replay_dead_letter(uow, letter_id, principal.tenant_id))
+        replayed = ops.replay_dead_letter(uow, letter_id, principal.tenant_id, queue=stores.queue)
+        return Replayed(replayed=replayed)
 
 
 @router.delete("/dead-letters/{letter_id}")

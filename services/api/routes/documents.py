@@ -55,6 +55,7 @@ from shared.fields import NO_NUL
 from shared.jobs import repository as jobs_repo
 from shared.jobs.service import ingest_job_view
 from shared.parsing import resolve_content_type
+from shared.queue import TaskQueue
 from shared.settings import Settings
 from shared.stores.ports import IndexHealth
 
@@ -204,7 +205,7 @@ UPLOAD_REQUEST_BODY = {
     },
 )
 async def upload_document(
-    request: Request, principal: Writer, settings: SettingsDep
+    request: Request, principal: Writer, settings: SettingsDep, stores: StoresDep
 ) -> JSONResponse:
     """Upload a document (JSON or a multipart file) as a new version: 202 with its job, or 200
     when the content is unchanged. The content's type is read from its bytes; it is screened
@@ -212,7 +213,7 @@ async def upload_document(
     upload = await _upload_from_request(request, principal.tenant_id, settings)
     # The transaction (lock waits included) and the publish after it block: in a worker
     # thread, so that one slow upload does not stall every other request of this process.
-    result = await run_in_threadpool(_accept, settings, upload)
+    result = await run_in_threadpool(_accept, settings, upload, stores.queue)
     body = UploadAccepted(
         document_id=result.document_id,
         version=result.version,
@@ -224,10 +225,10 @@ async def upload_document(
     )
 
 
-def _accept(settings: Settings, upload: Upload) -> UploadResult:
+def _accept(settings: Settings, upload: Upload, queue: TaskQueue) -> UploadResult:
     with unit_of_work() as uow:
         admit_to_queue(uow.session, upload, settings)
-        return accept_upload(uow, settings, upload)
+        return accept_upload(uow, settings, upload, queue=queue)
 
 
 @router.get("")
@@ -354,6 +355,6 @@ def remove_document(
     stores after (listed with ``GET /v1/documents?deleted=true``)."""
     with unit_of_work() as uow:
         version = delete_document(
-            uow, stores.vectors(uow.session), principal.tenant_id, document_id
+            uow, stores.vectors(uow.session), principal.tenant_id, document_id, queue=stores.queue
         )
     return DocumentDeleted(document_id=document_id, version=version, deleted=True)

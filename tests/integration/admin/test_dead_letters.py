@@ -15,6 +15,7 @@ from tests.conftest import wait_for
 from tests.helpers import (
     dead_lettered_upload,
     key_headers,
+    suite_queue,
     tenant_index,
     upload_text,
     wait_converged,
@@ -82,7 +83,7 @@ def test_replaying_a_repair_letter_overwrites_the_equal_version(client, auth, te
         {"op": "repair", "version": up["version"], "document_id": up["document_id"]},
     )
     with unit_of_work() as uow:
-        replay_dead_letter(uow, letter_id, tenant)
+        replay_dead_letter(uow, letter_id, tenant, queue=suite_queue())
 
     def repaired() -> bool:
         relay.drain(connect(), unit_of_work)

@@ -28,6 +28,7 @@ from tests.helpers import (
     paused,
     pg_chunks,
     search,
+    suite_queue,
     upload_text,
     wait_converged,
 )
@@ -131,7 +132,11 @@ def test_an_upload_racing_a_delete_of_the_same_document_becomes_the_next_version
     answers: list[Any] = []
     with unit_of_work() as uow:
         tombstone = delete_document(
-            uow, connect().vectors(uow.session), tenant, uuid.UUID(first["document_id"])
+            uow,
+            connect().vectors(uow.session),
+            tenant,
+            uuid.UUID(first["document_id"]),
+            queue=suite_queue(),
         )
         uploader = threading.Thread(
             target=lambda: answers.append(
@@ -202,6 +207,7 @@ def test_a_locking_read_sees_the_row_as_committed_since_the_session_read_it(tena
         read = documents_by_external_ids(reader.session, [(tenant, "x.txt")])[(tenant, "x.txt")]
         assert not read.deleted and read.version == 1
         with unit_of_work() as other:
-            delete_document(other, connect().vectors(other.session), tenant, read.id)
+            vectors = connect().vectors(other.session)
+            delete_document(other, vectors, tenant, read.id, queue=suite_queue())
         locked = document_for_tenant(reader.session, tenant, read.id, for_update=True)
         assert locked is not None and locked.deleted and locked.version == 2

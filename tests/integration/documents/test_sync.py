@@ -14,6 +14,7 @@ from shared.db import unit_of_work
 from shared.documents.repository import live_content_hashes
 from shared.stores.compose import connect
 from tests.conftest import wait_for
+from tests.helpers import suite_queue
 
 
 def _sync(directory: Path, tenant: str, *flags: str) -> str:
@@ -176,7 +177,7 @@ def test_a_discarded_refusal_is_remembered_and_only_job_letters_offer_replay(
     assert view.source == "event" and not view.replayable
     assert "corrected upload" in view.remedy
     with pytest.raises(BadRequest, match="corrected upload"), unit_of_work() as uow:
-        ops.replay_dead_letter(uow, view.id, tenant)
+        ops.replay_dead_letter(uow, view.id, tenant, queue=suite_queue())
     with unit_of_work() as uow:
         ops.discard_dead_letter(uow.session, view.id, tenant)
     with unit_of_work() as uow:

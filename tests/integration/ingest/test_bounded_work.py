@@ -29,7 +29,7 @@ from shared.stores.chunk_index import ElasticsearchChunkIndex
 from shared.stores.compose import connect
 from shared.stores.elastic import get_es
 from tests.conftest import CeleryProcess, wait_for
-from tests.helpers import es_chunks, paused, pg_chunks, upload_text
+from tests.helpers import RecordingQueue, es_chunks, paused, pg_chunks, upload_text
 
 
 class RefusesRequestsHolding:
@@ -139,8 +139,9 @@ def test_a_drain_stopped_by_its_batch_limit_asks_for_the_next_one(
     its batch limit or its deadline (a repair run from an admin's API request drains every
     tenant's rows, bounded by time) would wait for beat: it asks for the next drain itself,
     and only then."""
-    asked: list[bool] = []
-    monkeypatch.setattr(relay, "publish_relay", lambda: asked.append(True) or True)
+    queue = RecordingQueue("publish_relay", send=False)
+    stores = replace(connect(), queue=queue)
+    asked = queue.calls["publish_relay"]  # one () per request
     settings = get_settings()
     with paused(worker):
         ups = [upload_text(client, auth, f"limit-{i}.txt", f"Limit row {i}.") for i in range(6)]
@@ -149,20 +150,20 @@ def test_a_drain_stopped_by_its_batch_limit_asks_for_the_next_one(
         original = settings.relay_batch_size
         settings.relay_batch_size = 2
         try:
-            first = relay.drain(connect(), unit_of_work, max_batches=1, settings=settings)
-            assert first.claimed == 2 and asked == [True]
+            first = relay.drain(stores, unit_of_work, max_batches=1, settings=settings)
+            assert first.claimed == 2 and len(asked) == 1
             late = relay.drain(
-                connect(),
+                stores,
                 unit_of_work,
                 max_batches=1_000,
                 settings=settings,
                 deadline=time.monotonic(),
             )
-            assert late.claimed == 2 and asked == [True, True]  # one batch, then the deadline
-            rest = relay.drain(connect(), unit_of_work, max_batches=1_000, settings=settings)
+            assert late.claimed == 2 and len(asked) == 2  # one batch, then the deadline
+            rest = relay.drain(stores, unit_of_work, max_batches=1_000, settings=settings)
         finally:
             settings.relay_batch_size = original
-    assert rest.claimed >= 2 and asked == [True, True]  # it emptied the outbox: no more asks
+    assert rest.claimed >= 2 and len(asked) == 2  # it emptied the outbox: no more asks
     assert es_chunks(tenant) == pg_chunks(tenant)
 
 
@@ -233,7 +234,9 @@ def test_a_document_of_many_chunks_is_indexed_completely_under_the_shipped_limit
             with unit_of_work() as uow:
                 key = (tenant, "long.md")
                 [doc] = documents_repo.documents_by_external_ids(uow.session, [key]).values()
-                delete_document(uow, connect().vectors(uow.session), tenant, doc.id)
+                stores = connect()
+                vectors = stores.vectors(uow.session)
+                delete_document(uow, vectors, tenant, doc.id, queue=stores.queue)
             wait_for(lambda: both_stores(0), 300, interval=2, what="every chunk deleted")
         finally:
             default_worker.stop()

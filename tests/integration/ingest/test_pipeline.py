@@ -16,7 +16,7 @@ from shared.ingest import pipeline
 from shared.jobs import sweep
 from shared.jobs.repository import live_job_states
 from shared.models import Chunk, DeadLetter
-from shared.queue import publish_ingest_job, publish_upload_event
+from shared.queue import publish_upload_event
 from shared.relay import service as relay
 from shared.settings import get_settings
 from shared.stores.compose import connect
@@ -31,6 +31,7 @@ from tests.helpers import (
     paused,
     pg_chunks,
     search,
+    suite_queue,
     tenant_index,
     upload_text,
     wait_converged,
@@ -130,7 +131,7 @@ def test_delete_and_stale_replays_never_resurrect(client: TestClient, auth, tena
     # Within gc_deletes, Elasticsearch's tombstone (version 2) rejects the stale write.
     assert _index_stale(tenant, chunk_id, stale_source, 1) == 409
     # Re-delivering the original job does nothing either.
-    publish_ingest_job(uuid.UUID(up["job_id"]))
+    suite_queue().publish_ingest_job(uuid.UUID(up["job_id"]))
     time.sleep(2)
     assert es_chunks(tenant) == {} and pg_chunks(tenant) == {}
 
@@ -204,7 +205,7 @@ def test_a_delivery_for_a_job_running_under_a_live_lease_leaves_it_alone(
     # Once the lease has run out, the next delivery (its own message, or the sweep's) takes
     # it, and it ends indexed.
     time.sleep(2.5)
-    sweep.sweep_expired_jobs(unit_of_work)
+    sweep.sweep_expired_jobs(unit_of_work, suite_queue())
     wait_job(client, auth, upload["job_id"])
     assert len(wait_converged(tenant)) > 0
 
@@ -373,7 +374,7 @@ def test_exhausted_attempts_are_dead_lettered_with_the_reason(
     with paused(worker):
         up = upload_text(client, auth, "doomed.txt", "This job keeps losing its worker.")
         exhaust_attempts(up["job_id"], last_error="WorkerLostError: SIGKILL")
-        report = sweep.sweep_expired_jobs(unit_of_work)
+        report = sweep.sweep_expired_jobs(unit_of_work, suite_queue())
     assert up["job_id"] in report.dead_lettered
     body = client.get(f"/v1/jobs/{up['job_id']}", headers=auth).json()
     assert body["state"] == "dead_lettered"
@@ -439,9 +440,9 @@ def test_a_batch_writes_its_first_jobs_before_it_encodes_the_rest(
         events.append(("embed", {c.job_id for c in claims}))
         return embed(claims, *args, **kwargs)
 
-    def spied_write(uow: Any, claims: list[Any], vectors: Any) -> dict[uuid.UUID, Any]:
+    def spied_write(uow: Any, claims: list[Any], vectors: Any, queue: Any) -> dict[uuid.UUID, Any]:
         events.append(("write", {c.job_id for c in claims}))
-        return write(uow, claims, vectors)
+        return write(uow, claims, vectors, queue)
 
     monkeypatch.setattr(pipeline, "embed_batch", spied_embed)
     monkeypatch.setattr(pipeline, "write_batch", spied_write)
@@ -454,7 +455,7 @@ def test_a_batch_writes_its_first_jobs_before_it_encodes_the_rest(
             for word in ("estuary", "ferry", "harbour")
         ]
         with unit_of_work() as uow:
-            claims = pipeline.claim(uow, uuid.UUID(note), get_settings())
+            claims = pipeline.claim(uow, uuid.UUID(note), get_settings(), queue=suite_queue())
         assert not isinstance(claims, pipeline.JobOutcome), claims
         order = [c.job_id for c in claims]
         assert order[0] == uuid.UUID(note) and set(map(uuid.UUID, backlog)) <= set(order)
@@ -487,7 +488,7 @@ def test_a_document_larger_than_a_turn_is_encoded_a_turn_at_a_time_with_others_b
         while True:
             turns += 1
             with unit_of_work() as uow:
-                claims = pipeline.claim(uow, uuid.UUID(big), settings)
+                claims = pipeline.claim(uow, uuid.UUID(big), settings, queue=suite_queue())
             assert not isinstance(claims, pipeline.JobOutcome), claims
             claimed_between |= uuid.UUID(other) in {c.job_id for c in claims}
             outcomes = pipeline.run(connect(), claims, unit_of_work, settings)

@@ -3,7 +3,6 @@ of jobs at a time, unchanged chunks from the embedding cache."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -13,9 +12,11 @@ from shared.ingest import pipeline
 from shared.settings import get_settings
 from shared.stores.compose import connect
 from tests.helpers import (
+    RecordingQueue,
     es_chunks,
     paused,
     pg_chunks,
+    suite_queue,
     upload_text,
     wait_converged,
     wait_job,
@@ -49,7 +50,9 @@ def test_chunk_context_is_what_gets_embedded_and_reembed_applies_it(
     def reembed_in_process(context: str) -> dict[str, Any]:
         monkeypatch.setattr(get_settings(), "chunk_context", context)
         with paused(worker):  # this process runs the jobs, with this setting
-            job_ids = job_service.reprocess_tenant(unit_of_work, tenant, get_settings())
+            job_ids = job_service.reprocess_tenant(
+                unit_of_work, tenant, get_settings(), queue=suite_queue()
+            )
             assert len(job_ids) == 1
             outcome = pipeline.process_job(connect(), unit_of_work, job_ids[0]).as_dict()
         return outcome
@@ -82,7 +85,9 @@ def test_a_reembed_into_fewer_chunks_removes_the_extra_ones_from_both_stores(
     monkeypatch.setattr(get_settings(), "chunk_max_tokens", 2000)
     monkeypatch.setattr(get_settings(), "chunk_overlap_tokens", 0)
     with paused(worker):  # this process runs the job, with the bigger budget
-        (job_id,) = job_service.reprocess_tenant(unit_of_work, tenant, get_settings())
+        (job_id,) = job_service.reprocess_tenant(
+            unit_of_work, tenant, get_settings(), queue=suite_queue()
+        )
         assert pipeline.process_job(connect(), unit_of_work, job_id).as_dict()["chunks"] == 1
     after = wait_converged(tenant)
     assert len(after) == 1 and set(after) < set(before)
@@ -101,14 +106,11 @@ def test_a_reembed_queues_a_tenant_a_page_at_a_time_and_every_document_comes_bac
     ]
     for up in ups:
         wait_job(client, auth, up["job_id"])
-    published: list[list[uuid.UUID]] = []
-    real_publish = job_service.publish_ingest_jobs
-    monkeypatch.setattr(
-        job_service,
-        "publish_ingest_jobs",
-        lambda ids: published.append(list(ids)) or real_publish(ids),
+    queue = RecordingQueue("publish_ingest_jobs")
+    job_ids = job_service.reprocess_tenant(
+        unit_of_work, tenant, get_settings(), page=2, queue=queue
     )
-    job_ids = job_service.reprocess_tenant(unit_of_work, tenant, get_settings(), page=2)
+    published = [list(ids) for (ids,) in queue.calls["publish_ingest_jobs"]]
     assert sorted(map(str, job_ids)) == sorted(up["job_id"] for up in ups)
     assert [len(batch) for batch in published] == [2, 2, 1]  # one batch per page here
     for up in ups:

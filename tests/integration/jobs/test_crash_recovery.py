@@ -24,7 +24,15 @@ from shared.models import IngestJob
 from shared.settings import Settings, get_settings
 from shared.stores.compose import connect
 from tests.conftest import ROOT, CeleryProcess, wait_for
-from tests.helpers import document_count, job_state, long_text, paused, upload_text, wait_converged
+from tests.helpers import (
+    RecordingQueue,
+    document_count,
+    job_state,
+    long_text,
+    paused,
+    upload_text,
+    wait_converged,
+)
 from training import jobs as training_jobs
 
 # A stand-in for a worker process: it claims a batch the way a task does, keeps it alive
@@ -36,9 +44,10 @@ from shared.jobs.heartbeat import LeaseHeartbeat
 from shared.settings import get_settings
 
 from shared.db import unit_of_work
+from shared.stores.compose import connect
 
 with unit_of_work() as uow:
-    claims = pipeline.claim(uow, uuid.UUID(sys.argv[1]), get_settings())
+    claims = pipeline.claim(uow, uuid.UUID(sys.argv[1]), get_settings(), queue=connect().queue)
 with LeaseHeartbeat([c.job_id for c in claims], unit_of_work, get_settings()):
     print(len(claims), flush=True)
     time.sleep(3600)
@@ -100,7 +109,7 @@ def test_a_retriable_failure_hands_the_batch_back_for_its_retry_at_once(
     worker: CeleryProcess,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def unreachable(uow: object, claims: object, vectors: object) -> None:
+    def unreachable(uow: object, claims: object, vectors: object, queue: object) -> None:
         raise OperationalError("SELECT 1", {}, Exception("connection refused"))
 
     with paused(worker):
@@ -145,8 +154,8 @@ def test_a_silent_training_job_is_failed_or_published_again_by_the_sweep(
     )
     assert hook.status_code == 201, hook.text
     ids = {state: uuid.uuid4() for state in ("dead", "lost-message", "live")}
-    published: list[uuid.UUID] = []
-    monkeypatch.setattr(sweep, "publish_training_job", published.append)
+    queue = RecordingQueue("publish_training_job", send=False)
+    published = queue.calls["publish_training_job"]  # (job id,) each
     hour_ago = datetime.now(UTC) - timedelta(hours=1)
     with paused(worker):  # its beat-driven sweeps wait; this test runs the sweep itself
         with unit_of_work() as uow:
@@ -172,15 +181,15 @@ def test_a_silent_training_job_is_failed_or_published_again_by_the_sweep(
         # silenced live runs' heartbeats as well) judges no running job yet.
         monkeypatch.setattr(sweep, "_reachable_since", hour_ago)
         monkeypatch.setattr(sweep, "_last_sweep", hour_ago)
-        after_outage = sweep.sweep_expired_jobs(unit_of_work)
+        after_outage = sweep.sweep_expired_jobs(unit_of_work, queue)
         assert str(ids["dead"]) not in after_outage.training_failed
         # Sweeps without a gap for long: a running job silent for a minute is judged.
         monkeypatch.setattr(sweep, "_reachable_since", hour_ago)
-        first = sweep.sweep_expired_jobs(unit_of_work)
-        again = sweep.sweep_expired_jobs(unit_of_work)
+        first = sweep.sweep_expired_jobs(unit_of_work, queue)
+        again = sweep.sweep_expired_jobs(unit_of_work, queue)
         # A run that ended after the sweep settled it (it cannot, with its heartbeat) leaves
         # the sweep's verdict, and sends no second webhook.
-        training_jobs._finish(ids["dead"], "done", result={})
+        training_jobs._finish(ids["dead"], "done", queue=queue, result={})
         with unit_of_work() as uow:
             jobs = {j.name: j for j in uow.session.query(TrainingJob).filter_by(tenant_id=tenant)}
             events = [
@@ -193,7 +202,8 @@ def test_a_silent_training_job_is_failed_or_published_again_by_the_sweep(
     assert [j for j in first.training_failed if j in mine] == [str(ids["dead"])]
     republished = after_outage.training_republished + first.training_republished
     assert [j for j in republished if j in mine] == [str(ids["lost-message"])]
-    assert [j for j in published if str(j) in mine] == [ids["lost-message"]]  # once, after commit
+    # once, after commit
+    assert [j for (j,) in published if str(j) in mine] == [ids["lost-message"]]
     assert not mine & set(again.training_failed + again.training_republished)
     assert jobs["dead"].state == "failed" and "worker stopped" in (jobs["dead"].error or "")
     assert jobs["lost-message"].state == "queued" and jobs["live"].state == "running"

@@ -28,7 +28,7 @@ from shared.settings import get_settings
 from shared.stores import repository as repo
 from shared.stores.compose import connect
 from tests.conftest import CeleryProcess, wait_for
-from tests.helpers import key_headers, paused, upload_text, wait_converged
+from tests.helpers import key_headers, paused, suite_queue, upload_text, wait_converged
 
 VICTIM_MARKER = "kestrel-victim-secret"
 
@@ -97,7 +97,7 @@ def _stored_past_the_door(tenant: str, external_id: str, text: str) -> tuple[str
 
     upload = Upload(tenant, external_id, text.encode(), "application/json")
     with unit_of_work() as uow:
-        result = accept_upload(uow, get_settings(), upload)
+        result = accept_upload(uow, get_settings(), upload, queue=suite_queue())
     return result.status, str(result.job_id)
 
 
@@ -148,7 +148,8 @@ def test_poison_json_is_refused_at_the_door_and_fails_alone_past_it(
 def _claims_of(job_ids: list[str]) -> list[Any]:
     """A batch holding ``job_ids`` (small jobs: all of them fit), as a message of them claims."""
     with unit_of_work() as uow:
-        claims, rest = pipeline.claim_listed(uow, [uuid.UUID(j) for j in job_ids], get_settings())
+        listed = [uuid.UUID(j) for j in job_ids]
+        claims, rest = pipeline.claim_listed(uow, listed, get_settings(), queue=suite_queue())
     assert rest == []
     return claims
 
@@ -169,11 +170,11 @@ def test_an_unexpected_error_of_one_job_dead_letters_it_alone(
         real_fail = pipeline.jobs.fail
         refusals: list[str] = []
 
-        def fail(uow: Any, job_id: uuid.UUID, stage: str, error: Any, dead_letter: bool) -> None:
+        def fail(uow: Any, job_id: uuid.UUID, stage: str, error: Any, **options: Any) -> None:
             if not refusals:  # as Postgres refuses a message it cannot store
                 refusals.append(str(error))
                 raise DataError("UPDATE ingest_jobs ...", {}, Exception("invalid byte sequence"))
-            real_fail(uow, job_id, stage, error, dead_letter)
+            real_fail(uow, job_id, stage, error, **options)
 
         monkeypatch.setattr(pipeline.jobs, "fail", fail)
     if stage in ("parse", "unrecordable"):
@@ -390,7 +391,7 @@ def test_a_document_that_kills_its_worker_uses_up_its_own_attempts_not_its_batch
                             ),
                             {"ids": ours},
                         )
-                    sweep_expired_jobs(unit_of_work, settings)
+                    sweep_expired_jobs(unit_of_work, suite_queue(), settings)
                     break
                 assert ended == 0
 

@@ -26,7 +26,7 @@ from shared.relay import service as relay
 from shared.settings import get_settings
 from shared.stores.compose import connect
 from shared.stores.elastic import get_es
-from tests.helpers import es_chunks, index_orphan, paused, pg_chunks, tenant_index
+from tests.helpers import es_chunks, index_orphan, paused, pg_chunks, suite_queue, tenant_index
 
 EXTERNAL_IDS = [f"doc-{i}" for i in range(4)]
 TEXTS = [
@@ -60,6 +60,7 @@ class StoresMachine(RuleBasedStateMachine):
                     raw=text.encode(),
                     content_type="text/plain",
                 ),
+                queue=suite_queue(),
             )
         if result.status == "accepted" and result.job_id:
             pipeline.process_job(connect(), unit_of_work, result.job_id)
@@ -70,7 +71,8 @@ class StoresMachine(RuleBasedStateMachine):
             key = (self.tenant, external_id)
             doc = documents_repo.documents_by_external_ids(uow.session, [key]).get(key)
             if doc is not None and not doc.deleted:
-                delete_document(uow, connect().vectors(uow.session), self.tenant, doc.id)
+                vectors = connect().vectors(uow.session)
+                delete_document(uow, vectors, self.tenant, doc.id, queue=suite_queue())
 
     @rule()
     def relay_outbox(self) -> None:

@@ -188,7 +188,7 @@ def test_reconcile_cli_reports_and_exits_nonzero_while_drift_remains(client, aut
                     raw=b"Two sentences wait in the outbox. The relay has not sent them.",
                     content_type="text/plain",
                 ),
-                publish=False,
+                queue=None,
             )
         assert pending.job_id is not None
         pipeline.process_job(connect(), unit_of_work, pending.job_id)

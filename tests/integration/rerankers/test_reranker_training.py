@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from evaluation import beir
 from evaluation.harness import EvalOptions, eval_tenant, run_eval
-from tests.helpers import TINY, key_headers, poster
+from tests.helpers import TINY, key_headers, poster, suite_queue
 from training.fine_tuning import TrainingOptions
 from training.reranker import TrainingRefused, train_reranker
 
@@ -114,7 +114,7 @@ def test_training_as_a_background_job_reports_progress_and_the_card(
     from training.jobs import start_training_job
 
     options = TrainingOptions(max_steps=2, batch_size=8, rerank_window=5, mining_depth=10)
-    job_id = start_training_job(TINY, "tiny-bg", options)
+    job_id = start_training_job(TINY, "tiny-bg", options, queue=suite_queue())
     headers = key_headers(trained["tenant"], ["read"])
     deadline = time.monotonic() + 120
     job: dict[str, Any] = {}

@@ -140,7 +140,7 @@ def test_the_shared_index_of_an_older_deployment_moves_to_an_index_per_tenant_on
     def ingest(tenant_id: str, external_id: str, text: str) -> None:
         with unit_of_work() as uow:
             upload = Upload(tenant_id, external_id, text.encode(), "text/plain")
-            result = accept_upload(uow, settings, upload, publish=False)
+            result = accept_upload(uow, settings, upload, queue=None)
         assert result.job_id is not None
         assert pipeline.process_job(connect(), unit_of_work, result.job_id).state == "indexed"
         relay.drain(replace(connect(), index=index), unit_of_work, settings=settings)

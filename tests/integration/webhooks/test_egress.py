@@ -18,7 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.conftest import wait_for
-from tests.helpers import key_headers
+from tests.helpers import key_headers, suite_queue
 from tests.unit.webhooks.test_egress import MEANS_127_0_0_1, REFUSED_HOSTS
 
 
@@ -100,7 +100,8 @@ def _endpoint_stored_as_is(tenant: str, url: str) -> uuid.UUID:
                 created_at=now(uow.session),
             ),
         )
-        webhooks.emit(uow, [(tenant, "job.indexed", {"event": "job.indexed", "n": 1})])
+        events = [(tenant, "job.indexed", {"event": "job.indexed", "n": 1})]
+        webhooks.emit(uow, events, queue=suite_queue())
     return endpoint_id
 
 

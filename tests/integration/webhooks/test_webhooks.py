@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from shared.webhooks.signing import verify
 from tests.conftest import wait_for
-from tests.helpers import key_headers, upload_text, wait_job
+from tests.helpers import key_headers, suite_queue, upload_text, wait_job
 
 
 class Receiver:
@@ -196,7 +196,7 @@ def test_a_dead_endpoint_of_one_tenant_costs_its_share_of_attempts_and_others_ar
         with paused(webhook_worker):
             with unit_of_work() as uow:
                 events = [(t, "job.indexed", {"n": i}) for i in range(5) for t in (tenant, other)]
-                webhooks.emit(uow, events)
+                webhooks.emit(uow, events, queue=suite_queue())
             sent = deliver_due(unit_of_work, get_settings())
             with unit_of_work() as uow:  # read before the worker resumes and sends again
                 dead_log = webhooks.delivery_log(uow.session, tenant, uuid.UUID(dead), 50)
@@ -278,7 +278,9 @@ def test_a_trickling_or_nul_answering_receiver_costs_one_bounded_attempt_each(
         with paused(webhook_worker):
             with unit_of_work() as uow:
                 webhooks.emit(
-                    uow, [(t, "job.indexed", {"n": i}) for i in range(3) for t in (tenant, other)]
+                    uow,
+                    [(t, "job.indexed", {"n": i}) for i in range(3) for t in (tenant, other)],
+                    queue=suite_queue(),
                 )
             started = time.monotonic()
             deliver_due(unit_of_work, settings)
@@ -354,11 +356,13 @@ def test_hanging_endpoints_of_one_tenant_hold_only_its_own_slots_and_get_parked(
         endpoints = [uuid.UUID(register(client, tenant, hanging.url)) for _ in range(6)]
         live = uuid.UUID(register(client, other, receiver.url))
         with unit_of_work() as uow:
-            webhooks.emit(uow, [(tenant, "job.indexed", {"n": i}) for i in range(3)])
+            webhooks.emit(
+                uow, [(tenant, "job.indexed", {"n": i}) for i in range(3)], queue=suite_queue()
+            )
         wait_for(lambda: len(hanging.held) >= settings.webhook_tenant_in_flight or None, 30,
                  what="A's first requests hanging")  # fmt: skip
         with unit_of_work() as uow:
-            webhooks.emit(uow, [(other, "job.indexed", {"n": 0})])
+            webhooks.emit(uow, [(other, "job.indexed", {"n": 0})], queue=suite_queue())
 
         def a_log_once_b_is_delivered() -> list[Any] | None:
             with unit_of_work() as uow:
