@@ -5,6 +5,7 @@ serves stale or deleted text."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -43,33 +44,25 @@ def hydrate_page(
     if not request.rerank.enabled and request.mmr is None:
         likely = within_cap([cid for cid, _ in fused], request.per_document_cap, document_of_chunk)
         likely = likely[: request.top_k]
+    read = functools.partial(
+        hydrate,
+        query,
+        vectors,
+        vector=retrieved.vector,
+        embeddings_for=likely[:EMBEDDINGS_UP_FRONT],
+        cosines=cosines,
+    )
     page = Candidates([])
     hydrated: set[str] = set()
     if likely:
         # Those alone, first: when all of them are live they are the results, and nothing
         # past them needs its text read (a 100-result search read 200 rows before).
-        wanted = set(likely)
-        page = hydrate(
-            query,
-            vectors,
-            [hit for hit in fused if hit[0] in wanted],
-            vector=retrieved.vector,
-            embeddings_for=likely[:EMBEDDINGS_UP_FRONT],
-            cosines=cosines,
-        )
-        hydrated = wanted
+        hydrated = set(likely)
+        page = read([hit for hit in fused if hit[0] in hydrated])
         if len(page.items) == len(likely):  # none stale: nothing else can be a result
             return page
     for start in range(0, len(fused), step):
-        part = [hit for hit in fused[start : start + step] if hit[0] not in hydrated]
-        more = hydrate(
-            query,
-            vectors,
-            part,
-            vector=retrieved.vector,
-            embeddings_for=likely[:EMBEDDINGS_UP_FRONT],
-            cosines=cosines,
-        )
+        more = read([hit for hit in fused[start : start + step] if hit[0] not in hydrated])
         page.items += more.items
         page.dropped += more.dropped
         page.stale += more.stale

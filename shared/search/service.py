@@ -12,6 +12,7 @@ under ``degraded``.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -41,7 +42,7 @@ from shared.search.resolve import answerability_model, resolve
 from shared.search.respond import respond
 from shared.search.retrieve import retrieve
 from shared.search.schemas import SearchRequest, SearchResponse
-from shared.search.values import Candidate, Query, Ranked, RerankInfo, Retrieved
+from shared.search.values import Query, Ranked, RerankInfo, Retrieved
 from shared.settings import Settings, get_settings
 from shared.stores.compose import Stores
 from shared.stores.ports import SnapshotStore, VectorSearch
@@ -131,10 +132,8 @@ def page_of(
 ) -> SearchResponse:
     """The page of results from ``offset`` in the fused ranking (0: the first)."""
     request = query.request
-
-    def load_embeddings(candidates: list[Candidate]) -> list[Candidate]:
-        return with_embeddings(query, vectors, candidates)
-
+    load_embeddings = functools.partial(with_embeddings, query, vectors)
+    hydrate_hits = functools.partial(hydrate, query, vectors, vector=retrieved.vector)
     page = timings.timed("hydrate", lambda: hydrate_page(query, vectors, retrieved, offset=offset))
     ordered, degraded = crumbs_last(collapse_copies(page.items)), []
     rerank_info: RerankInfo = {}
@@ -151,9 +150,7 @@ def page_of(
                 page,
                 offset=offset,
                 rerank_info=rerank_info,
-                hydrate_hits=lambda hits: hydrate(
-                    query, vectors, hits, vector=retrieved.vector, embeddings_for=[]
-                ),
+                hydrate_hits=functools.partial(hydrate_hits, embeddings_for=[]),
             )
         stale = stale + also_stale
     with timings.stage("mmr") if request.mmr is not None else nullcontext():
