@@ -108,10 +108,15 @@ class StoreRejected(StoreError):
 class StoreConflict(StoreError):
     """A store refused a write because another got there first (a version conflict, a
     deadlock or serialization failure between two transactions, a unique key taken); the
-    retry reads again and goes through."""
+    retry reads again and goes through. At the API a 503 with Retry-After, like the same
+    deadlock met outside an adapter (at commit): the client's request did nothing wrong."""
 
-    status_code = 409
+    status_code = 503
     code = "store_conflict"
+
+    def __init__(self, message: str, *, store: str = "", status: int | None = None) -> None:
+        super().__init__(message, store=store, status=status)
+        self.headers = {"Retry-After": "1"}
 
 
 class ParseError(ConcordError):

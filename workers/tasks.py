@@ -16,6 +16,7 @@ from shared.db import unit_of_work
 from shared.documents import events as upload_events
 from shared.documents.events import EventsOutcome
 from shared.documents.service import add_event_dead_letter
+from shared.errors import StoreUnavailable
 from shared.ingest import pipeline
 from shared.jobs import service as jobs
 from shared.jobs import sweep
@@ -148,9 +149,20 @@ def accept_upload_events(self: Task, events: list[Any]) -> dict[str, int]:
             if start == 0:
                 raise  # nothing committed yet: this message's retry or fallback has it all
             log.warning("events %d.. of a message go on in a message of their own: %s", start, e)
-            worker_stores().queue.publish_upload_events(listed[start:])
+            try:
+                worker_stores().queue.publish_upload_events(listed[start:])
+            except StoreUnavailable as unpublished:
+                # Not this message's retry (it would apply the committed slices again): the
+                # give-up path accepts every event one at a time, the committed ones as
+                # ``unchanged``.
+                raise RestNotPublished(f"events {start}.. could not be published") from unpublished
             break
     return outcome.counts()
+
+
+class RestNotPublished(Exception):
+    """The events after a failed slice could not go on in a message of their own; not
+    retriable (see accept_upload_events)."""
 
 
 def _status(outcome: EventsOutcome) -> dict[str, Any]:

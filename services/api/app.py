@@ -6,7 +6,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from shared.db import unit_of_work
 from shared.errors import ConcordError, validation_error
 from shared.logs import configure_json_logging, new_request_id, request_id_var
 from shared.metrics import API_REQUEST_SECONDS, SystemCollector
+from shared.queue import TaskQueue
 from shared.settings import get_settings
 from shared.stores.compose import Stores, connect
 
@@ -79,10 +79,15 @@ def _store_unavailable(store: str) -> Callable[[Request, Exception], Awaitable[R
     return handler
 
 
-@lru_cache(maxsize=1)
-def _register_system_metrics() -> None:
-    """Once per process, however many apps the tests create."""
-    REGISTRY.register(SystemCollector(unit_of_work, connect(get_settings()).queue))
+_system_metrics: list[SystemCollector] = []  # registered once per process
+
+
+def _register_system_metrics(queue: TaskQueue) -> None:
+    """Once per process, however many apps the tests create: read through the first app's
+    queue."""
+    if not _system_metrics:
+        _system_metrics.append(SystemCollector(unit_of_work, queue))
+        REGISTRY.register(_system_metrics[0])
 
 
 class RequestContextMiddleware:
@@ -128,7 +133,8 @@ def create_app(warm_up: WarmUp | None = None, stores: Stores | None = None) -> F
     wait). ``stores``: the stores its routes work with (``StoresDep``), the real ones by
     default."""
     configure_json_logging()
-    _register_system_metrics()
+    stores = stores or connect(get_settings())
+    _register_system_metrics(stores.queue)
     warming = warm_up or WarmUp()
 
     @asynccontextmanager
@@ -148,7 +154,7 @@ def create_app(warm_up: WarmUp | None = None, stores: Stores | None = None) -> F
         description="Hybrid retrieval over Postgres/pgvector and Elasticsearch.",
         static_url="/docs-assets",
     )
-    app.state.stores = stores or connect(get_settings())
+    app.state.stores = stores
     if warming.stores is None:  # the queue's producer it warms is the routes' own
         warming.stores = app.state.stores
     app.include_router(documents.router)

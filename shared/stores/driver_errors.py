@@ -15,6 +15,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
+import redis.exceptions
 from redis.exceptions import RedisError, ResponseError
 from sqlalchemy.exc import (
     DBAPIError,
@@ -118,18 +119,28 @@ raises_postgres_errors = translating((SQLAlchemyError,), postgres_error)
 # ------------------------------------------------------------------ Redis
 
 REDIS = "Redis"
-# Answers that refuse a command for now, not for what it is: out of memory, a script running,
-# a replica or a cluster not ready.
+# Answers that refuse a command for now, not for what it is: out of memory, a replica that
+# is read-only or has lost its master, a cluster not ready. redis-py raises each as a class of
+# its own and drops the code from the message; a script still running keeps its "BUSY".
 TRANSIENT_REDIS_ANSWERS = (
-    "OOM", "BUSY", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN",
-)  # fmt: skip
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.MasterDownError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+)
+
+
+def refused_for_now(error: RedisError) -> bool:
+    """A Redis answer that refuses the command for now (a retry later may pass)."""
+    return isinstance(error, TRANSIENT_REDIS_ANSWERS) or str(error).startswith("BUSY")
 
 
 def redis_error(error: RedisError) -> StoreError:
     """An answer refusing the command itself (a wrong type, a script's error) is
-    StoreRejected; no answer (refused, reset, timed out) or a refusal for now (out of memory,
-    loading) StoreUnavailable."""
-    if isinstance(error, ResponseError) and not str(error).startswith(TRANSIENT_REDIS_ANSWERS):
+    StoreRejected; no answer (refused, reset, timed out, loading) or a refusal for now (out
+    of memory, read-only) StoreUnavailable."""
+    if isinstance(error, ResponseError) and not refused_for_now(error):
         return StoreRejected(f"{REDIS}: {error}", store=REDIS)
     return StoreUnavailable(f"{REDIS}: {type(error).__name__}", store=REDIS)
 

@@ -13,7 +13,7 @@ from redis.exceptions import ResponseError
 
 from shared.redis_client import redis_client
 from shared.settings import Settings
-from shared.stores.driver_errors import TRANSIENT_REDIS_ANSWERS, raises_redis_errors
+from shared.stores.driver_errors import raises_redis_errors, refused_for_now
 
 PREFIX = "concord:search-cursor:"
 
@@ -60,7 +60,7 @@ class RedisSnapshots:
         try:
             raw = self._redis().get(PREFIX + snapshot_id)
         except ResponseError as e:
-            if str(e).startswith(TRANSIENT_REDIS_ANSWERS):
+            if refused_for_now(e):
                 raise
             return None  # not a snapshot's key (only a forged id could name one)
         return raw if isinstance(raw, bytes) else None

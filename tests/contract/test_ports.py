@@ -378,7 +378,7 @@ def _contract_classes() -> list[type[Any]]:
         for module in modules
         for member in vars(module).values()
         if inspect.isclass(member) and member.__module__ == module.__name__
-        if "PORTS" in vars(member)
+        if member.__name__.startswith("Test") and hasattr(member, "PORTS")  # the collected ones
     ]
 
 
