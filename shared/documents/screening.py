@@ -39,8 +39,7 @@ BINARY_SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"\x7fELF", "an ELF executable"),
     (
         b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1",
-        "an OLE file (an old binary .doc, .xls or .ppt: save it as .docx, .xlsx or .pptx; or "
-        "an Outlook .msg: save the message as .eml)",
+        "an OLE file (an old binary .doc, .xls or .ppt: save it as .docx, .xlsx or .pptx)",
     ),
     (b"\xca\xfe\xba\xbe", "a Java class or Mach-O file"),
 )
@@ -69,6 +68,16 @@ def screen_upload(raw: bytes, content_type: str, filename: str | None = None) ->
                     if held
                     else "no Word, PowerPoint, Excel, OpenDocument or EPUB document"
                 )
+            )
+        return
+    if container == "ole":
+        if not (
+            raw.startswith(containers.OLE_SIGNATURE)
+            and containers.ole_content_type(raw) == content_type
+        ):
+            raise UnsupportedMediaType(
+                f"declared as {SUPPORTED_TYPES[content_type]} ({content_type}), but the file is "
+                "not an Outlook message (an OLE file with a message's properties)"
             )
         return
     if container == "image" and content_type == resolve_content_type(None, None, raw):

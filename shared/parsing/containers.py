@@ -159,22 +159,29 @@ def read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
     return data
 
 
-def refuse_encrypted_office(raw: bytes) -> None:
-    """An Office file encrypted as a whole is an OLE compound file holding the encrypted
-    package: refused with what to do. Other OLE files (old binary .doc, .xls, .ppt, Outlook's
-    .msg) are left to screening, which refuses them as a kind Concord does not read."""
+OUTLOOK_MESSAGE = "application/vnd.ms-outlook"
+
+
+def ole_content_type(raw: bytes) -> str | None:
+    """What an OLE compound file is, told by its streams: an Outlook message (its property
+    stream and MAPI property streams), or None. An Office file encrypted as a whole holds
+    the encrypted package: refused with what to do. Other OLE files (old binary .doc, .xls,
+    .ppt) are left to screening, which refuses them as a kind Concord does not read."""
     import olefile
 
     try:
         with olefile.OleFileIO(raw) as ole:
             streams = {"/".join(entry) for entry in ole.listdir(streams=True, storages=True)}
     except (OSError, ValueError, IndexError):
-        return  # not readable as OLE: screening refuses it by its signature
+        return None  # not readable as OLE: screening refuses it by its signature
     if "EncryptedPackage" in streams or "EncryptionInfo" in streams:
         raise UnsupportedMediaType(
             "the file is an encrypted (password-protected) Office document; save it without a "
             "password and upload it again"
         )
+    if "__properties_version1.0" in streams and any(s.startswith("__substg1.0_") for s in streams):
+        return OUTLOOK_MESSAGE
+    return None
 
 
 # Office's macro-enabled main parts, and the plain ones the libraries open.

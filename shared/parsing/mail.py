@@ -1,5 +1,5 @@
-"""E-mail: RFC 822 messages (.eml), read by the standard ``email`` package. (Outlook's .msg is
-not read: extract-msg reads it, but no tool here writes one to test the parser with.)
+"""E-mail: RFC 822 messages (.eml), read by the standard ``email`` package, and Outlook's
+messages (.msg, OLE files of MAPI properties), read by extract-msg.
 
 A message reads as a header block (Subject, From, To, Cc, Date), under the subject as its
 section, then its body: the plain-text part, or the HTML part through the HTML parser where
@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import email
 import email.policy
+import email.utils
+import mimetypes
 from dataclasses import dataclass, field
+from datetime import datetime
 from email.message import EmailMessage
 from typing import Any
 
 from shared.errors import ParseError
-from shared.parsing.containers import MAX_INFLATED_BYTES, stated_inflated_bytes
+from shared.parsing.containers import MAX_INFLATED_BYTES, OUTLOOK_MESSAGE, stated_inflated_bytes
 from shared.parsing.document import ParsedDocument, ParseOptions, TextBuilder
 from shared.parsing.html import parse_html
 from shared.retry import is_retriable
@@ -117,6 +120,55 @@ def _message(
         out.paragraph("\n".join(f"- {name}" for name in listed))
 
 
+def parse_msg(raw: bytes, options: ParseOptions) -> ParsedDocument:
+    return _msg(raw, options, depth=0, budget=Budget())
+
+
+def _msg(raw: bytes, options: ParseOptions, depth: int, budget: Budget) -> ParsedDocument:
+    """An Outlook message read as an e-mail is: its subject, sender, recipients and date as
+    the header block, its plain body (or its HTML one where there is none), its attachments
+    (an attached Outlook message by this same reading)."""
+    import extract_msg
+    from extract_msg.exceptions import ExMsgBaseException
+    from extract_msg.msg_classes import MessageBase
+
+    try:
+        message = extract_msg.openMsg(raw, delayAttachments=False)
+    except (ExMsgBaseException, OSError, ValueError, IndexError, KeyError) as e:
+        raise ParseError(f"the file is not a readable Outlook message ({type(e).__name__})") from e
+    try:
+        if not isinstance(message, MessageBase):
+            raise ParseError("the Outlook file is not a message (a contact, task or note?)")
+        sent = message.date
+        headers = {
+            "Subject": str(message.subject or ""),
+            "From": str(message.sender or ""),
+            "To": str(message.to or ""),
+            "Cc": str(message.cc or ""),
+            "Date": email.utils.format_datetime(sent) if isinstance(sent, datetime) else "",
+        }
+        text, html = str(message.body or ""), None
+        if not text.strip() and message.htmlBody:
+            html = message.htmlBody.decode("utf-8", "replace")
+        attachments = [_msg_attachment(a) for a in message.attachments]
+    finally:
+        message.close()
+    out = TextBuilder()
+    _message(out, headers, text, html, attachments, options, depth, budget)
+    return out.build()
+
+
+def _msg_attachment(attachment: Any) -> tuple[str, str, bytes]:
+    """(name, content type, bytes) of an Outlook attachment; an attached message as the
+    bytes of its own .msg, an attachment with no data (a link, an OLE object) as none."""
+    name = str(attachment.longFilename or attachment.shortFilename or attachment.displayName or "")
+    data = attachment.data
+    if hasattr(data, "exportBytes"):  # an attached Outlook message
+        return name or "message.msg", OUTLOOK_MESSAGE, data.exportBytes()
+    content_type = attachment.mimetype or mimetypes.guess_type(name)[0] or ""
+    return name or "unnamed", str(content_type), data if isinstance(data, bytes) else b""
+
+
 def _attachment(
     name: str, content_type: str, data: bytes, options: ParseOptions, depth: int, budget: Budget
 ) -> ParsedDocument | None:
@@ -127,6 +179,8 @@ def _attachment(
     try:
         if content_type == "message/rfc822" or name.lower().endswith(".eml"):
             return _eml(data, options, depth + 1, budget) if depth < MAX_DEPTH else None
+        if content_type == OUTLOOK_MESSAGE or name.lower().endswith(".msg"):
+            return _msg(data, options, depth + 1, budget) if depth < MAX_DEPTH else None
         return options.parse_part(name, content_type, data)
     except Exception as e:  # the registry's ParseError, or the email package's own
         if is_retriable(e):

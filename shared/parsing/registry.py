@@ -44,8 +44,9 @@ class Format:
     extensions: tuple[str, ...]
     parse: Parser
     # What the bytes are underneath: "zip" formats pass containers.check_zip at intake,
-    # "image" ones Pillow's reading of their header (shared/documents/screening.py).
-    container: Literal["zip", "image"] | None = None
+    # "image" ones Pillow's reading of their header, "ole" ones the reading of their streams
+    # (shared/documents/screening.py).
+    container: Literal["zip", "image", "ole"] | None = None
 
 
 _OOXML = "application/vnd.openxmlformats-officedocument"
@@ -82,6 +83,7 @@ FORMATS: tuple[Format, ...] = (
     Format("csv", ("text/csv",), (".csv",), spreadsheets.parse_csv),
     Format("tsv", ("text/tab-separated-values",), (".tsv", ".tab"), spreadsheets.parse_tsv),
     Format("eml", ("message/rfc822",), (".eml",), mail.parse_eml),
+    Format("msg", (containers.OUTLOOK_MESSAGE,), (".msg",), mail.parse_msg, "ole"),
     Format(
         "image",
         ("image/png", "image/jpeg", "image/tiff"),
@@ -126,7 +128,9 @@ def resolve_content_type(declared: str | None, filename: str | None, raw: bytes)
         if found is not None:
             return found
     elif raw.startswith(containers.OLE_SIGNATURE):
-        containers.refuse_encrypted_office(raw)
+        found = containers.ole_content_type(raw)
+        if found is not None:
+            return found
     base = (declared or "").split(";")[0].strip().lower()
     if raw.startswith(b"{\\rtf") and base in _NOT_SAYING_MORE:
         return "application/rtf"  # RTF is text: a declared Markdown note may start so

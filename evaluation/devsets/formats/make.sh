@@ -21,11 +21,12 @@
 set -euo pipefail
 here=evaluation/devsets/formats
 originals=evaluation/devsets/formats-originals
+outlook=evaluation/devsets/formats-outlook
 source_dir=evaluation/devsets/real-docs/files
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-rm -rf "$here/files" "$originals/files"
-mkdir -p "$here/files" "$originals/files"
+rm -rf "$here/files" "$originals/files" "$outlook/files"
+mkdir -p "$here/files" "$originals/files" "$outlook/files"
 echo 'function Image() return {} end' >"$work/no-images.lua"
 
 # source document -> the format it is converted to
@@ -74,6 +75,22 @@ else:
     message.set_content(source.read_text())
 out.write_bytes(bytes(message))
 PY
+      # The same message as Outlook saves it (.msg), converted from the .eml by
+      # aspose-email-foss 26.3 (a pure-Python MSG writer, in a virtualenv of its own:
+      # ASPOSE_PYTHON names its python; Concord reads .msg with extract-msg), into a set of
+      # its own (../formats-outlook): beside the .eml, the same text twice in one corpus
+      # would compete for the same top 5.
+      "${ASPOSE_PYTHON:-python3}" - "$here/files/$stem.eml" "$outlook/files/$stem.msg" <<'PY'
+import email
+import email.policy
+import sys
+from pathlib import Path
+
+from aspose.email_foss import msg
+
+parsed = email.message_from_bytes(Path(sys.argv[1]).read_bytes(), policy=email.policy.default)
+msg.MapiMessage.from_email_message(parsed).save(sys.argv[2])
+PY
       ;;
     scan)
       cp "$source_dir/$name" "$work/$stem.txt"
@@ -111,12 +128,17 @@ for pair in sys.argv[3:]:
     name, fmt = pair.split()
     stem = name.rsplit(".", 1)[0]
     renamed[name] = f"{stem}-scanned.pdf" if fmt == "scan" else f"{stem}.{fmt}"
-converted, baseline = [], []
+converted, baseline, outlook = [], [], []
 for line in Path("evaluation/devsets/real-docs/questions.jsonl").read_text().splitlines():
     question = json.loads(line)
     if question["kind"] == "answerable" and question["file"] in renamed:
         baseline.append(question)
         converted.append({**question, "file": renamed[question["file"]]})
+        if renamed[question["file"]].endswith(".eml"):  # the same message as Outlook's .msg
+            outlook.append({**question, "id": question["id"] + "-msg",
+                            "file": renamed[question["file"]][:-4] + ".msg"}
+                           | ({"paraphrase_of": question["paraphrase_of"] + "-msg"}
+                              if "paraphrase_of" in question else {}))
 sheets = [json.loads(line) for line in (here / "sheet-questions.jsonl").read_text().splitlines()]
 originals_of = {"debian-releases.xlsx": "debian-releases.csv",
                 "ubuntu-releases.ods": "ubuntu-releases.csv",
@@ -125,6 +147,8 @@ converted += sheets
 baseline += [{**q, "file": originals_of[q["file"]]} for q in sheets]
 for folder, questions in ((here, converted), (originals, baseline)):
     (folder / "questions.jsonl").write_text("".join(json.dumps(q) + "\n" for q in questions))
-print(f"{len(converted)} questions on {len(renamed) + 4} files")
+(here.parent / "formats-outlook" / "questions.jsonl").write_text(
+    "".join(json.dumps(q, ensure_ascii=False) + "\n" for q in outlook))
+print(f"{len(converted)} questions on {len(renamed) + 4} files; {len(outlook)} on the .msg files")
 PY
 ls -l "$here/files"

@@ -49,6 +49,24 @@ message.add_attachment(b"\x89PNG\r\n\x1a\n", maintype="image", subtype="png", fi
 (here / "zstd-announcement.eml").write_bytes(bytes(message))
 PY
 
+# The same message as Outlook saves one (.msg, an OLE file of MAPI properties), converted from
+# the .eml by aspose-email-foss (pip install aspose-email-foss==26.3, in a virtualenv of its
+# own: a pure-Python MSG writer, independent of extract-msg, which Concord reads it with).
+python3 - "$here" <<'PY'
+import email
+import email.policy
+import sys
+from pathlib import Path
+
+from aspose.email_foss import msg
+
+here = Path(sys.argv[1])
+parsed = email.message_from_bytes(
+    (here / "zstd-announcement.eml").read_bytes(), policy=email.policy.default
+)
+msg.MapiMessage.from_email_message(parsed).save(str(here / "zstd-announcement.msg"))
+PY
+
 # A password-protected Word file, encrypted by msoffcrypto-tool (pip install msoffcrypto-tool)
 # as Office does it (an OLE file holding the encrypted package).
 msoffcrypto-tool -e -p secret "$here/zstd-readme.docx" "$here/encrypted.docx"

@@ -1,7 +1,8 @@
-"""Office files, OpenDocument, e-books, e-mail and spreadsheets through the API and a real worker:
-uploaded as a client sends them (a file name and application/octet-stream), told by their
-bytes, indexed with their structure, and found by search; hostile archives are refused at the
-door while another tenant's ordinary uploads in the same batch go in untouched."""
+"""Office files, OpenDocument, e-books, e-mail (.eml and Outlook's .msg) and spreadsheets through
+the API and a real worker: uploaded as a client sends them (a file name and
+application/octet-stream), told by their bytes, indexed with their structure, and found by
+search; hostile archives (and an Outlook message cut short) are refused at the door while
+another tenant's ordinary uploads in the same batch go in untouched."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from tests.unit.ingest.test_formats import (
 # Every format, and a phrase of its answer that search must find in its chunks.
 UPLOADS = [name for name, _ in FILES] + [
     "zstd-announcement.eml",
+    "zstd-announcement.msg",  # Outlook's: told by its OLE streams
     "debian-releases.csv",
     "debian-releases.tsv",
     "zstd-readme-scanned-page-1.pdf",  # no text layer: read by OCR in the worker
@@ -88,6 +90,12 @@ def test_every_format_is_indexed_and_hostile_archives_are_refused_beside_another
             expected = 415 if error.__name__ == "UnsupportedMediaType" else 422
             assert refused.status_code == expected, (name, refused.text)
             assert reason in refused.json()["error"]["message"], (name, refused.text)
+        # An Outlook message cut short: no OLE file left to read, refused at the door.
+        cut = (DATA / "zstd-announcement.msg").read_bytes()[:3000]
+        cut_file = ("cut.msg", cut, "application/octet-stream")
+        refused = client.post("/v1/documents", headers=auth, files={"file": cut_file})
+        assert refused.status_code == 415, refused.text
+        assert "not an Outlook message" in refused.json()["error"]["message"], refused.text
         victim_jobs = _victim_uploads(client, key_headers(victim, ["read", "write"]), n=4)
     _assert_victim_unharmed(victim, victim_jobs)
     jobs = _wait_finished(list(accepted.values()), timeout=180)

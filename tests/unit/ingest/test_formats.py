@@ -35,6 +35,7 @@ FILES = [
 ]
 README_HEADER = "Compressor name | Ratio | Compression | Decompress."
 RELEASES_HEADER = "version | codename | series | created | release | eol | eol-lts | eol-elts"
+MSG = "application/vnd.ms-outlook"
 
 
 def _parsed(name: str, content_type: str | None = None):  # type: ignore[no-untyped-def]
@@ -163,6 +164,39 @@ def test_an_e_mail_reads_its_headers_text_and_supported_attachments() -> None:
     assert doc.section_at(listed) == f"{subject} > Attachments not read"
 
 
+def test_an_outlook_message_reads_as_the_same_e_mail_does() -> None:
+    """The .eml above converted to Outlook's .msg by aspose-email-foss (tests/data/formats/
+    make.sh), read by extract-msg: its bytes say what it is, whatever the upload's name."""
+    raw = (DATA / "zstd-announcement.msg").read_bytes()
+    assert resolve_content_type("application/octet-stream", "upload.bin", raw) == MSG
+    screen_upload(raw, MSG, "announcement.msg")
+    doc = _parsed("zstd-announcement.msg")
+    subject = "What Zstandard is, and the Debian release table"
+    assert doc.sections[0].path == subject
+    assert doc.text.startswith(f"Subject: {subject}\nFrom: Release team")
+    assert "To: Packaging list <packaging@example.org>" in doc.text
+    assert "Date: Mon, 30 Nov 2026 09:30:00 +0000" in doc.text
+    assert "is a fast lossless compression algorithm" in doc.text
+    row = doc.text.index("12 | Bookworm | bookworm")
+    assert doc.section_at(row) == f"{subject} > Attachment: debian.csv > {RELEASES_HEADER}"
+    listed = doc.text.index("- logo.png")
+    assert doc.section_at(listed) == f"{subject} > Attachments not read"
+
+
+def test_an_ole_file_that_is_no_outlook_message_is_still_refused() -> None:
+    """An old binary Office file is an OLE file too: refused with what to do, as before."""
+    import olefile
+
+    raw = (DATA / "encrypted.docx").read_bytes()  # an OLE file, but no message
+    assert olefile.isOleFile(raw)
+    with pytest.raises(UnsupportedMediaType, match="encrypted"):
+        resolve_content_type(None, "x.msg", raw)
+    with pytest.raises(UnsupportedMediaType, match="not an Outlook message"):
+        screen_upload(b"Subject: plain text, not OLE", MSG, "fake.msg")
+    with pytest.raises(ParseError, match="Outlook message"):
+        parse(raw[:4096], MSG)
+
+
 def test_a_deck_of_more_slides_than_the_limit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(slides_module, "MAX_SLIDES", 5)
     with pytest.raises(ParseError, match="slides; the limit is 5"):
@@ -241,7 +275,9 @@ def test_an_archive_that_is_no_document_is_refused_as_before() -> None:
         screen_upload(b"plain words", DOCX, "fake.docx")
 
 
-@pytest.mark.parametrize("name", [name for name, _ in FILES] + ["zstd-announcement.eml"])
+@pytest.mark.parametrize(
+    "name", [name for name, _ in FILES] + ["zstd-announcement.eml", "zstd-announcement.msg"]
+)
 def test_every_section_starts_inside_the_text_and_the_document_chunks(name: str) -> None:
     """A section opened after the last block (EbookLib's book ended with a table) was past
     the text's end, and the chunker read past it."""
