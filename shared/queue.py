@@ -23,10 +23,8 @@ from typing import Any, Protocol
 import kombu.exceptions
 import redis
 from celery import Celery
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
-from shared.redis_client import redis_options
+from shared.redis_client import new_redis_client
 from shared.settings import Settings, get_settings
 from shared.stores.driver_errors import broker_error, translating
 
@@ -230,8 +228,7 @@ class CeleryQueue:
     def _redis(self) -> redis.Redis:
         # One bounded try: callers fall back (the sweep, beat).
         if self._client is None:
-            options = redis_options(self.settings, self.settings.redis_socket_timeout_s)
-            self._client = redis.Redis(**options, retry=Retry(NoBackoff(), 0))
+            self._client = new_redis_client(self.settings, self.settings.redis_socket_timeout_s)
         return self._client
 
 

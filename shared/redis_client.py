@@ -21,7 +21,13 @@ def redis_client(timeout_s: float) -> redis.Redis:
     answer, and tries once: redis-py retries 3 times with backoff by default, which made a
     silent Redis cost 9 s per call. Callers decide what to do when it fails (the rate limiter
     fails open, the sweep waits for its next run). One client per timeout per process."""
-    return redis.Redis(**redis_options(get_settings(), timeout_s), retry=Retry(NoBackoff(), 0))
+    return new_redis_client(get_settings(), timeout_s)
+
+
+def new_redis_client(settings: Settings, timeout_s: float) -> redis.Redis:
+    """A client of ``settings``' Redis, as :func:`redis_client` makes them (one try, bounded
+    waits), for a caller that keeps its own (an adapter bound to other settings)."""
+    return redis.Redis(**redis_options(settings, timeout_s), retry=Retry(NoBackoff(), 0))
 
 
 def redis_options(settings: Settings, timeout_s: float) -> dict[str, Any]:

@@ -36,7 +36,7 @@ MAX_ERROR_MESSAGE_CHARS = 1000
 def is_retriable(error: BaseException) -> bool:
     if isinstance(error, DBAPIError) and error.connection_invalidated:
         return True
-    if isinstance(error, DBAPIError) and _sqlstate(error).startswith(WORK_OVER_A_LIMIT):
+    if isinstance(error, DBAPIError) and sqlstate(error).startswith(WORK_OVER_A_LIMIT):
         return False
     return isinstance(error, RETRIABLE)
 
@@ -49,8 +49,16 @@ def is_retriable(error: BaseException) -> bool:
 WORK_OVER_A_LIMIT = "54"
 
 
-def _sqlstate(error: DBAPIError) -> str:
-    return str(getattr(error.orig, "sqlstate", None) or "")
+def sqlstate(error: BaseException) -> str:
+    """Postgres' SQLSTATE of a database error SQLAlchemy wraps ("" for any other error)."""
+    return str(getattr(getattr(error, "orig", None), "sqlstate", None) or "")
+
+
+def server_message(orig: BaseException) -> str | None:
+    """The server's primary message of a driver's database error, without the statement and
+    parameters its text quotes (None when the error carries none)."""
+    primary = getattr(getattr(orig, "diag", None), "message_primary", None)
+    return str(primary) if primary else None
 
 
 def retry_delay(retries: int, base: float = 2.0, cap: float = 120.0) -> float:
@@ -68,8 +76,7 @@ def describe_error(error: BaseException) -> str:
         message = error.message
     elif isinstance(error, StatementError) and error.orig is not None:
         orig = error.orig
-        diag = getattr(orig, "diag", None)
-        primary = getattr(diag, "message_primary", None) or str(orig).split("\n", 1)[0]
+        primary = server_message(orig) or str(orig).split("\n", 1)[0]
         message = f"{type(orig).__name__}: {primary}"
     else:
         message = str(error) or type(error).__name__

@@ -28,6 +28,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from shared.errors import StoreConflict, StoreError, StoreRejected, StoreUnavailable
+from shared.retry import WORK_OVER_A_LIMIT, server_message, sqlstate
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -71,21 +72,18 @@ POSTGRES = "Postgres"
 # A write that lost to a concurrent one: a serialization failure, a deadlock, a unique key
 # another transaction took. Retried, the transaction reads again and goes through.
 CONFLICT_SQLSTATES = {"40001", "40P01", "23505"}
-# Postgres' class 54, "program limit exceeded" (an index row or a statement too large): psycopg
-# raises it as an OperationalError, like an outage, but it is the request's own.
-OVER_A_LIMIT_SQLSTATE_CLASS = "54"
 
 
 def postgres_error(error: SQLAlchemyError) -> StoreError:
     """SQLAlchemy's error (around psycopg's) as Concord's. The message is the server's
     primary one: the statement and its parameters (rows of any tenant) stay out of it."""
-    sqlstate = _sqlstate(error)
-    message = f"{POSTGRES}: {_primary_message(error)}" + (f" ({sqlstate})" if sqlstate else "")
-    if sqlstate in CONFLICT_SQLSTATES:
+    state = sqlstate(error)
+    message = f"{POSTGRES}: {_primary_message(error)}" + (f" ({state})" if state else "")
+    if state in CONFLICT_SQLSTATES:
         return StoreConflict(message, store=POSTGRES)
     if isinstance(error, DBAPIError) and error.connection_invalidated:
         return StoreUnavailable(message, store=POSTGRES)
-    if sqlstate.startswith(OVER_A_LIMIT_SQLSTATE_CLASS):
+    if state.startswith(WORK_OVER_A_LIMIT):  # psycopg's OperationalError, but the request's own
         return StoreRejected(message, store=POSTGRES)
     unavailable = (
         OperationalError,  # connection refused or lost, a statement cancelled past its limit
@@ -99,18 +97,12 @@ def postgres_error(error: SQLAlchemyError) -> StoreError:
     return StoreRejected(message, store=POSTGRES)
 
 
-def _sqlstate(error: SQLAlchemyError) -> str:
-    return str(getattr(getattr(error, "orig", None), "sqlstate", None) or "")
-
-
 def _primary_message(error: SQLAlchemyError) -> str:
     orig = getattr(error, "orig", None)
-    primary = getattr(getattr(orig, "diag", None), "message_primary", None)
-    if primary:
-        return str(primary)
-    if orig is not None:
-        return f"{type(orig).__name__}: {str(orig).splitlines()[0] if str(orig) else ''}"
-    return type(error).__name__
+    if orig is None:
+        return type(error).__name__
+    first_line = str(orig).splitlines()[0] if str(orig) else ""
+    return server_message(orig) or f"{type(orig).__name__}: {first_line}"
 
 
 raises_postgres_errors = translating((SQLAlchemyError,), postgres_error)
