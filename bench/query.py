@@ -41,7 +41,7 @@ from evaluation.runner import SearchClient  # noqa: E402
 from services.cli.stack import api_command  # noqa: E402
 from shared.db import unit_of_work  # noqa: E402
 from shared.ingest.embedding import get_embedder  # noqa: E402
-from shared.ingest.pipeline import text_hash  # noqa: E402
+from shared.ingest.steps import text_hash  # noqa: E402
 from shared.models import Chunk, Document, DocumentVersion  # noqa: E402
 from shared.settings import get_settings  # noqa: E402
 from shared.stores.buckets import bucket_of, fingerprint  # noqa: E402

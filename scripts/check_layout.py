@@ -197,9 +197,11 @@ def imports_elasticsearch(path: Path, tree: ast.AST) -> list[str]:
 
 
 ADAPTERS = {"ElasticsearchChunkIndex", "PgVectorStore", "RedisSnapshots", "CeleryQueue",
-            "MemoryChunkIndex", "MemoryVectorStore", "MemorySnapshots", "MemoryQueue"}  # fmt: skip
+            "PgCachedEmbeddings", "MemoryChunkIndex", "MemoryVectorStore", "MemorySnapshots",
+            "MemoryQueue", "MemoryCachedEmbeddings"}  # fmt: skip
 MAY_CONSTRUCT = {"shared.stores.compose", "shared.stores.chunk_index", "shared.stores.vector_store",
-                 "shared.stores.snapshots", "shared.stores.memory", "shared.queue"}  # fmt: skip
+                 "shared.stores.snapshots", "shared.stores.embedding_cache", "shared.stores.memory",
+                 "shared.queue"}  # fmt: skip
 
 
 def may_construct(module: str) -> bool:

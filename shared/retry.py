@@ -21,7 +21,7 @@ RETRIABLE: tuple[type[BaseException], ...] = (
     StoreConflict,  # a write that lost a race: the retry reads again
     redis.ConnectionError,
     # A task past its soft time limit: the work it did is kept (embeddings are cached as
-    # they are made, see shared/ingest/pipeline.embed_batch), so the next attempt goes further.
+    # they are made, see shared/ingest/steps.embed_step), so the next attempt goes further.
     SoftTimeLimitExceeded,
     # A process out of memory: not a property of the one piece of work that met it (in an
     # ingest batch, another tenant's document may hold the memory). The ingest pipeline

@@ -15,12 +15,13 @@ to a store:
 * operators' views: ``IndexHealth``, ``VectorReads``;
 * the calibration of a tenant's decision threshold draws questions from its chunks:
   ``CorpusSample``;
-* a paginated search keeps its ranking for the next pages: ``SnapshotStore`` (Redis).
+* a paginated search keeps its ranking for the next pages: ``SnapshotStore`` (Redis);
+* the ingest pipeline's embed step caches what it encodes: ``CachedEmbeddings`` (Postgres).
 
 ``ElasticsearchChunkIndex`` implements every ``Index*`` port and ``ChunkWriter`` and
 ``LexicalSearch``; ``PgVectorStore`` every ``Vector*`` port and ``ReindexSource``; both
-implement ``ChunkAudit``. Every method raises Concord's store errors (shared/errors.StoreError)
-for a store that fails, never its driver's.
+implement ``ChunkAudit``; ``PgCachedEmbeddings`` is the cache. Every method raises Concord's
+store errors (shared/errors.StoreError) for a store that fails, never its driver's.
 """
 
 from __future__ import annotations
@@ -128,6 +129,13 @@ class VectorWriter(Protocol):
     def delete_superseded(
         self, live_versions: dict[uuid.UUID, int], chunk_counts: dict[uuid.UUID, int] | None = None
     ) -> dict[uuid.UUID, list[str]]: ...
+
+
+class CachedEmbeddings(Protocol):
+    """The embed step's cache: vectors by model and a hash of exactly the text encoded."""
+
+    def cached(self, model: str, keys: Sequence[str]) -> dict[str, np.ndarray]: ...
+    def keep(self, model: str, vectors: Mapping[str, np.ndarray]) -> None: ...
 
 
 class VectorSearch(Protocol):

@@ -21,7 +21,9 @@ import pytest
 from shared import queue
 from shared.stores import ports
 from shared.stores.chunk_index import ElasticsearchChunkIndex
+from shared.stores.embedding_cache import PgCachedEmbeddings
 from shared.stores.memory import (
+    MemoryCachedEmbeddings,
     MemoryChunkIndex,
     MemoryQueue,
     MemorySnapshots,
@@ -35,10 +37,12 @@ ADAPTERS = (
     PgVectorStore,
     RedisSnapshots,
     queue.CeleryQueue,
+    PgCachedEmbeddings,
     MemoryChunkIndex,
     MemoryVectorStore,
     MemorySnapshots,
     MemoryQueue,
+    MemoryCachedEmbeddings,
 )
 
 

@@ -25,7 +25,7 @@ from shared.stores.chunk_index import ElasticsearchChunkIndex, ReindexOfAnotherS
 from shared.stores.compose import connect
 from shared.stores.elastic import get_es
 from shared.stores.es_index import anchor_index, ensure_index, tenant_alias, tenant_index
-from shared.stores.memory import MemorySnapshots
+from shared.stores.memory import MemorySnapshots, memory_stores
 from shared.stores.schemas import ReindexStart
 from shared.stores.vector_store import PgVectorStore
 from tests.contract import test_queue, test_stores
@@ -337,6 +337,34 @@ class TestCorpusSamplePort:
             assert set(store.sample_texts(tenant, 10)) == own  # never another tenant's
             counts = store.counts_by_tenant()
         assert (counts[tenant], counts[other]) == (3, 1)
+
+
+class TestCachedEmbeddingsPort:
+    """The embed step's cache: a vector comes back under the model and key it was kept by,
+    a key never kept is not there, and the first vector kept under a key stays (two workers
+    encoding the same text at once keep one)."""
+
+    PORTS: ClassVar[Claims] = {ports.CachedEmbeddings: ALL}
+
+    @pytest.mark.parametrize("kind", ["postgres", "memory"])
+    def test_a_vector_comes_back_under_its_model_and_key(
+        self, fresh_stores: None, kind: str
+    ) -> None:
+        cache = (
+            connect().embeddings(unit_of_work)
+            if kind == "postgres"
+            else memory_stores().embeddings(unit_of_work)
+        )
+        model, other_model = f"model-{uuid.uuid4().hex[:8]}", f"model-{uuid.uuid4().hex[:8]}"
+        first, second = _vector("heron"), _vector("egret")
+        cache.keep(model, {"k1": first})
+        cache.keep(model, {"k1": second, "k2": second})  # k1 kept already: the first stays
+        found = cache.cached(model, ["k1", "k2", "never kept"])
+        assert set(found) == {"k1", "k2"}
+        np.testing.assert_allclose(found["k1"], first, atol=1e-6)
+        np.testing.assert_allclose(found["k2"], second, atol=1e-6)
+        assert cache.cached(other_model, ["k1"]) == {}
+        assert cache.cached(model, []) == {}
 
 
 # ------------------------------------------------------------------ Redis's port

@@ -1,6 +1,6 @@
-"""In-memory stores: the vector store, the chunk index and the task queue as Python objects,
-for unit tests of the stages above the stores (retrieval, fusion, hydration, decision, paging,
-the ingest pipeline's writes) with no service running.
+"""In-memory stores: the vector store, the chunk index, the embedding cache and the task
+queue as Python objects, for unit tests of the stages above the stores (retrieval, fusion,
+hydration, decision, paging, the ingest pipeline's steps) with no service running.
 
 They keep the contract the real adapters keep, and prove it the same way: the parametrized
 suite of tests/contract runs against both (``ChunkStoreContract``). What they share with the
@@ -11,7 +11,8 @@ shared/stores/buckets.py. Scores follow Elasticsearch's BM25 (k1 1.2, b 0.75, a 
 ``multi_match`` with the same boosts and tie breaker) and pgvector's cosine.
 
 A ``MemoryVectorStore`` stands for the vector store in every transaction (writes are seen at
-once, nothing is rolled back); a ``MemoryQueue`` keeps what is published for the test to read
+once, nothing is rolled back), a ``MemoryCachedEmbeddings`` for the embedding cache in every
+transaction likewise; a ``MemoryQueue`` keeps what is published for the test to read
 (shared/stores/memory/queue.py); build them all with :func:`memory_stores`.
 """
 
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from shared.settings import Settings
 from shared.stores.compose import Stores
+from shared.stores.memory.embeddings import MemoryCachedEmbeddings
 from shared.stores.memory.index import MemoryChunkIndex
 from shared.stores.memory.queue import MemoryQueue
 from shared.stores.memory.vectors import MemoryVectorStore
@@ -30,15 +32,20 @@ if TYPE_CHECKING:
     from shared.stores.vector_store import VectorStore
 
 __all__ = [
-    "MemoryChunkIndex", "MemoryQueue", "MemorySnapshots", "MemoryVectorStore", "memory_stores",
+    "MemoryCachedEmbeddings", "MemoryChunkIndex", "MemoryQueue", "MemorySnapshots",
+    "MemoryVectorStore", "memory_stores",
 ]  # fmt: skip
 
 
 def memory_stores(settings: Settings | None = None) -> Stores:
     """The stores and the queue in memory, as a composition root would pass the real ones."""
-    vectors = MemoryVectorStore()
+    vectors, embeddings = MemoryVectorStore(), MemoryCachedEmbeddings()
     return Stores(
-        MemoryChunkIndex(settings), lambda _session: vectors, MemorySnapshots(), MemoryQueue()
+        MemoryChunkIndex(settings),
+        lambda _session: vectors,
+        MemorySnapshots(),
+        MemoryQueue(),
+        lambda _transactions: embeddings,
     )
 
 

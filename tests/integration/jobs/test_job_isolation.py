@@ -21,7 +21,7 @@ from sqlalchemy.exc import DataError
 
 from shared.db import unit_of_work
 from shared.db.repository import lock_key
-from shared.ingest import pipeline
+from shared.ingest import pipeline, steps
 from shared.ingest.embedding import get_embedder
 from shared.models import Chunk, DeadLetter, Document, IngestJob
 from shared.settings import get_settings
@@ -178,14 +178,14 @@ def test_an_unexpected_error_of_one_job_dead_letters_it_alone(
 
         monkeypatch.setattr(pipeline.jobs, "fail", fail)
     if stage in ("parse", "unrecordable"):
-        real_parse = pipeline.parse  # type: ignore[attr-defined]
+        real_parse = steps.parse
 
         def parse(raw: bytes, content_type: str, fields: tuple[str, ...]) -> Any:
             if b"offending" in raw:
                 raise KeyError("a parser library's own exception")
             return real_parse(raw, content_type, fields)
 
-        monkeypatch.setattr(pipeline, "parse", parse)
+        monkeypatch.setattr(steps, "parse", parse)
     else:
         real_upsert = repo.upsert_chunks
 
@@ -231,14 +231,14 @@ def test_a_batch_that_runs_out_of_memory_loses_an_attempt_and_blames_no_one(
     by each job (so a document that exhausts memory alone soon runs alone), and the
     batch-mates are indexed."""
     victim, offender = f"v-{uuid.uuid4().hex[:10]}", f"o-{uuid.uuid4().hex[:10]}"
-    real_parse = pipeline.parse  # type: ignore[attr-defined]
+    real_parse = steps.parse
 
     def parse(raw: bytes, content_type: str, fields: tuple[str, ...]) -> Any:
         if b"unlucky" in raw:
             raise MemoryError()
         return real_parse(raw, content_type, fields)
 
-    monkeypatch.setattr(pipeline, "parse", parse)  # in this process only, not the worker's
+    monkeypatch.setattr(steps, "parse", parse)  # in this process only, not the worker's
     with paused(worker):
         victim_jobs = _victim_uploads(client, key_headers(victim, ["read", "write"]), n=4)
         unlucky = upload_text(
@@ -329,17 +329,17 @@ def test_a_batch_mate_of_another_tenant_does_not_move_a_victims_vectors(
 CRASHER = """
 import os, signal, sys, uuid
 from shared.db import unit_of_work
-from shared.ingest import pipeline
+from shared.ingest import pipeline, steps
 from shared.stores.compose import connect
 
-real_parse = pipeline.parse
+real_parse = steps.parse
 
 def parse(raw, *args, **kwargs):
     if b"poison-pill" in raw:
         os.kill(os.getpid(), signal.SIGKILL)
     return real_parse(raw, *args, **kwargs)
 
-pipeline.parse = parse
+steps.parse = parse
 pipeline.process_job(connect(), unit_of_work, uuid.UUID(sys.argv[1]))
 """
 
