@@ -315,7 +315,8 @@ class Settings(BaseSettings):
     # it spends hydrating more of them for a per-document cap.
     search_candidate_window: int = 400
     # The first fused candidates whose chunks are reordered within their document by how
-    # exactly they answer (shared/search/passages.py); 0 keeps the fused order.
+    # exactly they answer (shared/search/passages.py), each arm's first three hits with them;
+    # 0 keeps the fused order.
     search_passage_window: int = Field(default=20, ge=0, le=200)
     # A search's Postgres reads are cancelled past this, and it waits for either arm at most
     # this (plus a second): a stalled or locked store makes the other arm's results come back

@@ -89,11 +89,28 @@ def fused_ranking(
     window = query.settings.search_passage_window
     if window and len(fused) > 1:
         with timings.stage("passages"):
-            matches = passage_matches(query, vectors, fused[:window], arms)
+            matches = passage_matches(query, vectors, passage_window(fused, arms, window), arms)
             fused = reorder_within_documents(fused, matches)
     if request.paginate and request.per_document_cap is not None:
         fused = within_cap(fused, request.per_document_cap, lambda hit: document_of_chunk(hit[0]))
     return Retrieved(arms.hits, arms.degraded, arms.vector, fused, arms.counts)
+
+
+# Each arm's first hits join the passages' window wherever fusion put them: a chunk one arm
+# ranks first and the other does not find at all (an exact name only BM25 matches, a
+# paraphrase only the encoder understands) falls behind every chunk both arms rank
+# moderately, 30th on a long changelog whose every chunk both arms return.
+ARM_LEADERS = 3
+
+
+def passage_window(
+    fused: list[tuple[str, float]], arms: Arms, window: int
+) -> list[tuple[str, float]]:
+    """The first ``window`` fused candidates, and each arm's first ``ARM_LEADERS`` hits."""
+    first = fused[:window]
+    inside = {cid for cid, _ in first}
+    leaders = {h.chunk_id for hits in arms.hits.values() for h in hits[:ARM_LEADERS]} - inside
+    return first + [hit for hit in fused[window:] if hit[0] in leaders]
 
 
 def passage_matches(

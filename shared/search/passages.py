@@ -5,7 +5,8 @@ of many similar sections) put many chunks of one document among the first candid
 the fused ranking orders them by how much each *mentions* the question: a chunk about the
 neighbouring options or versions often comes first, the one that states the answer 6th or
 30th (the BM25 arm may find it first while the dense arm does not find it at all). So the
-first ``search_passage_window`` fused candidates are reordered *within each document*, by
+first ``search_passage_window`` fused candidates, and each arm's first three hits wherever
+fusion put them (shared/search/fusion.passage_window), are reordered *within each document*, by
 
 * **proximity**: the share of the question's informative terms (each weighed by its IDF in
   the tenant's corpus) that one window of ``PROXIMITY_WINDOW`` words of the chunk holds; a

@@ -48,3 +48,21 @@ def test_the_metadata_boost_lifts_recent_or_large_values_and_leaves_the_rest() -
     negative = [("a", 0.5), ("b", -0.2), ("c", -1.0)]
     lifted = dict(boosted(negative, {"b": 2026, "c": 2016}, numeric, now))
     assert lifted["b"] == pytest.approx(-0.2 + 1.5) and lifted["c"] == -1.0 and lifted["a"] == 0.5
+
+
+def test_each_arms_first_hits_join_the_passages_window_wherever_fusion_put_them() -> None:
+    """A chunk BM25 ranks first that the encoder does not find at all (an exact name, "SM3",
+    in a changelog whose every chunk both arms return) is fused 26th, behind every chunk
+    both arms rank moderately: out of the first 20 that the passages stage reorders."""
+    from shared.search.fusion import ARM_LEADERS, passage_window
+    from shared.search.values import Arms
+
+    fused = [(f"news:{i}", 1.0 - i / 100) for i in range(30)]
+    lexical = [ArmHit("news:25", 1, 9.0), ArmHit("news:2", 2, 8.0), ArmHit("news:28", 3, 7.5)]
+    dense = [ArmHit(f"news:{i}", rank, 0.9 - rank / 10) for rank, i in enumerate((0, 1, 3, 27), 1)]
+    arms = Arms({"lexical": lexical, "dense": dense}, [], [])
+    window = passage_window(fused, arms, 5)
+    assert ARM_LEADERS == 3
+    # the first five, then the leaders beyond them in fused order; the dense arm's fourth not
+    assert [cid for cid, _ in window] == [f"news:{i}" for i in range(5)] + ["news:25", "news:28"]
+    assert passage_window(fused, arms, 30) == fused  # each once
