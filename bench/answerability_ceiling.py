@@ -62,7 +62,7 @@ def ranked_without(
     )
     vector = query_vector(request.query, settings)
     with unit_of_work() as uow:
-        dense = dense_arm(connect().vectors(uow.session), tenant, vector, deeper)
+        dense = dense_arm(connect().vectors(uow.session), tenant, vector, request=deeper)
     arms = {"dense": dense, "lexical": lexical_arm(connect().index, tenant, deeper)}
     kept: dict[str, list[ArmHit]] = {}
     for arm, hits in arms.items():

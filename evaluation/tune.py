@@ -185,7 +185,7 @@ def _collect_arms(
             variant = request.model_copy(update={"lexical": options})
             lexical[(title, tie)] = lexical_arm(stores.index, tenant, variant)
         with unit_of_work() as uow:
-            dense = dense_arm(stores.vectors(uow.session), tenant, vector, request)
+            dense = dense_arm(stores.vectors(uow.session), tenant, vector, request=request)
         collected.append(QueryArms(qid, np.asarray(vector, np.float32), dense, lexical))
         progress("retrieve (train queries)", i, len(queries))
     return collected

@@ -195,7 +195,7 @@ def _examples(
         request = SearchRequest(query=text)  # the arms as a default search runs them
         vector = query_vector(text, settings)
         with unit_of_work() as uow:
-            dense = dense_arm(stores.vectors(uow.session), tenant, vector, request)
+            dense = dense_arm(stores.vectors(uow.session), tenant, vector, request=request)
         lexical = lexical_arm(stores.index, tenant, request)
         relevant = {d for d, r in qrels[qid].items() if r > 0}
 

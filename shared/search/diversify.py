@@ -7,6 +7,7 @@ import hashlib
 import itertools
 import re
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -34,6 +35,7 @@ def collapse_copies(candidates: list[Candidate]) -> list[Candidate]:
     its place and its text."""
     first: dict[str, Candidate] = {}
     kept: list[_Shingled] = []
+    found: dict[str, list[Candidate]] = {}  # a kept candidate's chunk id -> its copies met
     for c in candidates:
         key = hashlib.blake2b(" ".join(c.text.split()).encode(), digest_size=16).hexdigest()
         original = first.get(key)
@@ -44,8 +46,13 @@ def collapse_copies(candidates: list[Candidate]) -> list[Candidate]:
                 first[key] = c
                 kept.append(shingled)
                 continue
-        original.copies.append(c)
-    return [k.candidate for k in kept]
+        found.setdefault(original.chunk_id, []).append(c)
+    return [
+        replace(k.candidate, copies=[*k.candidate.copies, *found[k.candidate.chunk_id]])
+        if k.candidate.chunk_id in found
+        else k.candidate
+        for k in kept
+    ]
 
 
 class _Shingled:
@@ -102,7 +109,7 @@ def crumbs_last(candidates: list[Candidate]) -> list[Candidate]:
 
 
 def mmr(
-    candidates: list[Candidate], lambda_: float, wanted: int, cap: int | None
+    candidates: list[Candidate], lambda_: float, wanted: int, *, cap: int | None
 ) -> list[Candidate]:
     """Maximal marginal relevance over the candidates' own embeddings: picks until ``wanted``
     results within the per-document ``cap``, then the rest in their order. Each pick updates
@@ -146,5 +153,5 @@ def diversify(
     request = query.request
     if request.mmr is not None:
         window = load_embeddings(candidates[: query.settings.search_candidate_window])
-        candidates = mmr(window, request.mmr.lambda_, request.top_k, request.per_document_cap)
+        candidates = mmr(window, request.mmr.lambda_, request.top_k, cap=request.per_document_cap)
     return candidates, cap_per_document(candidates, request.per_document_cap)[: request.top_k]

@@ -89,7 +89,9 @@ def fused_ranking(
     window = query.settings.search_passage_window
     if window and len(fused) > 1:
         with timings.stage("passages"):
-            matches = passage_matches(query, vectors, passage_window(fused, arms, window), arms)
+            matches = passage_matches(
+                query, vectors, passage_window(fused, arms, window), arms=arms
+            )
             fused = reorder_within_documents(fused, matches)
     if request.paginate and request.per_document_cap is not None:
         fused = within_cap(fused, request.per_document_cap, lambda hit: document_of_chunk(hit[0]))
@@ -114,7 +116,7 @@ def passage_window(
 
 
 def passage_matches(
-    query: Query, vectors: VectorSearch, window: list[tuple[str, float]], arms: Arms
+    query: Query, vectors: VectorSearch, window: list[tuple[str, float]], *, arms: Arms
 ) -> dict[str, PassageMatch]:
     """How each of the ``window`` candidates that compete with another chunk of their
     document answers the question (one read of their texts and sections; a candidate no

@@ -50,6 +50,7 @@ def pack(
     candidates: list[Candidate],
     config: PolicyConfig,
     count_tokens: TokenCounter,
+    *,
     result: PolicyResult,
     load_embeddings: LoadEmbeddings | None,
 ) -> None:

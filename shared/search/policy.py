@@ -87,7 +87,7 @@ def apply_policy(
             result.omit(c, "query_terms_absent")
         result.reason = "query_terms_absent"
         return result
-    pack(scored, config, count_tokens, result, load_embeddings)
+    pack(scored, config, count_tokens, result=result, load_embeddings=load_embeddings)
     _decide_on_evidence(result)
     if result.status == "answerable" and config.coverage is not None:
         _decide_on_coverage(result, config.coverage, config)
@@ -168,7 +168,7 @@ def _judge_query(
     if not packable:
         result.reason = "missing_provenance"
         return result
-    pack(packable, config, count_tokens, result, load_embeddings)
+    pack(packable, config, count_tokens, result=result, load_embeddings=load_embeddings)
     _decide_on_evidence(result)
     if result.status == "answerable":
         if judged is None:

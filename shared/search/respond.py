@@ -49,13 +49,20 @@ def respond(
     terms = query_terms(request.query) if request.highlight else frozenset()
     items = []
     for final_rank, c in enumerate(ranked.results, start=1):
-        item = result(c, by_arm, fused_rank, request.mode)
+        item = result(c, by_arm, fused_rank, mode=request.mode)
         if c.copies:
             item.copies = [_copy(o) for o in c.copies]
         if request.highlight:
             item.highlights = highlight(c.text, terms)
         if request.explain:
-            item.trace = trace(c, final_rank, by_arm, fused_rank, ranked.rerank, policy)
+            item.trace = trace(
+                c,
+                final_rank,
+                by_arm,
+                fused_rank=fused_rank,
+                rerank_info=ranked.rerank,
+                policy=policy,
+            )
         items.append(item)
     response = SearchResponse(
         query=request.query,
@@ -139,7 +146,7 @@ def group_by_document(results: list[SearchResult]) -> list[DocumentGroup]:
     return list(groups.values())
 
 
-def result(c: Candidate, by_arm: ByArm, fused_rank: FusedRank, mode: str) -> SearchResult:
+def result(c: Candidate, by_arm: ByArm, fused_rank: FusedRank, *, mode: str) -> SearchResult:
     """The result of a candidate. Its ``score`` is the one its mode ranks by: the arm's own
     (the dense cosine, the BM25 score) in a single-arm mode, the fused score in hybrid."""
     own = by_arm.get(mode, {}).get(c.chunk_id) if mode != "hybrid" else None
@@ -165,6 +172,7 @@ def trace(
     c: Candidate,
     final_rank: int,
     by_arm: ByArm,
+    *,
     fused_rank: FusedRank,
     rerank_info: RerankInfo,
     policy: PolicyResult,

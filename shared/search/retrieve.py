@@ -70,7 +70,7 @@ def retrieve(
         vector = timings.timed(
             "embed",
             lambda: query_vector(
-                request.query, settings, threads, query.embedding_cache, scope=tenant_id
+                request.query, settings, threads, cached=query.embedding_cache, scope=tenant_id
             ),
         )
         if request.mode in ("dense", "hybrid"):
@@ -118,8 +118,8 @@ def dense_arm(
     vectors: VectorSearch,
     tenant_id: str,
     vector: list[float],
-    request: SearchRequest,
     *,
+    request: SearchRequest,
     within_s: float | None = None,
 ) -> list[ArmHit]:
     """The pgvector arm: the request's dense candidates, nearest first."""
@@ -159,7 +159,9 @@ def _dense_within_slot(
             return TimeoutError("no time left for the dense arm after waiting for a slot")
         return timings.timed(
             "dense",
-            lambda: dense_arm(vectors, query.tenant_id, vector, query.request, within_s=left),
+            lambda: dense_arm(
+                vectors, query.tenant_id, vector, request=query.request, within_s=left
+            ),
         )
     except ARM_ERRORS as e:
         return e
@@ -190,7 +192,7 @@ def _query_cache(size: int) -> Callable[[str, str, int], tuple[float, ...]]:
 
 
 def query_vector(
-    query: str, settings: Settings, threads: int = 1, cached: bool = True, scope: str = ""
+    query: str, settings: Settings, threads: int = 1, *, cached: bool = True, scope: str = ""
 ) -> list[float]:
     """Query embeddings are cached in a bounded LRU (repeated queries skip the encoder);
     ``cached=False`` encodes the query whatever the cache holds (a caller measuring the

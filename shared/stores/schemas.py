@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from shared.errors import StoreError
+
 
 def chunk_id(document_id: uuid.UUID, ordinal: int) -> str:
     """Chunk ids are deterministic, so a replay overwrites instead of duplicating."""
@@ -102,11 +104,14 @@ class ReindexStart:
     started_again_because: str | None = None
 
 
-class IndexUnavailable(Exception):
+class IndexUnavailable(StoreError):
     """A tenant's index could not be created (e.g. the cluster's shard limit): the rows of
-    that tenant get this as their item result, the others are sent."""
+    that tenant get this as their item result, the others are sent. One of Concord's store
+    errors, with Elasticsearch's status."""
+
+    status_code = 503
+    code = "index_unavailable"
 
     def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
+        super().__init__(reason, store="Elasticsearch", status=status)
         self.reason = reason

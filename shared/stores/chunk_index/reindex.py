@@ -11,7 +11,7 @@ from typing import Any
 
 from elasticsearch import ApiError, NotFoundError, helpers
 
-from shared.errors import Conflict
+from shared.errors import Conflict, StoreRejected
 from shared.models import Chunk, Document
 from shared.stores.chunk_document import es_document
 from shared.stores.chunk_index.base import (
@@ -47,7 +47,7 @@ class ReindexOfAnotherScope(Conflict):
     first."""
 
 
-class ReindexCopyRefused(Exception):
+class ReindexCopyRefused(StoreRejected):
     """Copies of a reindex page that Elasticsearch would not take: the reindex stops before
     its progress passes them (and so before switching to a generation missing them)."""
 
@@ -170,7 +170,8 @@ class IndexReindexing(IndexBase):
                 example = next(iter(sorted(refused.items())))
                 raise ReindexCopyRefused(
                     f"Elasticsearch refused {len(refused)} copies of this page (e.g. {example[0]}:"
-                    f" {example[1]}); the generation is not switched to, a run resumes here"
+                    f" {example[1]}); the generation is not switched to, a run resumes here",
+                    store="Elasticsearch",
                 )
             actions = [a for a in actions if a["_id"] in busy]
             time.sleep(COPY_BACKOFF_S * attempt)

@@ -88,11 +88,11 @@ def test_mmr_picks_what_the_textbook_algorithm_picks_without_its_cubic_cost():
     for cap in (None, 2):
         candidates = _candidates(80, documents=10)
         expected = cap_per_document(textbook(candidates, 0.7), cap)[:10]
-        got = cap_per_document(mmr(candidates, 0.7, 10, cap), cap)[:10]
+        got = cap_per_document(mmr(candidates, 0.7, 10, cap=cap), cap)[:10]
         assert [c.chunk_id for c in got] == [c.chunk_id for c in expected]
     # 2,000 candidates (the deepest a request can ask for): picks top_k, not every candidate.
     many = _candidates(2000, documents=3)
-    assert len(mmr(many, 0.5, 10, 1)) == 2000
+    assert len(mmr(many, 0.5, 10, cap=1)) == 2000
 
 
 def test_the_same_page_in_two_formats_is_one_result_naming_both():
@@ -131,6 +131,7 @@ def test_the_same_page_in_two_formats_is_one_result_naming_both():
         c.document_id = c.external_id = document
         c.text = text
     kept = collapse_copies(candidates)
+    assert all(not c.copies for c in candidates)  # a new value names them; the inputs stay
     assert [c.text for c in kept] == [html, other_section, markdown, "for Windows : for POSIX"]
     assert [(c.external_id, c.text) for c in kept[0].copies] == [("page.md", markdown)]
     assert all(not c.copies for c in kept[1:])
