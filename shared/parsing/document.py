@@ -114,22 +114,27 @@ CODE = "code"
 class TextBuilder:
     """Builds a ParsedDocument block by block, for the formats whose library hands over
     structure (headings, paragraphs, tables, slides, sheets) rather than text: blocks are
-    separated by a blank line, a heading goes to the section path (not into the text), a
-    table's rows go a row to a line under a path that ends with its header row (``TABLE``:
-    the chunker never cuts a row, and every chunk of the table says its columns)."""
+    separated by a blank line, a heading goes to the section path (and with
+    ``headings_in_text``, into the text as its section's first line, as the HTML and Markdown
+    parsers write it), a table's rows go a row to a line under a path that ends with its
+    header row (``TABLE``: the chunker never cuts a row, and every chunk of the table says its
+    columns)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, headings_in_text: bool = False) -> None:
         self.parts: list[str] = []
         self.sections: list[Section] = []
         self.path = HeadingPath()
         self.titles: list[str] = []
         self.offset = 0
+        self.headings_in_text = headings_in_text
 
     def heading(self, level: int, title: str) -> None:
         title = " ".join(title.split())
         if title:
             self.sections.append(Section(self.offset, self.path.enter(level, title)))
             self.titles.append(title)
+            if self.headings_in_text:
+                self.paragraph(title)
 
     def paragraph(self, text: str) -> None:
         text = text.strip()

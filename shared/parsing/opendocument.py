@@ -60,8 +60,8 @@ def parse(raw: bytes, options: ParseOptions) -> ParsedDocument:
     if body is None or len(body) == 0:
         raise ParseError("the OpenDocument file has no body")
     body = body[0]
-    out = TextBuilder()
     kind = body.tag.split("}")[-1]
+    out = TextBuilder(headings_in_text=kind != "spreadsheet")
     if kind == "presentation":
         _presentation(out, body)
     elif kind == "spreadsheet":

@@ -27,7 +27,7 @@ def parse(raw: bytes, options: ParseOptions) -> ParsedDocument:
         raise ParseError(f"the slide deck could not be read ({type(e).__name__}: {e})") from e
     if len(deck.slides) > MAX_SLIDES:
         raise ParseError(f"the deck has {len(deck.slides)} slides; the limit is {MAX_SLIDES}")
-    out = TextBuilder()
+    out = TextBuilder(headings_in_text=True)
     for number, slide in enumerate(deck.slides, start=1):
         title_shape = slide.shapes.title
         title = " ".join(title_shape.text_frame.text.split()) if title_shape is not None else ""

@@ -28,7 +28,7 @@ def parse(raw: bytes, options: ParseOptions) -> ParsedDocument:
         document = docx.Document(io.BytesIO(raw))
     except Exception as e:  # python-docx raises ValueError, KeyError, lxml errors
         raise ParseError(f"the Word document could not be read ({type(e).__name__}: {e})") from e
-    out = TextBuilder()
+    out = TextBuilder(headings_in_text=True)
     bookmarks = {b.get(f"{_W}name") for b in document.element.body.iter(f"{_W}bookmarkStart")}
     for block in document.iter_inner_content():
         if isinstance(block, Table):
