@@ -1,7 +1,7 @@
 """PowerPoint (.pptx), read by python-pptx: a section per slide, its title as the heading
-("Slide 3: Results"), the text of its shapes in their order (a paragraph a block, groups
-opened, tables a row at a time under their header row), then its speaker notes under
-"Speaker notes"."""
+("Slide 3: Results"), the text of its shapes in their order (a paragraph a block, a short
+paragraph bold throughout a subheading, groups opened, tables a row at a time under their
+header row), then its speaker notes under "Speaker notes"."""
 
 from __future__ import annotations
 
@@ -54,7 +54,24 @@ def _shape(out: TextBuilder, shape: Any) -> None:
     elif getattr(shape, "has_text_frame", False) and shape.has_text_frame:
         # A paragraph a block, as a document's (a deck made from a document puts a section's
         # paragraphs on one slide, a frame of many; a line break inside one is a vertical
-        # tab). Bold paragraphs are not taken for subheadings: tried on the formats set,
-        # pandoc's decks (whose subheadings are bold paragraphs) lost a question by it.
+        # tab). A short paragraph bold throughout is a subheading (pandoc's decks make a
+        # document's subheadings so): its slide's section under it, its line kept in the text.
         for paragraph in shape.text_frame.paragraphs:
-            out.paragraph(paragraph.text.replace("\x0b", "\n"))
+            text = paragraph.text.replace("\x0b", "\n")
+            if _subheading(paragraph, text):
+                out.heading(2, text)
+            else:
+                out.paragraph(text)
+
+
+# Words a bold paragraph may have and still be a subheading (not a bold sentence of the text).
+SUBHEADING_MAX_WORDS = 12
+
+
+def _subheading(paragraph: Any, text: str) -> bool:
+    runs = [run for run in paragraph.runs if run.text.strip()]
+    return (
+        bool(runs)
+        and all(run.font.bold for run in runs)
+        and len(text.split()) <= SUBHEADING_MAX_WORDS
+    )
