@@ -389,8 +389,8 @@ def pdf_of(objects: list[bytes]) -> bytes:
 
 
 def pdf_whose_error_quotes_a_nul() -> bytes:
-    """A PDF whose page stream names an unknown filter holding a NUL (``#00``): pypdf fails
-    on it with a message that quotes the name, NUL and all."""
+    """A PDF whose page stream names an unknown filter holding a NUL (``#00``): pypdf failed
+    on it with a message that quoted the name, NUL and all; PDFium reads its text."""
     return pdf_with_pages(["Unreadable."]).replace(b"<< /Length", b"<< /Filter /Bad#00x /Length")
 
 

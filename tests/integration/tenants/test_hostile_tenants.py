@@ -85,8 +85,9 @@ def _cases() -> list[Case]:
         Case("meta-type-flip", b"Flip.", metadata={"year": "twenty", "published": 7}),
         Case("oversize", b"a" * (limit + 1), refused=413),
         Case("binary", ELF, "text/plain", refused=415, text_only=True),
-        # Accepted, then refused by the parser with an error that quotes a NUL (Postgres
-        # refuses one in the recorded error; the batch's write of it used to fail the batch).
+        # A stream naming a filter that holds a NUL: pypdf's error quoted it (Postgres refuses
+        # one in the recorded error; the batch's write of it used to fail the batch). Accepted;
+        # PDFium reads its text.
         Case(
             "pdf-error-quotes-nul",
             pdf_whose_error_quotes_a_nul(),
