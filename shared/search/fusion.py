@@ -14,7 +14,13 @@ from datetime import UTC, datetime
 
 from shared.search.boost import boosted
 from shared.search.caps import within_cap
-from shared.search.passages import PassageMatch, Question, competing, reorder_within_documents
+from shared.search.passages import (
+    PassageMatch,
+    Question,
+    best_arm_places,
+    competing,
+    reorder_within_documents,
+)
 from shared.search.schemas import Fusion
 from shared.search.values import Arms, Query, Retrieved
 from shared.stores.ports import VectorSearch
@@ -126,4 +132,8 @@ def passage_matches(
         return {}
     question = Question.of(query.request.query, arms.counts)
     texts = vectors.texts(query.tenant_id, ids)
-    return {cid: question.match(text, section) for cid, (text, section) in texts.items()}
+    arm_places = best_arm_places(arms.hits)
+    return {
+        cid: question.match(text, section).placed(arm_places.get(cid))
+        for cid, (text, section) in texts.items()
+    }

@@ -9,12 +9,15 @@ import random
 from shared.search.coverage import CorpusCounts
 from shared.search.passages import (
     PROXIMITY_WINDOW,
+    PassageMatch,
     Question,
     _best_window,
+    best_arm_places,
     competing,
     exact_names,
     reorder_within_documents,
 )
+from shared.stores.schemas import ArmHit
 
 # From xargs(1): the synopsis lists every option; the option list defines --null.
 SYNOPSIS = (
@@ -91,6 +94,30 @@ def test_documents_keep_their_places_and_only_their_own_chunks_move() -> None:
     assert [cid for cid, _ in reordered] == ["a:2", "b:0", "a:0", "c:0", "a:1"]
     # a chunk that was not read (gone since) keeps its place
     assert reorder_within_documents(fused, {}) == fused
+
+
+def test_a_chunk_one_arm_ranks_first_is_not_buried_by_its_fused_place() -> None:
+    """The encoder's first hit that BM25 does not return is fused behind every chunk both
+    arms rank moderately (libtasn1's asn1_check_version, 26th); its best arm place counts too,
+    so it comes before a chunk fused just ahead of it that holds the question no better."""
+    fused = [("a:0", 0.04), ("a:1", 0.039), *((f"x:{i}", 0.03) for i in range(4)), ("a:2", 0.016)]
+    hits = {
+        "lexical": [ArmHit("a:0", 1, 9.0), ArmHit("a:1", 4, 7.0)],
+        "dense": [ArmHit("a:2", 1, 0.61), ArmHit("a:0", 6, 0.5), ArmHit("a:1", 5, 0.52)],
+    }
+    assert best_arm_places(hits) == {"a:0": 0, "a:1": 3, "a:2": 0}
+    held = PassageMatch(proximity=0.3, held=0.3, exact=0.0)
+    matches = {"a:0": held, "a:1": held, "a:2": PassageMatch(0.35, 0.35, 0.0)}
+    # by fused place alone, the dense arm's first stays last of its document
+    assert [c for c, _ in reorder_within_documents(fused, matches)][-1] == "a:2"
+    places = best_arm_places(hits)
+    placed = {cid: match.placed(places[cid]) for cid, match in matches.items()}
+    assert [c for c, _ in reorder_within_documents(fused, placed)] == [
+        "a:0",
+        "a:2",
+        *(f"x:{i}" for i in range(4)),
+        "a:1",
+    ]
 
 
 def test_the_best_window_is_the_best_of_every_window() -> None:
