@@ -388,6 +388,50 @@ def pdf_of(objects: list[bytes]) -> bytes:
     return bytes(out)
 
 
+def pdf_drawing_nested_forms(depth: int = 8, fan: int = 10) -> bytes:
+    """A one-page PDF of 2.5 KB whose page draws a form that draws the next ``fan`` times,
+    ``depth`` levels deep: ten million draws of one letter at the defaults. PDFium, loading
+    the page, took 27 s and 8 GB in one C call."""
+    font = b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"
+    draw = b"/X Do"
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 842] /Contents 4 0 R "
+        b"/Resources << /Font << /F1 5 0 R >> /XObject << /X 6 0 R >> >> >>",
+        b"<< /Length %d >>\nstream\n%s\nendstream" % (len(draw), draw),
+        font,
+    ]
+    for level in range(depth):
+        if level < depth - 1:
+            body = b" ".join([draw] * fan)
+            resources = b"<< /XObject << /X %d 0 R >> /Font << /F1 5 0 R >> >>" % (7 + level)
+        else:
+            body = b"BT /F1 10 Tf 40 800 Td (x) Tj ET"
+            resources = b"<< /Font << /F1 5 0 R >> >>"
+        objects.append(
+            b"<< /Type /XObject /Subtype /Form /BBox [0 0 612 842] /Resources %s /Length %d >>"
+            b"\nstream\n%s\nendstream" % (resources, len(body), body)
+        )
+    return pdf_of(objects)
+
+
+def pdf_with_lines(lines: list[str]) -> bytes:
+    """A one-page PDF of ``lines``, one under another (Helvetica, uncompressed)."""
+    shown = b" 0 -12 Td ".join(b"(%s) Tj" % line.encode() for line in lines)
+    stream = b"BT /F1 10 Tf 40 800 Td " + shown + b" ET"
+    return pdf_of(
+        [
+            b"<< /Type /Catalog /Pages 2 0 R >>",
+            b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 842] /Contents 4 0 R "
+            b"/Resources << /Font << /F1 5 0 R >> >> >>",
+            b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream),
+            b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+        ]
+    )
+
+
 def pdf_whose_error_quotes_a_nul() -> bytes:
     """A PDF whose page stream names an unknown filter holding a NUL (``#00``): pypdf failed
     on it with a message that quoted the name, NUL and all; PDFium reads its text."""

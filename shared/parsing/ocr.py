@@ -121,7 +121,7 @@ def ocr_pages(
                 if count >= options.ocr_max_pages
                 else f"OCR's {options.ocr_budget_s:.0f} s a document ran out (CONCORD_OCR_BUDGET_S)"
             )
-            return texts, [*notes, f"{_pages(unread)} not read: {why}"]
+            return texts, [*notes, f"{named_pages(unread)} not read: {why}"]
         try:
             image = load()
         except ImageTooLarge as e:  # its size refused before its pixels were decoded
@@ -133,7 +133,7 @@ def ocr_pages(
         if text is None:  # the page alone outlasted what was left of the budget
             unread = [n for n, _ in pages[count:]]
             why = f"OCR's {options.ocr_budget_s:.0f} s a document ran out (CONCORD_OCR_BUDGET_S)"
-            return texts, [*notes, f"{_pages(unread)} not read: {why}"]
+            return texts, [*notes, f"{named_pages(unread)} not read: {why}"]
         texts.append((number, text))
     return texts, notes
 
@@ -190,7 +190,8 @@ def ocr_image(image: Any, timeout_s: float) -> str | None:
     return "\n".join(line.rstrip() for line in text.splitlines()).strip()
 
 
-def _pages(numbers: list[int]) -> str:
+def named_pages(numbers: list[int]) -> str:
+    """ "page 4", "pages 2-5" or "7 pages": page numbers as a note names them."""
     if len(numbers) == 1:
         return f"page {numbers[0]}"
     return (

@@ -1,26 +1,29 @@
-"""PDF with a text layer, read by PDFium (pypdfium2): a section per page, running headers and
-footers left out, typesetting's broken words joined; a scanned page's image, found by pypdf, read
-by OCR.
+"""PDF with a text layer, read by PDFium (pypdfium2) in a process of its own
+(shared/parsing/pdfium_text.py): a section per page, running headers and footers left out,
+typesetting's broken words joined; a scanned page's image, found by pypdf, read by OCR.
 
 PDFium rather than pypdf for the text layer: on the real-document set's eight PDFs pypdf split
 words that groff and TeX set with kerning ("k ey", "v alidity", "-Voption") and PDFium did not
 (unknown words in man-ssh-keygen.pdf 166 against 79, man-find.pdf 408 against 288; pdfminer.six
-78 and 366), in a tenth of the time (1.0 s against 2.4 s for the eight; pdfminer.six 5.4 s)."""
+78 and 366), in a fraction of the time (see docs/evaluation-and-benchmarks.md)."""
 
 from __future__ import annotations
 
 import io
+import json
 import re
-import threading
+import subprocess
+import sys
 import unicodedata
 from collections import Counter
 from collections.abc import Callable
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from shared.errors import ParseError
 from shared.parsing.document import DOUBTFUL_EXTRACTION, ParsedDocument, ParseOptions, Section
-from shared.parsing.ocr import OCR_FLAGS, ImageTooLarge, check_pixels, ocr_pages
+from shared.parsing.ocr import OCR_FLAGS, ImageTooLarge, check_pixels, named_pages, ocr_pages
 from shared.retry import is_retriable
 
 # A page whose text layer holds fewer letters and digits than this (a scan with a page
@@ -36,16 +39,13 @@ SCAN_CHARS = 20
 def parse(raw: bytes, options: ParseOptions) -> ParsedDocument:
     """A section per page; a page without a text layer (a scan: fewer than ``SCAN_CHARS``
     letters and digits, a page number at most) is read from its image by OCR."""
-    try:
-        pages = _text_layer(raw)
-    except Exception as e:  # PdfiumError for a file PDFium cannot open, whatever its reason
-        if is_retriable(e):
-            raise  # the task's time ran out, or the process's memory: not the file's fault
-        raise ParseError(f"the PDF could not be read ({type(e).__name__}: {e})") from e
+    pages, unread = _text_layer(raw)
     pages = [_pdf_text(page) for page in pages]
     running = _running_lines(pages)
     pages = [_without_running_lines(page, running).strip() for page in pages]
     read_by_ocr, notes = _ocr_scanned_pages(raw, pages, options)
+    if unread:
+        notes = [f"{named_pages(unread)} could not be read (their page objects are broken)", *notes]
     parts: list[str] = []
     sections: list[Section] = []
     offset = 0
@@ -61,34 +61,52 @@ def parse(raw: bytes, options: ParseOptions) -> ParsedDocument:
         parts.append(page_text)
         offset += len(page_text) + 2
     if not parts:
-        unread = f" ({'; '.join(notes)})" if notes else ""
-        raise ParseError(f"the PDF has no text layer, and OCR read no text on its pages{unread}")
+        why = f" ({'; '.join(notes)})" if notes else ""
+        raise ParseError(f"the PDF has no text layer, and OCR read no text on its pages{why}")
     return ParsedDocument("\n\n".join(parts), sections, notes)
 
 
-# PDFium is not thread-safe, not even across documents: one call at a time in a process.
-_PDFIUM = threading.Lock()
+# PDFium's bound in time: past it, the page is a resource bomb or too complex to read (the
+# real documents here take under a second; OCR's budget, 120 s, stays within a task's 240).
+TEXT_LAYER_TIMEOUT_S = 60.0
+_PDFIUM_TEXT = Path(__file__).with_name("pdfium_text.py")
 
 
-def _text_layer(raw: bytes) -> list[str]:
-    """Each page's text as PDFium extracts it, lines ending in "\n". PDFium marks a word it
-    joined across a line's end with U+FFFE where the hyphen was ("prece\ufffedence"): the
-    mark goes."""
-    import pypdfium2 as pdfium
-
-    with _PDFIUM:
-        document = pdfium.PdfDocument(raw)
-        try:
-            pages = []
-            for index in range(len(document)):
-                page = document[index]
-                text_page = page.get_textpage()
-                pages.append(text_page.get_text_range())
-                text_page.close()
-                page.close()
-        finally:
-            document.close()
-    return [page.replace("\r\n", "\n").replace("\r", "\n").replace("\ufffe", "") for page in pages]
+def _text_layer(raw: bytes) -> tuple[list[str], list[int]]:
+    """Each page's text as PDFium extracts it, lines ending in "\n", and the numbers of the
+    pages PDFium could not load (their text empty). PDFium joins a word hyphenated at a
+    line's end and marks the place with U+FFFE ("prece\ufffedence", "GPL\ufffe3"): the mark
+    becomes the hyphen and line end it was, which ``_pdf_text`` joins only where both sides
+    are lowercase. PDFium runs in a child process whose memory it bounds (``-I``: none of
+    the worker's environment reaches it); a crash or a timeout is the file's fault."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", str(_PDFIUM_TEXT)],
+            input=raw,
+            capture_output=True,
+            timeout=TEXT_LAYER_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:  # run() has killed it
+        raise ParseError(
+            f"the PDF's text layer was not read within {TEXT_LAYER_TIMEOUT_S:.0f} s (a page "
+            "that draws forms within forms, or one too complex to read)"
+        ) from None
+    if done.returncode != 0:
+        said = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        why = said[-1] if said else f"the reader ended with status {done.returncode}"
+        raise ParseError(
+            "the PDF's text layer could not be read within the reader's memory bound "
+            f"(a page that draws forms within forms?): {why}"
+        )
+    read = json.loads(done.stdout)
+    if read["error"]:
+        raise ParseError(read["error"])
+    pages = [
+        page.replace("\r\n", "\n").replace("\r", "\n").replace("\ufffe", "-\n")
+        for page in read["pages"]
+    ]
+    return pages, read["unread"]
 
 
 def _ocr_scanned_pages(
@@ -98,23 +116,29 @@ def _ocr_scanned_pages(
     OCR reads more than the layer held; and the notes of pages left unread. A page's image
     is decoded only when OCR comes to it, within the document's bounds. pypdf finds the
     images (opened only where a page is thin): it states an image's size before decoding it."""
-    if all(_alphanumeric(page_text) >= SCAN_CHARS for page_text in pages):
+    thin = [
+        n for n, page_text in enumerate(pages, start=1) if _alphanumeric(page_text) < SCAN_CHARS
+    ]
+    if not thin or options.ocr_max_pages <= 0:
         return {}, []
     from pypdf import PdfReader
 
-    try:
+    try:  # pypdf reads pages lazily: the page tree is walked here, inside the try
         reader = PdfReader(io.BytesIO(raw))
+        if len(reader.pages) != len(pages):  # not the same pages: an image could be misplaced
+            return {}, [f"{named_pages(thin)} not read by OCR: the PDF's page tree is inconsistent"]
+        scans = [
+            (number, _largest_image_loader(reader.pages[number - 1]))
+            for number in thin
+            if _has_images(reader.pages[number - 1])
+        ]
     except Exception as e:  # PDFium read the text layer; pypdf cannot find the images
         if is_retriable(e):
             raise
         return {}, [
-            f"thin pages not read by OCR: their images could not be found ({type(e).__name__})"
+            f"{named_pages(thin)} not read by OCR: "
+            f"their images could not be found ({type(e).__name__})"
         ]
-    scans = [
-        (number, _largest_image_loader(reader.pages[number - 1]))
-        for number, page_text in enumerate(pages[: len(reader.pages)], start=1)
-        if _alphanumeric(page_text) < SCAN_CHARS and _has_images(reader.pages[number - 1])
-    ]
     if not scans:
         return {}, []
     texts, notes = ocr_pages(scans, options)

@@ -35,6 +35,7 @@ from tests.helpers import (
     es_chunks,
     key_headers,
     paused,
+    pdf_drawing_nested_forms,
     pdf_whose_error_quotes_a_nul,
     pg_chunks,
     wait_converged,
@@ -94,6 +95,9 @@ def _cases() -> list[Case]:
             "application/pdf",
             text_only=True,
         ),
+        # A page drawing forms within forms: PDFium's memory bomb, read in a bounded child
+        # process (refused there, the worker's batch goes on).
+        Case("pdf-nested-forms", pdf_drawing_nested_forms(), "application/pdf", text_only=True),
         # Every chunk carries its record's title as its section: capped, not repeated whole.
         Case(
             "json-huge-title",

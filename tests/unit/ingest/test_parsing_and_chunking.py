@@ -421,6 +421,49 @@ def test_underlined_headings_in_plain_text_are_sections_by_style() -> None:
     assert "-- not a heading" in doc.text and "=======" not in doc.text
 
 
+def test_a_pdf_page_drawing_forms_within_forms_is_refused_not_the_worker_lost() -> None:
+    """PDFium is C: in the worker's own process this page took 27 s and 8 GB in one call that
+    no soft time limit interrupts. In its bounded child process it is a ParseError."""
+    from tests.helpers import pdf_drawing_nested_forms
+
+    with pytest.raises(ParseError, match=r"memory bound|not read within"):  # about 3 s here
+        parse(pdf_drawing_nested_forms(), "application/pdf")
+    # a shallow nesting of the same kind is an ordinary page
+    assert parse(pdf_drawing_nested_forms(depth=3), "application/pdf").text == "x"
+
+
+def test_pdf_refusals_say_what_to_do() -> None:
+    import io
+
+    from pypdf import PdfWriter
+
+    from shared.documents.screening import screen_upload
+    from tests.helpers import pdf_of, pdf_with_pages
+
+    writer = PdfWriter(clone_from=io.BytesIO(pdf_with_pages(["Secret minutes."])))
+    writer.encrypt(user_password="hunter2", owner_password="owner")
+    locked = io.BytesIO()
+    writer.write(locked)
+    for refuse in (screen_upload, parse):
+        with pytest.raises(ParseError, match="password-protected: upload it without"):
+            refuse(locked.getvalue(), "application/pdf")
+    no_pages = pdf_of(
+        [b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [] /Count 0 >>"]
+    )
+    with pytest.raises(ParseError, match="no pages"):
+        parse(no_pages, "application/pdf")
+
+
+def test_a_pdf_line_end_hyphen_joins_only_a_lowercase_word() -> None:
+    """PDFium joins every word hyphenated at a line's end; a name keeps its hyphen."""
+    from tests.helpers import pdf_with_lines
+
+    raw = pdf_with_lines(["the GPL-", "3 licence, the manip-", "ulation of x86-", "64 code"])
+    assert " ".join(parse(raw, "application/pdf").text.split()) == (
+        "the GPL- 3 licence, the manipulation of x86- 64 code"
+    )
+
+
 def test_a_groff_manual_page_pdf_reads_as_words_not_kerned_pieces() -> None:
     """groff sets "key", "validity" and "-V option" with kerning: pypdf's text layer split
     them ("k ey", "v alidity", "-Voption"); PDFium's keeps them whole, hyphenated words
