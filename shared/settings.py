@@ -165,6 +165,15 @@ class Settings(BaseSettings):
     # not read, and the job's detail says which (``parse_notes``).
     ocr_max_pages: int = 40
     ocr_budget_s: float = 120.0
+    # A PDF's text layer is read by PDFium, C, in a child process of its own
+    # (shared/parsing/_pdfium_child.py), bounded in seconds, address space and characters: a
+    # 2.5 KB page drawing forms within forms took PDFium 27 s and 8 GB inside one call that no
+    # task time limit interrupts. Past a bound the file's job fails, saying which. The text
+    # bound is about what max_chunks_per_document chunks hold; past it the document would be
+    # refused anyway, after the worker had held it all.
+    pdf_text_timeout_s: float = 60.0
+    pdf_text_memory_mb: int = 2048
+    pdf_text_max_chars: int = 80_000_000
 
     # Chunking (tokens of the embedder's own tokenizer)
     chunk_max_tokens: int = 200

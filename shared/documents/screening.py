@@ -110,14 +110,14 @@ def screen_upload(raw: bytes, content_type: str, filename: str | None = None) ->
 
 def _check_pdf(raw: bytes) -> None:
     from pypdf import PdfReader
+    from pypdf.errors import FileNotDecryptedError
 
     if not raw.startswith(b"%PDF-"):
         raise UnsupportedMediaType("declared as a PDF, but the file does not start with %PDF-")
-    from pypdf.errors import FileNotDecryptedError
-
     try:
         pages = len(PdfReader(io.BytesIO(raw)).pages)
-    except FileNotDecryptedError as e:  # a user password: an owner's alone opens as it is
+    except FileNotDecryptedError as e:  # a user password (an owner password alone leaves the
+        # file readable: such a PDF is read as it is)
         raise ParseError("the PDF is password-protected: upload it without a password") from e
     except Exception as e:  # pypdf raises many types on hostile input; all mean "not a PDF"
         raise ParseError(f"the PDF could not be read ({type(e).__name__})") from e

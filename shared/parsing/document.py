@@ -30,6 +30,10 @@ class ParseOptions:
     # OCR's bounds per document (settings: ocr_max_pages, ocr_budget_s)
     ocr_max_pages: int = 40
     ocr_budget_s: float = 120.0
+    # PDFium's bounds per document (settings: pdf_text_timeout_s, _memory_mb, _max_chars)
+    pdf_text_timeout_s: float = 60.0
+    pdf_text_memory_mb: int = 2048
+    pdf_text_max_chars: int = 80_000_000
 
 
 @dataclass

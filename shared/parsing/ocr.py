@@ -191,7 +191,7 @@ def ocr_image(image: Any, timeout_s: float) -> str | None:
 
 
 def named_pages(numbers: list[int]) -> str:
-    """ "page 4", "pages 2-5" or "7 pages": page numbers as a note names them."""
+    """Page numbers as a note names them: "page 4", "pages 2-5" or "7 pages"."""
     if len(numbers) == 1:
         return f"page {numbers[0]}"
     return (

@@ -1,11 +1,10 @@
-"""PDF with a text layer, read by PDFium (pypdfium2) in a process of its own
-(shared/parsing/pdfium_text.py): a section per page, running headers and footers left out,
+"""PDF with a text layer, read by PDFium (pypdfium2) in a bounded process of its own
+(shared/parsing/_pdfium_child.py): a section per page, running headers and footers left out,
 typesetting's broken words joined; a scanned page's image, found by pypdf, read by OCR.
 
-PDFium rather than pypdf for the text layer: on the real-document set's eight PDFs pypdf split
-words that groff and TeX set with kerning ("k ey", "v alidity", "-Voption") and PDFium did not
-(unknown words in man-ssh-keygen.pdf 166 against 79, man-find.pdf 408 against 288; pdfminer.six
-78 and 366), in a fraction of the time (see docs/evaluation-and-benchmarks.md)."""
+PDFium rather than pypdf for the text layer: pypdf split words that groff and TeX set with
+kerning ("k ey", "v alidity", "-Voption"), which neither search arm then matched; PDFium keeps
+most of them whole, in less time (docs/evaluation-and-benchmarks.md has the comparison)."""
 
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from shared.errors import ParseError
+from shared.errors import ConcordError, ParseError
 from shared.parsing.document import DOUBTFUL_EXTRACTION, ParsedDocument, ParseOptions, Section
 from shared.parsing.ocr import OCR_FLAGS, ImageTooLarge, check_pixels, named_pages, ocr_pages
 from shared.retry import is_retriable
@@ -39,13 +38,16 @@ SCAN_CHARS = 20
 def parse(raw: bytes, options: ParseOptions) -> ParsedDocument:
     """A section per page; a page without a text layer (a scan: fewer than ``SCAN_CHARS``
     letters and digits, a page number at most) is read from its image by OCR."""
-    pages, unread = _text_layer(raw)
+    pages, unread = _text_layer(raw, options)
     pages = [_pdf_text(page) for page in pages]
     running = _running_lines(pages)
     pages = [_without_running_lines(page, running).strip() for page in pages]
     read_by_ocr, notes = _ocr_scanned_pages(raw, pages, options)
     if unread:
-        notes = [f"{named_pages(unread)} could not be read (their page objects are broken)", *notes]
+        notes = [
+            f"{named_pages(unread)} not read: PDFium could not read their page objects",
+            *notes,
+        ]
     parts: list[str] = []
     sections: list[Section] = []
     offset = 0
@@ -66,47 +68,65 @@ def parse(raw: bytes, options: ParseOptions) -> ParsedDocument:
     return ParsedDocument("\n\n".join(parts), sections, notes)
 
 
-# PDFium's bound in time: past it, the page is a resource bomb or too complex to read (the
-# real documents here take under a second; OCR's budget, 120 s, stays within a task's 240).
-TEXT_LAYER_TIMEOUT_S = 60.0
-_PDFIUM_TEXT = Path(__file__).with_name("pdfium_text.py")
+_PDFIUM_CHILD = Path(__file__).with_name("_pdfium_child.py")
 
 
-def _text_layer(raw: bytes) -> tuple[list[str], list[int]]:
+class PdfiumUnavailable(ConcordError):
+    """pypdfium2 is not installed where the worker runs: the server's fault, not the
+    upload's (no ParseError: the job is dead-lettered, and replayed once it is installed)."""
+
+
+def _text_layer(raw: bytes, options: ParseOptions) -> tuple[list[str], list[int]]:
     """Each page's text as PDFium extracts it, lines ending in "\n", and the numbers of the
-    pages PDFium could not load (their text empty). PDFium joins a word hyphenated at a
-    line's end and marks the place with U+FFFE ("prece\ufffedence", "GPL\ufffe3"): the mark
-    becomes the hyphen and line end it was, which ``_pdf_text`` joins only where both sides
-    are lowercase. PDFium runs in a child process whose memory it bounds (``-I``: none of
-    the worker's environment reaches it); a crash or a timeout is the file's fault."""
+    pages PDFium could not read (their text empty), read in a child process within the
+    options' bounds (_pdfium_child.py says why); past one, the file's ParseError. PDFium
+    joins a word hyphenated at a line's end and marks the place with U+FFFE
+    ("prece\ufffedence", "GPL\ufffe3"): the mark becomes the hyphen and line end it was,
+    which ``_pdf_text`` joins only where both sides are lowercase."""
+    command = [
+        sys.executable,
+        "-I",
+        str(_PDFIUM_CHILD),
+        str(options.pdf_text_memory_mb),
+        str(options.pdf_text_max_chars),
+    ]
     try:
         done = subprocess.run(
-            [sys.executable, "-I", str(_PDFIUM_TEXT)],
-            input=raw,
-            capture_output=True,
-            timeout=TEXT_LAYER_TIMEOUT_S,
-            check=False,
+            command, input=raw, capture_output=True, timeout=options.pdf_text_timeout_s
         )
     except subprocess.TimeoutExpired:  # run() has killed it
         raise ParseError(
-            f"the PDF's text layer was not read within {TEXT_LAYER_TIMEOUT_S:.0f} s (a page "
-            "that draws forms within forms, or one too complex to read)"
+            f"the PDF's text layer was not read within {options.pdf_text_timeout_s:.0f} s "
+            "(CONCORD_PDF_TEXT_TIMEOUT_S): a page that draws forms within forms, or one too "
+            "complex to read"
         ) from None
     if done.returncode != 0:
-        said = done.stderr.decode("utf-8", "replace").strip().splitlines()
-        why = said[-1] if said else f"the reader ended with status {done.returncode}"
-        raise ParseError(
-            "the PDF's text layer could not be read within the reader's memory bound "
-            f"(a page that draws forms within forms?): {why}"
-        )
-    read = json.loads(done.stdout)
-    if read["error"]:
-        raise ParseError(read["error"])
+        raise _child_failure(done.returncode, done.stderr, options)
+    result = json.loads(done.stdout)
+    if result["error"]:
+        raise ParseError(result["error"])
     pages = [
         page.replace("\r\n", "\n").replace("\r", "\n").replace("\ufffe", "-\n")
-        for page in read["pages"]
+        for page in result["pages"]
     ]
-    return pages, read["unread"]
+    return pages, result["unread"]
+
+
+def _child_failure(returncode: int, stderr: bytes, options: ParseOptions) -> Exception:
+    """What a failed child says: out of its memory (killed by a signal, or a MemoryError),
+    PDFium missing (the server's fault), or the reader's own last line."""
+    stderr_lines = stderr.decode("utf-8", "replace").strip().splitlines()
+    last = stderr_lines[-1] if stderr_lines else ""
+    if "ModuleNotFoundError" in last:
+        return PdfiumUnavailable(f"PDFs cannot be read where the worker runs: {last}")
+    if returncode < 0 or "MemoryError" in last:
+        ended = f"signal {-returncode}" if returncode < 0 else "MemoryError"
+        return ParseError(
+            f"the PDF's text layer could not be read within {options.pdf_text_memory_mb} MB "
+            f"(CONCORD_PDF_TEXT_MEMORY_MB; the reader ended by {ended}): a page that draws "
+            "forms within forms, or one too complex to read"
+        )
+    return ParseError(f"the PDF could not be read ({last or f'status {returncode}'})")
 
 
 def _ocr_scanned_pages(

@@ -156,6 +156,9 @@ def options_from(settings: Settings) -> ParseOptions:
         json_text_fields=settings.json_text_fields,
         ocr_max_pages=settings.ocr_max_pages,
         ocr_budget_s=settings.ocr_budget_s,
+        pdf_text_timeout_s=settings.pdf_text_timeout_s,
+        pdf_text_memory_mb=settings.pdf_text_memory_mb,
+        pdf_text_max_chars=settings.pdf_text_max_chars,
     )
 
 
@@ -167,7 +170,7 @@ def parse_as(raw: bytes, content_type: str, options: ParseOptions) -> ParsedDocu
         raise ParseError(f"content type {content_type!r} is not supported")
     try:
         parsed = found.parse(raw, dataclasses.replace(options, parse_part=_parse_part))
-    except (ParseError, OcrUnavailable):
+    except (ParseError, OcrUnavailable, pdf.PdfiumUnavailable):  # the file's fault; the server's
         raise
     except Exception as e:
         if is_retriable(e):

@@ -68,7 +68,14 @@ def convex(arms: dict[str, list[ArmHit]], alpha: float, method: str) -> list[tup
 def fuse(arms: dict[str, list[ArmHit]], options: Fusion) -> list[tuple[str, float]]:
     if options.method == "convex":
         return convex(arms, options.alpha, options.normalization)
-    return rrf(arms, options.k, {str(arm): w for arm, w in options.weights.items()})
+    return rrf(arms, options.k, arm_weights(options))
+
+
+def arm_weights(options: Fusion) -> dict[str, float]:
+    """How much the fusion weighs each arm (RRF's weights, or convex's alpha and its rest)."""
+    if options.method == "convex":
+        return {"dense": options.alpha, "lexical": 1.0 - options.alpha}
+    return {str(arm): w for arm, w in options.weights.items()}
 
 
 def _ordered(scores: dict[str, float]) -> list[tuple[str, float]]:
@@ -132,8 +139,8 @@ def passage_matches(
         return {}
     question = Question.of(query.request.query, arms.counts)
     texts = vectors.texts(query.tenant_id, ids)
-    arm_places = best_arm_places(arms.hits)
+    arm_places = best_arm_places(arms.hits, arm_weights(query.request.fusion))
     return {
-        cid: question.match(text, section).placed(arm_places.get(cid))
+        cid: question.match(text, section).with_arm_place(arm_places.get(cid))
         for cid, (text, section) in texts.items()
     }

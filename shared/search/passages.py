@@ -27,9 +27,8 @@ Weights set on the real-document development set's tune half (answer chunk in th
 formal questions 0.872 in fused order, 0.919 reordered; casual ones 0.737 → 0.763). Two more
 signals were tried there and are not used: the section heading path (no change) and a name
 at the start of a line, where an option list or a table defines it (0.919 → 0.892-0.912).
-The arm place counts as the fused place does (the same curve, the same weight); added later,
-tune / test: answer chunk first 0.628 / 0.671 → 0.642 / 0.682, in the first 5 0.926 / 0.913 →
-0.926 / 0.936, casual ones in the first 5 0.724 / 0.711 → 0.737 / 0.733.
+The arm place counts as the fused place does (the same curve, the same weight: nothing
+fitted); what it moved on each half is in docs/evaluation-and-benchmarks.md.
 """
 
 from __future__ import annotations
@@ -77,24 +76,29 @@ class PassageMatch:
 
     def key(self, place: int) -> float:
         """The ordering key of the chunk at ``place`` of the fused ranking (0 first)."""
-        standing = _standing(place)
-        if self.arm_place is not None:
-            standing += _standing(self.arm_place)
-        return standing + PROXIMITY_WEIGHT * self.proximity + EXACT_WEIGHT * self.exact
+        placed = _place_weight(place)
+        if self.arm_place is not None:  # None: placed by the fused ranking alone
+            placed += _place_weight(self.arm_place)
+        return placed + PROXIMITY_WEIGHT * self.proximity + EXACT_WEIGHT * self.exact
 
-    def placed(self, arm_place: int | None) -> PassageMatch:
+    def with_arm_place(self, arm_place: int | None) -> PassageMatch:
         return dataclasses.replace(self, arm_place=arm_place)
 
 
-def _standing(place: int) -> float:
+def _place_weight(place: int) -> float:
     """A place's term of the ordering key: 1 first, 0.5 at the tenth place."""
     return PLACE_K / (PLACE_K + place)
 
 
-def best_arm_places(hits: dict[str, list[ArmHit]]) -> dict[str, int]:
-    """Each chunk's best place (0 first) among the arms that returned it."""
+def best_arm_places(
+    hits: dict[str, list[ArmHit]], weights: dict[str, float] | None = None
+) -> dict[str, int]:
+    """Each chunk's best place (0 first) among the arms that returned it, an arm the fusion
+    weighs 0 aside (it ranks nothing)."""
     places: dict[str, int] = {}
-    for arm_hits in hits.values():
+    for arm, arm_hits in hits.items():
+        if weights is not None and not weights.get(arm, 1.0):
+            continue
         for hit in arm_hits:
             places[hit.chunk_id] = min(places.get(hit.chunk_id, hit.rank - 1), hit.rank - 1)
     return places

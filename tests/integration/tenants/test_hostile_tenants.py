@@ -87,10 +87,10 @@ def _cases() -> list[Case]:
         Case("oversize", b"a" * (limit + 1), refused=413),
         Case("binary", ELF, "text/plain", refused=415, text_only=True),
         # A stream naming a filter that holds a NUL: pypdf's error quoted it (Postgres refuses
-        # one in the recorded error; the batch's write of it used to fail the batch). Accepted;
-        # PDFium reads its text.
+        # one in the recorded error; the batch's write of it used to fail the batch). PDFium
+        # reads its text; describe_error's stripping is unit-tested.
         Case(
-            "pdf-error-quotes-nul",
+            "pdf-filter-name-nul",
             pdf_whose_error_quotes_a_nul(),
             "application/pdf",
             text_only=True,

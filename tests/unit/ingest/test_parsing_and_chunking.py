@@ -424,10 +424,17 @@ def test_underlined_headings_in_plain_text_are_sections_by_style() -> None:
 def test_a_pdf_page_drawing_forms_within_forms_is_refused_not_the_worker_lost() -> None:
     """PDFium is C: in the worker's own process this page took 27 s and 8 GB in one call that
     no soft time limit interrupts. In its bounded child process it is a ParseError."""
-    from tests.helpers import pdf_drawing_nested_forms
+    from shared.parsing.document import ParseOptions
+    from tests.helpers import pdf_drawing_nested_forms, pdf_with_pages
 
-    with pytest.raises(ParseError, match=r"memory bound|not read within"):  # about 3 s here
+    with pytest.raises(ParseError, match=r"within 2048 MB .* forms within forms"):  # 3 s here
         parse(pdf_drawing_nested_forms(), "application/pdf")
+    # each bound holds, and says which setting it is
+    tight = ParseOptions(pdf_text_timeout_s=0.001)
+    with pytest.raises(ParseError, match="CONCORD_PDF_TEXT_TIMEOUT_S"):
+        parse(pdf_drawing_nested_forms(depth=3), "application/pdf", tight)
+    with pytest.raises(ParseError, match=r"over 5 characters .CONCORD_PDF_TEXT_MAX_CHARS"):
+        parse(pdf_with_pages(["Six chars"]), "application/pdf", ParseOptions(pdf_text_max_chars=5))
     # a shallow nesting of the same kind is an ordinary page
     assert parse(pdf_drawing_nested_forms(depth=3), "application/pdf").text == "x"
 
@@ -470,7 +477,8 @@ def test_a_groff_manual_page_pdf_reads_as_words_not_kerned_pieces() -> None:
     joined across lines."""
     from pathlib import Path
 
-    raw = (Path("evaluation/devsets/real-docs/files/man-ssh-keygen.pdf")).read_bytes()
+    files = Path(__file__).parents[3] / "evaluation/devsets/real-docs/files"
+    raw = (files / "man-ssh-keygen.pdf").read_bytes()
     text = " ".join(parse(raw, "application/pdf").text.split())
     assert "Finally, certificates may be defined with a validity lifetime. The -V option" in text
     assert "the CA public key must be trusted by sshd(8)" in text

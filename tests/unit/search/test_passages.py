@@ -106,12 +106,14 @@ def test_a_chunk_one_arm_ranks_first_is_not_buried_by_its_fused_place() -> None:
         "dense": [ArmHit("a:2", 1, 0.61), ArmHit("a:0", 6, 0.5), ArmHit("a:1", 5, 0.52)],
     }
     assert best_arm_places(hits) == {"a:0": 0, "a:1": 3, "a:2": 0}
+    # an arm the fusion weighs 0 ranks nothing
+    assert best_arm_places(hits, {"dense": 0.0, "lexical": 1.3}) == {"a:0": 0, "a:1": 3}
     held = PassageMatch(proximity=0.3, held=0.3, exact=0.0)
     matches = {"a:0": held, "a:1": held, "a:2": PassageMatch(0.35, 0.35, 0.0)}
     # by fused place alone, the dense arm's first stays last of its document
     assert [c for c, _ in reorder_within_documents(fused, matches)][-1] == "a:2"
     places = best_arm_places(hits)
-    placed = {cid: match.placed(places[cid]) for cid, match in matches.items()}
+    placed = {cid: match.with_arm_place(places[cid]) for cid, match in matches.items()}
     assert [c for c, _ in reorder_within_documents(fused, placed)] == [
         "a:0",
         "a:2",
