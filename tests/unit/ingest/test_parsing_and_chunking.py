@@ -439,6 +439,26 @@ def test_a_pdf_page_drawing_forms_within_forms_is_refused_not_the_worker_lost() 
     assert parse(pdf_drawing_nested_forms(depth=3), "application/pdf").text == "x"
 
 
+def test_a_failed_pdfium_child_is_said_as_what_ended_it() -> None:
+    """Killed by a signal or out of memory: the document's bound. PDFium missing: the
+    server's fault (not a ParseError, so the job is not failed as the file's). Anything
+    else: the reader's own last line."""
+    from shared.parsing.document import ParseOptions
+    from shared.parsing.pdf import PdfiumUnavailable, _child_failure
+
+    options = ParseOptions()
+    killed = _child_failure(-9, b"", options)
+    assert isinstance(killed, ParseError)
+    assert "within 2048 MB (CONCORD_PDF_TEXT_MEMORY_MB; the reader ended by signal 9)" in str(
+        killed
+    )
+    assert "ended by MemoryError" in str(_child_failure(1, b"...\nMemoryError\n", options))
+    missing = _child_failure(1, b"ModuleNotFoundError: No module named 'pypdfium2'\n", options)
+    assert isinstance(missing, PdfiumUnavailable) and not isinstance(missing, ParseError)
+    other = _child_failure(1, b"Traceback\nValueError: odd page\n", options)
+    assert str(other) == "the PDF could not be read (ValueError: odd page)"
+
+
 def test_pdf_refusals_say_what_to_do() -> None:
     import io
 
