@@ -9,20 +9,17 @@ most of them whole, in less time (docs/evaluation-and-benchmarks.md has the comp
 from __future__ import annotations
 
 import io
-import json
 import re
-import subprocess
-import sys
 import unicodedata
 from collections import Counter
 from collections.abc import Callable
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from shared.errors import ConcordError, ParseError
 from shared.parsing.document import DOUBTFUL_EXTRACTION, ParsedDocument, ParseOptions, Section
 from shared.parsing.ocr import OCR_FLAGS, ImageTooLarge, check_pixels, named_pages, ocr_pages
+from shared.parsing.pdfium_reader import READER, ReaderEnded, ReaderTimedOut
 from shared.retry import is_retriable
 
 # A page whose text layer holds fewer letters and digits than this (a scan with a page
@@ -68,9 +65,6 @@ def parse(raw: bytes, options: ParseOptions) -> ParsedDocument:
     return ParsedDocument("\n\n".join(parts), sections, notes)
 
 
-_PDFIUM_CHILD = Path(__file__).with_name("_pdfium_child.py")
-
-
 class PdfiumUnavailable(ConcordError):
     """pypdfium2 is not installed where the worker runs: the server's fault, not the
     upload's (no ParseError: the job is dead-lettered, and replayed once it is installed)."""
@@ -78,31 +72,23 @@ class PdfiumUnavailable(ConcordError):
 
 def _text_layer(raw: bytes, options: ParseOptions) -> tuple[list[str], list[int]]:
     """Each page's text as PDFium extracts it, lines ending in "\n", and the numbers of the
-    pages PDFium could not read (their text empty), read in a child process within the
-    options' bounds (_pdfium_child.py says why); past one, the file's ParseError. PDFium
-    joins a word hyphenated at a line's end and marks the place with U+FFFE
-    ("prece\ufffedence", "GPL\ufffe3"): the mark becomes the hyphen and line end it was,
-    which ``_pdf_text`` joins only where both sides are lowercase."""
-    command = [
-        sys.executable,
-        "-I",
-        str(_PDFIUM_CHILD),
-        str(options.pdf_text_memory_mb),
-        str(options.pdf_text_max_chars),
-    ]
+    pages PDFium could not read (their text empty), read by the process's PDFium reader
+    within the options' bounds (_pdfium_child.py says why it is a process of its own); past
+    one, the file's ParseError. PDFium joins a word hyphenated at a line's end and marks the
+    place with U+FFFE ("prece\ufffedence", "GPL\ufffe3"): the mark becomes the hyphen and
+    line end it was, which ``_pdf_text`` joins only where both sides are lowercase."""
     try:
-        done = subprocess.run(
-            command, input=raw, capture_output=True, timeout=options.pdf_text_timeout_s
+        result = READER.read(
+            raw, options.pdf_text_memory_mb, options.pdf_text_max_chars, options.pdf_text_timeout_s
         )
-    except subprocess.TimeoutExpired:  # run() has killed it
+    except ReaderTimedOut:
         raise ParseError(
             f"the PDF's text layer was not read within {options.pdf_text_timeout_s:.0f} s "
             "(CONCORD_PDF_TEXT_TIMEOUT_S): a page that draws forms within forms, or one too "
             "complex to read"
         ) from None
-    if done.returncode != 0:
-        raise _child_failure(done.returncode, done.stderr, options)
-    result = json.loads(done.stdout)
+    except ReaderEnded as e:
+        raise _child_failure(e.returncode, e.stderr, options) from None
     if result["error"]:
         raise ParseError(result["error"])
     pages = [

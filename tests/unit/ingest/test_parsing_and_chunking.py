@@ -433,8 +433,11 @@ def test_a_pdf_page_drawing_forms_within_forms_is_refused_not_the_worker_lost() 
     tight = ParseOptions(pdf_text_timeout_s=0.001)
     with pytest.raises(ParseError, match="CONCORD_PDF_TEXT_TIMEOUT_S"):
         parse(pdf_drawing_nested_forms(depth=3), "application/pdf", tight)
+    assert parse(pdf_drawing_nested_forms(depth=3), "application/pdf").text == "x"
     with pytest.raises(ParseError, match=r"over 5 characters .CONCORD_PDF_TEXT_MAX_CHARS"):
         parse(pdf_with_pages(["Six chars"]), "application/pdf", ParseOptions(pdf_text_max_chars=5))
+    # the reader a bound stopped is not the next PDF's: a new one reads it
+    assert parse(pdf_with_pages(["Read again."]), "application/pdf").text == "Read again."
     # a shallow nesting of the same kind is an ordinary page
     assert parse(pdf_drawing_nested_forms(depth=3), "application/pdf").text == "x"
 
@@ -457,6 +460,24 @@ def test_a_failed_pdfium_child_is_said_as_what_ended_it() -> None:
     assert isinstance(missing, PdfiumUnavailable) and not isinstance(missing, ParseError)
     other = _child_failure(1, b"Traceback\nValueError: odd page\n", options)
     assert str(other) == "the PDF could not be read (ValueError: odd page)"
+
+
+def test_one_pdfium_reader_reads_a_process_s_pdfs_one_after_another() -> None:
+    """Starting the reader costs 44 ms, more than a short PDF: it is kept from one PDF to
+    the next (and a new one started every READER_DOCUMENTS)."""
+    from shared.parsing import pdfium_reader
+    from tests.helpers import pdf_with_pages
+
+    reader = pdfium_reader.PdfiumReader()
+    pids = set()
+    for i in range(3):
+        answer = reader.read(pdf_with_pages([f"Page {i}."]), 2048, 1000, 60.0)
+        assert answer == {"pages": [f"Page {i}."], "unread": [], "error": None}
+        assert reader._process is not None
+        pids.add(reader._process.pid)
+    assert len(pids) == 1
+    reader.close()
+    assert reader._process is None
 
 
 def test_pdf_refusals_say_what_to_do() -> None:

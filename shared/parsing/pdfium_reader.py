@@ -1,0 +1,145 @@
+"""The PDFium child process (shared/parsing/_pdfium_child.py, which says why it is one) as the
+worker's PDF reader: started on a process's first PDF and kept for the next ones, since
+starting it costs 44 ms, more than reading a short PDF. A reader is never reused after a PDF it
+did not answer in time, did not answer at all (its memory bound killed it), or was stopped in
+the middle of (a task's time limit): the next PDF starts a new one. One PDF at a time a
+process (a lock), and a new reader every ``READER_DOCUMENTS`` PDFs, so what PDFium's heap keeps
+from one document does not add up.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+_CHILD = Path(__file__).with_name("_pdfium_child.py")
+LENGTH_BYTES = 8  # as _pdfium_child.LENGTH_BYTES
+READER_DOCUMENTS = 200
+# What a failed reader's standard error is read back for: its last line says why.
+STDERR_TAIL_BYTES = 4096
+
+
+class ReaderTimedOut(Exception):
+    """The reader did not answer within its time; it has been stopped."""
+
+
+class ReaderEnded(Exception):
+    """The reader ended without answering (killed by its memory bound, or failed to start)."""
+
+    def __init__(self, returncode: int, stderr: bytes) -> None:
+        super().__init__(returncode)
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+class PdfiumReader:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._stderr: IO[bytes] | None = None
+        self._started_as: tuple[int, int, int] | None = None  # (pid of its parent, bounds)
+        self._served = 0
+
+    def read(self, raw: bytes, memory_mb: int, max_chars: int, timeout_s: float) -> Any:
+        """The child's JSON answer for ``raw``; ReaderTimedOut or ReaderEnded otherwise."""
+        with self._lock:
+            process = self._running(memory_mb, max_chars)
+            answered = False
+            try:
+                answer = self._ask(process, raw, time.monotonic() + timeout_s)
+                answered = True
+            finally:
+                if not answered:  # timed out, ended, or interrupted: never reused
+                    self._stop()
+            self._served += 1
+            return json.loads(answer)
+
+    def _running(self, memory_mb: int, max_chars: int) -> subprocess.Popen[bytes]:
+        started_as = (os.getpid(), memory_mb, max_chars)
+        if self._process is not None and (
+            self._started_as != started_as or self._served >= READER_DOCUMENTS
+        ):
+            self._stop()
+        if self._process is None:
+            self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (kept with the reader)
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", str(_CHILD), str(memory_mb), str(max_chars)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+            )
+            self._started_as, self._served = started_as, 0
+        return self._process
+
+    def _ask(self, process: subprocess.Popen[bytes], raw: bytes, deadline: float) -> bytes:
+        assert process.stdin is not None and process.stdout is not None
+        try:
+            process.stdin.write(len(raw).to_bytes(LENGTH_BYTES, "big") + raw)
+            process.stdin.flush()
+        except BrokenPipeError:
+            raise self._ended(process) from None
+        length = int.from_bytes(self._receive(process, LENGTH_BYTES, deadline), "big")
+        return self._receive(process, length, deadline)
+
+    def _receive(self, process: subprocess.Popen[bytes], size: int, deadline: float) -> bytes:
+        assert process.stdout is not None
+        received = bytearray()
+        while len(received) < size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ReaderTimedOut
+            ready, _, _ = select.select([process.stdout], [], [], left)
+            if not ready:
+                raise ReaderTimedOut
+            part = os.read(process.stdout.fileno(), min(size - len(received), 1 << 20))
+            if not part:
+                raise self._ended(process)
+            received += part
+        return bytes(received)
+
+    def _ended(self, process: subprocess.Popen[bytes]) -> ReaderEnded:
+        try:
+            returncode = process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            returncode = process.wait()
+        stderr = b""
+        if self._stderr is not None:
+            self._stderr.seek(0, os.SEEK_END)
+            self._stderr.seek(max(0, self._stderr.tell() - STDERR_TAIL_BYTES))
+            stderr = self._stderr.read()
+        return ReaderEnded(returncode, stderr)
+
+    def _stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+        if process is not None:
+            for stream in (process.stdin, process.stdout):
+                if stream is not None:
+                    with contextlib.suppress(OSError):  # a buffer a killed reader won't take
+                        stream.close()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+
+# One reader a process: a worker's PDFs go through it one at a time. (A reader left at exit
+# would end by itself at the end of its input; closing it spares the warning.)
+READER = PdfiumReader()
+atexit.register(READER.close)
