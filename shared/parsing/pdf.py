@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import re
+import signal
 import unicodedata
 from collections import Counter
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from typing import Any
 from shared.errors import ConcordError, ParseError
 from shared.parsing.document import DOUBTFUL_EXTRACTION, ParsedDocument, ParseOptions, Section
 from shared.parsing.ocr import OCR_FLAGS, ImageTooLarge, check_pixels, named_pages, ocr_pages
-from shared.parsing.pdfium_reader import READER, ReaderEnded, ReaderTimedOut
+from shared.parsing.pdfium_reader import READER, ReaderEnded, ReaderTimedOut, ReaderUnavailable
 from shared.retry import is_retriable
 
 # A page whose text layer holds fewer letters and digits than this (a scan with a page
@@ -89,6 +90,8 @@ def _text_layer(raw: bytes, options: ParseOptions) -> tuple[list[str], list[int]
         ) from None
     except ReaderEnded as e:
         raise _child_failure(e.returncode, e.stderr, options) from None
+    except ReaderUnavailable as e:
+        raise PdfiumUnavailable(str(e)) from e
     if result["error"]:
         raise ParseError(result["error"])
     pages = [
@@ -98,6 +101,11 @@ def _text_layer(raw: bytes, options: ParseOptions) -> tuple[list[str], list[int]
     return pages, result["unread"]
 
 
+# Signals a reader gets from a person or a supervisor (its memory bound kills it with SIGKILL
+# or SIGABRT, PDFium's own failure with SIGSEGV or SIGABRT).
+_STOPPING_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
+
 def _child_failure(returncode: int, stderr: bytes, options: ParseOptions) -> Exception:
     """What a failed child says: out of its memory (killed by a signal, or a MemoryError),
     PDFium missing (the server's fault), or the reader's own last line."""
@@ -105,6 +113,8 @@ def _child_failure(returncode: int, stderr: bytes, options: ParseOptions) -> Exc
     last = stderr_lines[-1] if stderr_lines else ""
     if "ModuleNotFoundError" in last:
         return PdfiumUnavailable(f"PDFs cannot be read where the worker runs: {last}")
+    if -returncode in _STOPPING_SIGNALS:  # someone stopped the reader: not the file's doing
+        return PdfiumUnavailable(f"the PDF reader was stopped by signal {-returncode}")
     if returncode < 0 or "MemoryError" in last:
         ended = f"signal {-returncode}" if returncode < 0 else "MemoryError"
         return ParseError(

@@ -13,7 +13,7 @@ import atexit
 import contextlib
 import json
 import os
-import select
+import selectors
 import subprocess
 import sys
 import tempfile
@@ -33,6 +33,11 @@ class ReaderTimedOut(Exception):
     """The reader did not answer within its time; it has been stopped."""
 
 
+class ReaderUnavailable(Exception):
+    """No reader process could be started, or one was stopped by a signal no PDF sends (the
+    server's doing, not the file's)."""
+
+
 class ReaderEnded(Exception):
     """The reader ended without answering (killed by its memory bound, or failed to start)."""
 
@@ -49,6 +54,13 @@ class PdfiumReader:
         self._stderr: IO[bytes] | None = None
         self._started_as: tuple[int, int, int] | None = None  # (pid of its parent, bounds)
         self._served = 0
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        """In a forked child: the parent's reader, and its lock as it was, are the parent's
+        (another thread may have held the lock, mid-read): this process starts its own."""
+        self._lock = threading.Lock()
+        self._process, self._stderr, self._started_as = None, None, None
 
     def read(self, raw: bytes, memory_mb: int, max_chars: int, timeout_s: float) -> Any:
         """The child's JSON answer for ``raw``; ReaderTimedOut or ReaderEnded otherwise."""
@@ -67,17 +79,25 @@ class PdfiumReader:
     def _running(self, memory_mb: int, max_chars: int) -> subprocess.Popen[bytes]:
         started_as = (os.getpid(), memory_mb, max_chars)
         if self._process is not None and (
-            self._started_as != started_as or self._served >= READER_DOCUMENTS
+            self._started_as != started_as
+            or self._served >= READER_DOCUMENTS
+            or self._process.poll() is not None  # ended between PDFs: not the next PDF's fault
         ):
             self._stop()
         if self._process is None:
             self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (kept with the reader)
-            self._process = subprocess.Popen(
-                [sys.executable, "-I", str(_CHILD), str(memory_mb), str(max_chars)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=self._stderr,
-            )
+            try:
+                self._process = subprocess.Popen(
+                    [sys.executable, "-I", str(_CHILD), str(memory_mb), str(max_chars)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=self._stderr,
+                    # its own session: a signal to the worker's process group (the stack's
+                    # stop, a terminal's Ctrl-C) is not the reader's, mid-PDF
+                    start_new_session=True,
+                )
+            except OSError as e:  # no process to be had (EMFILE, EAGAIN): the server's
+                raise ReaderUnavailable(f"the PDF reader could not be started ({e})") from e
             self._started_as, self._served = started_as, 0
         return self._process
 
@@ -94,17 +114,17 @@ class PdfiumReader:
     def _receive(self, process: subprocess.Popen[bytes], size: int, deadline: float) -> bytes:
         assert process.stdout is not None
         received = bytearray()
-        while len(received) < size:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ReaderTimedOut
-            ready, _, _ = select.select([process.stdout], [], [], left)
-            if not ready:
-                raise ReaderTimedOut
-            part = os.read(process.stdout.fileno(), min(size - len(received), 1 << 20))
-            if not part:
-                raise self._ended(process)
-            received += part
+        # a selector, not select(): a worker holding 1,024 descriptors is no file's fault
+        with selectors.DefaultSelector() as selector:
+            selector.register(process.stdout, selectors.EVENT_READ)
+            while len(received) < size:
+                left = deadline - time.monotonic()
+                if left <= 0 or not selector.select(left):
+                    raise ReaderTimedOut
+                part = os.read(process.stdout.fileno(), min(size - len(received), 1 << 20))
+                if not part:
+                    raise self._ended(process)
+                received += part
         return bytes(received)
 
     def _ended(self, process: subprocess.Popen[bytes]) -> ReaderEnded:

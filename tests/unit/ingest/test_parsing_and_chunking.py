@@ -458,6 +458,8 @@ def test_a_failed_pdfium_child_is_said_as_what_ended_it() -> None:
     assert "ended by MemoryError" in str(_child_failure(1, b"...\nMemoryError\n", options))
     missing = _child_failure(1, b"ModuleNotFoundError: No module named 'pypdfium2'\n", options)
     assert isinstance(missing, PdfiumUnavailable) and not isinstance(missing, ParseError)
+    stopped = _child_failure(-15, b"", options)  # SIGTERM: a person's, not the file's
+    assert isinstance(stopped, PdfiumUnavailable) and "signal 15" in str(stopped)
     other = _child_failure(1, b"Traceback\nValueError: odd page\n", options)
     assert str(other) == "the PDF could not be read (ValueError: odd page)"
 
@@ -476,6 +478,13 @@ def test_one_pdfium_reader_reads_a_process_s_pdfs_one_after_another() -> None:
         assert reader._process is not None
         pids.add(reader._process.pid)
     assert len(pids) == 1
+    # a reader that ended between two PDFs (stopped, or killed by the system) is not the
+    # next PDF's fault: a new one reads it
+    process = reader._process
+    assert process is not None
+    process.terminate()
+    process.wait()
+    assert reader.read(pdf_with_pages(["After."]), 2048, 1000, 60.0)["pages"] == ["After."]
     reader.close()
     assert reader._process is None
 
