@@ -163,6 +163,7 @@ def _run_steps(
     )
     del parsed  # the parsed texts: the chunks hold what is needed now
     turn_left = settings.ingest_turn_chunks  # chunks the batch may still encode
+    titles = _titles(steps.transactions, chunked, settings.chunk_context)  # one read a batch
 
     def embed(group: list[Chunked]) -> list[Encoded | Waiting]:
         nonlocal turn_left
@@ -172,7 +173,7 @@ def _run_steps(
             cache,
             commit_every=min(settings.embed_commit_chunks, settings.ingest_turn_chunks),
             context=settings.chunk_context,
-            titles=_titles(steps.transactions, group, settings.chunk_context),
+            titles=titles,
             turn_chunks=turn_left,
         )
         turn_left -= turn.encoded
@@ -189,13 +190,13 @@ def _run_steps(
 
 
 def _titles(
-    transactions: Transactions, group: list[Chunked], context: ChunkContext
+    transactions: Transactions, batch: list[Chunked], context: ChunkContext
 ) -> Mapping[uuid.UUID, str]:
     """The documents' titles, where chunks are encoded after their title."""
     if context == "none":
         return {}
     with transactions() as uow:
-        found = documents_repo.documents_by_ids(uow.session, [c.claim.document_id for c in group])
+        found = documents_repo.documents_by_ids(uow.session, [c.claim.document_id for c in batch])
         return {doc_id: doc.title for doc_id, doc in found.items()}
 
 
@@ -243,8 +244,8 @@ class _Steps:
         return [e for e in embedded if isinstance(e, Encoded)]
 
     def each_alone(self, batch: list[In], stage: str, step: Callable[[In], Out]) -> list[Out]:
-        """``step`` of each value; a value it fails for is dropped (its content is not held
-        while its batch-mates go on) and its job's failure recorded."""
+        """``step`` of each value; a value it fails for is dropped (the later steps skip
+        it) and its job's failure recorded."""
         done = []
         for value in batch:
             try:

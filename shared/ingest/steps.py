@@ -41,7 +41,8 @@ def make_chunker(settings: Settings, embedder: Embedder) -> Chunker:
 
 
 def parse_step(claim: Claim, options: ParseOptions) -> Parsed:
-    """The claim's bytes read by the parser of their content type; the bytes are let go of."""
+    """The claim's bytes read by the parser of their content type; the value carries the
+    claim forward without them."""
     timings: dict[str, float] = {}
     with StageTimes(timings).stage("parse"):
         document = parse(claim.raw, claim.content_type, options)

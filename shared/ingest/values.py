@@ -5,8 +5,9 @@
 
 Each step (shared/ingest/steps.py) takes values and returns new ones, never changing what it
 was given; each value knows the claim it comes of (``claim``), so the pipeline can charge a
-failure to its job at any step. A value holds only what the next steps need: a parsed
-document lets go of the uploaded bytes, a chunked one of the parsed text.
+failure to its job at any step. A value carries forward only what the next steps need: a
+parsed document not the uploaded bytes, a chunked one not the parsed text (the bytes
+themselves go when the batch's claims do, at the end of its run).
 """
 
 from __future__ import annotations

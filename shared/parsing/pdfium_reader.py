@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from shared.parsing._pdfium_child import LENGTH_BYTES
+
 _CHILD = Path(__file__).with_name("_pdfium_child.py")
-LENGTH_BYTES = 8  # as _pdfium_child.LENGTH_BYTES
 READER_DOCUMENTS = 200
 # What a failed reader's standard error is read back for: its last line says why.
 STDERR_TAIL_BYTES = 4096
@@ -52,7 +53,7 @@ class PdfiumReader:
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
         self._stderr: IO[bytes] | None = None
-        self._started_as: tuple[int, int, int] | None = None  # (pid of its parent, bounds)
+        self._bounds: tuple[int, int] | None = None  # (memory MB, max chars) it started with
         self._served = 0
         os.register_at_fork(after_in_child=self._forget)
 
@@ -60,7 +61,7 @@ class PdfiumReader:
         """In a forked child: the parent's reader, and its lock as it was, are the parent's
         (another thread may have held the lock, mid-read): this process starts its own."""
         self._lock = threading.Lock()
-        self._process, self._stderr, self._started_as = None, None, None
+        self._process, self._stderr, self._bounds = None, None, None
 
     def read(self, raw: bytes, memory_mb: int, max_chars: int, timeout_s: float) -> Any:
         """The child's JSON answer for ``raw``; ReaderTimedOut or ReaderEnded otherwise."""
@@ -77,9 +78,9 @@ class PdfiumReader:
             return json.loads(answer)
 
     def _running(self, memory_mb: int, max_chars: int) -> subprocess.Popen[bytes]:
-        started_as = (os.getpid(), memory_mb, max_chars)
+        bounds = (memory_mb, max_chars)
         if self._process is not None and (
-            self._started_as != started_as
+            self._bounds != bounds
             or self._served >= READER_DOCUMENTS
             or self._process.poll() is not None  # ended between PDFs: not the next PDF's fault
         ):
@@ -98,7 +99,7 @@ class PdfiumReader:
                 )
             except OSError as e:  # no process to be had (EMFILE, EAGAIN): the server's
                 raise ReaderUnavailable(f"the PDF reader could not be started ({e})") from e
-            self._started_as, self._served = started_as, 0
+            self._bounds, self._served = bounds, 0
         return self._process
 
     def _ask(self, process: subprocess.Popen[bytes], raw: bytes, deadline: float) -> bytes:

@@ -32,7 +32,7 @@ from shared.settings import Settings, get_settings
 from shared.stores.chunk_document import es_document
 from shared.stores.compose import Stores
 from shared.stores.ports import ChunkWriter, VectorReads
-from shared.stores.schemas import IndexUnavailable, TenantLines
+from shared.stores.schemas import TenantLines
 
 log = logging.getLogger(__name__)
 
@@ -303,7 +303,7 @@ def _send(
     for row, _ in requests:
         if row.tenant_id in unavailable:
             failure = unavailable[row.tenant_id]
-            reason = {"type": "tenant_index_unavailable", "reason": failure.reason[:500]}
+            reason = {"type": "tenant_index_unavailable", "reason": failure.message[:500]}
             results[row.id] = {"status": failure.status, "error": reason}
     requests = [r for r in requests if r[0].tenant_id not in unavailable]
 
@@ -355,8 +355,8 @@ def _dual_write(index: ChunkWriter, lines: list[TenantLines]) -> None:
     if target is not None:
         try:
             index.bulk_to(target, lines)
-        except (StoreError, IndexUnavailable) as e:  # e.g. the reindex ended meanwhile
-            if isinstance(e, StoreError) and e.status is None:
+        except StoreError as e:  # e.g. the reindex ended meanwhile (IndexUnavailable among them)
+            if e.status is None:
                 raise  # no answer: the batch waits for Elasticsearch, as the relay's own
             log.warning("dual write to %s failed (%s); reconcile repairs it", target, e)
 

@@ -114,4 +114,3 @@ class IndexUnavailable(StoreError):
 
     def __init__(self, status: int, reason: str) -> None:
         super().__init__(reason, store="Elasticsearch", status=status)
-        self.reason = reason
