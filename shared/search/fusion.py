@@ -22,9 +22,10 @@ from shared.search.passages import (
     reorder_within_documents,
 )
 from shared.search.schemas import Fusion
+from shared.search.titles import lift_titled_documents, title_shares
 from shared.search.values import Arms, Query, Retrieved
 from shared.stores.ports import VectorSearch
-from shared.stores.schemas import ArmHit, document_of_chunk
+from shared.stores.schemas import ArmHit, ChunkText, document_of_chunk
 from shared.timing import StageTimes
 
 
@@ -87,9 +88,10 @@ def fused_ranking(
 ) -> Retrieved:
     """The arms' hits fused as the request asks, lifted by its boost (the values read from
     Postgres for every fused candidate, in one query), the first candidates' chunks ordered
-    within their documents by how exactly they answer (passages.py); for a paginated search,
-    capped per document once, so that the cap holds across pages. Every page of a cursor
-    follows this one ranking."""
+    within their documents by how exactly they answer (passages.py), then, without a boost,
+    those whose title names the question's subject lifted (titles.py; both read the
+    candidates' texts in one query); for a paginated search, capped per document once, so
+    that the cap holds across pages. Every page of a cursor follows this one ranking."""
     request = query.request
     fused = timings.timed("fuse", lambda: fuse(arms.hits, request.fusion))
     boost = request.boost
@@ -102,10 +104,15 @@ def fused_ranking(
     window = query.settings.search_passage_window
     if window and len(fused) > 1:
         with timings.stage("passages"):
-            matches = passage_matches(
-                query, vectors, passage_window(fused, arms, window), arms=arms
-            )
+            candidates = [cid for cid, _ in passage_window(fused, arms, window)]
+            texts = vectors.texts(query.tenant_id, candidates)
+            question = Question.of(query.request.query, arms.counts)
+            matches = passage_matches(query, question, texts, candidates, arms=arms)
             fused = reorder_within_documents(fused, matches)
+            # A request's boost has the last word on the order of documents.
+            if (lift := query.settings.search_title_lift) and boost is None:
+                shares = title_shares(question, arms.counts, texts)
+                fused = lift_titled_documents(fused, shares, window=window, lift=lift)
     if request.paginate and request.per_document_cap is not None:
         fused = within_cap(fused, request.per_document_cap, lambda hit: document_of_chunk(hit[0]))
     return Retrieved(arms.hits, arms.degraded, arms.vector, fused, arms.counts)
@@ -129,18 +136,19 @@ def passage_window(
 
 
 def passage_matches(
-    query: Query, vectors: VectorSearch, window: list[tuple[str, float]], *, arms: Arms
+    query: Query,
+    question: Question,
+    texts: dict[str, ChunkText],
+    window: list[str],
+    *,
+    arms: Arms,
 ) -> dict[str, PassageMatch]:
     """How each of the ``window`` candidates that compete with another chunk of their
-    document answers the question (one read of their texts and sections; a candidate no
-    longer held is left out, and keeps its place)."""
-    ids = competing(window)
-    if not ids:
-        return {}
-    question = Question.of(query.request.query, arms.counts)
-    texts = vectors.texts(query.tenant_id, ids)
+    document answers ``question`` (a candidate ``texts`` lacks, no longer held, is left out
+    and keeps its place)."""
     arm_places = best_arm_places(arms.hits, arm_weights(query.request.fusion))
     return {
-        cid: question.match(text, section).with_arm_place(arm_places.get(cid))
-        for cid, (text, section) in texts.items()
+        cid: question.match(texts[cid].text, texts[cid].section).with_arm_place(arm_places.get(cid))
+        for cid in competing(window)
+        if cid in texts
     }

@@ -76,16 +76,16 @@ class PassageMatch:
 
     def key(self, place: int) -> float:
         """The ordering key of the chunk at ``place`` of the fused ranking (0 first)."""
-        placed = _place_weight(place)
+        placed = place_weight(place)
         if self.arm_place is not None:  # None: placed by the fused ranking alone
-            placed += _place_weight(self.arm_place)
+            placed += place_weight(self.arm_place)
         return placed + PROXIMITY_WEIGHT * self.proximity + EXACT_WEIGHT * self.exact
 
     def with_arm_place(self, arm_place: int | None) -> PassageMatch:
         return dataclasses.replace(self, arm_place=arm_place)
 
 
-def _place_weight(place: int) -> float:
+def place_weight(place: int) -> float:
     """A place's term of the ordering key: 1 first, 0.5 at the tenth place."""
     return PLACE_K / (PLACE_K + place)
 
@@ -181,11 +181,11 @@ def _best_window(stems: tuple[str, ...], weights: dict[str, float]) -> float:
     return best
 
 
-def competing(window: list[tuple[str, float]]) -> list[str]:
+def competing(window: list[str]) -> list[str]:
     """The chunks of ``window`` whose document has another chunk in it: the only ones whose
     order can change."""
-    per_document = Counter(document_of_chunk(cid) for cid, _ in window)
-    return [cid for cid, _ in window if per_document[document_of_chunk(cid)] > 1]
+    per_document = Counter(document_of_chunk(cid) for cid in window)
+    return [cid for cid in window if per_document[document_of_chunk(cid)] > 1]
 
 
 def reorder_within_documents(

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from shared.stores.filters import Filters
     from shared.stores.schemas import (
         BucketStats,
+        ChunkText,
         EsCopy,
         Fingerprints,
         IndexUnavailable,
@@ -158,7 +159,7 @@ class VectorSearch(Protocol):
         embeddings_for: Sequence[str] = (),
     ) -> dict[str, Any]: ...
     def embeddings(self, tenant_id: str, ids: Sequence[str]) -> dict[str, np.ndarray]: ...
-    def texts(self, tenant_id: str, ids: Sequence[str]) -> dict[str, tuple[str, str]]: ...
+    def texts(self, tenant_id: str, ids: Sequence[str]) -> dict[str, ChunkText]: ...
     def metadata_values(self, tenant_id: str, ids: Sequence[str], key: str) -> dict[str, Any]: ...
 
 

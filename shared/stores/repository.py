@@ -30,7 +30,7 @@ from shared.db import any_of
 from shared.db.repository import run_unlock, try_run_lock
 from shared.models import Chunk, Document, Tenant
 from shared.stores.buckets import bucket_of, fingerprint
-from shared.stores.schemas import BucketStats, ChunkRow, Fingerprints, VersionChunks
+from shared.stores.schemas import BucketStats, ChunkRow, ChunkText, Fingerprints, VersionChunks
 from shared.vector_type import vector_bytes, vector_from_bytes
 
 # ------------------------------------------------------------------ writes
@@ -154,17 +154,17 @@ def chunks_by_ids(session: Session, ids: Sequence[str]) -> dict[str, Chunk]:
     return {c.id: c for c in session.scalars(query)}
 
 
-def chunk_texts(session: Session, tenant_id: str, ids: Sequence[str]) -> dict[str, tuple[str, str]]:
-    """(text, section) of the tenant's chunks among ``ids``: what a search reads of its first
-    candidates to order them (hydration checks that they are live afterwards)."""
+def chunk_texts(session: Session, tenant_id: str, ids: Sequence[str]) -> dict[str, ChunkText]:
+    """Text, section and title of the tenant's chunks among ``ids``: what a search reads of
+    its first candidates to order them (hydration checks that they are live afterwards)."""
     if not ids:
         return {}
     rows = session.execute(
-        select(Chunk.id, Chunk.text, Chunk.section).where(
+        select(Chunk.id, Chunk.text, Chunk.section, Chunk.title).where(
             _id_among(ids), Chunk.tenant_id == tenant_id
         )
     )
-    return {cid: (text, section) for cid, text, section in rows}
+    return {cid: ChunkText(text, section, title) for cid, text, section, title in rows}
 
 
 def chunk_tenants(session: Session, ids: Sequence[str]) -> dict[str, str]:

@@ -7,11 +7,20 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from shared.errors import StoreError
+
+
+class ChunkText(NamedTuple):
+    """What a search reads of its first candidates to order them: a chunk's text, its
+    section's heading path and its document's title."""
+
+    text: str
+    section: str
+    title: str
 
 
 def chunk_id(document_id: uuid.UUID, ordinal: int) -> str:

@@ -45,7 +45,7 @@ from shared.stores.ports import (
     VectorSearch,
     VectorWriter,
 )
-from shared.stores.schemas import BucketStats, Fingerprints, VersionChunks
+from shared.stores.schemas import BucketStats, ChunkText, Fingerprints, VersionChunks
 
 # tenant -> (checked at, has a partition of its own with a valid graph). Only speed depends
 # on it: a search of either kind finds the tenant's rows wherever they are.
@@ -137,8 +137,9 @@ class PgVectorStore:
         ``embeddings_for``. An id missing from the answer is not live: never serve it."""
         return repo.live_chunks(self.session, tenant_id, ids, vector, embeddings_for)
 
-    def texts(self, tenant_id: str, ids: Sequence[str]) -> dict[str, tuple[str, str]]:
-        """(text, section) of the tenant's chunks among ``ids``, whatever their version."""
+    def texts(self, tenant_id: str, ids: Sequence[str]) -> dict[str, ChunkText]:
+        """Text, section and title of the tenant's chunks among ``ids``, whatever their
+        version."""
         return repo.chunk_texts(self.session, tenant_id, ids)
 
     def embeddings(self, tenant_id: str, ids: Sequence[str]) -> dict[str, np.ndarray]:

@@ -26,7 +26,7 @@ from shared.stores.compose import connect
 from shared.stores.elastic import get_es
 from shared.stores.es_index import anchor_index, ensure_index, tenant_alias, tenant_index
 from shared.stores.memory import MemorySnapshots, memory_stores
-from shared.stores.schemas import ReindexStart
+from shared.stores.schemas import ChunkText, ReindexStart
 from shared.stores.vector_store import PgVectorStore
 from tests.contract import test_queue, test_stores
 from tests.contract.port_calls import ALL, Claims, claimed, declared_ports, methods
@@ -205,32 +205,58 @@ class TestIndexAuditPort:
 # ------------------------------------------------------------------ Postgres's ports
 
 
-@pytest.fixture
-def written(fresh_stores: None) -> tuple[str, str, list[Record]]:
+def _written() -> tuple[str, str, list[Record]]:
     """Two chunks of one document (two sections) with metadata, one of another document, and
-    one chunk of another tenant, written through the harness."""
+    one chunk of another tenant."""
     tenant, other, document = _tenant(), _tenant(), _doc()
     records = [
-        Record(tenant, document, "Terns fly far.", section="s1", metadata={"year": 2020}),
-        Record(tenant, document, "Terns nest.", ordinal=1, section="s2", metadata={"year": 2020}),
+        Record(
+            tenant,
+            document,
+            "Terns fly far.",
+            title="Seabirds",
+            section="s1",
+            metadata={"year": 2020},
+        ),
+        Record(
+            tenant,
+            document,
+            "Terns nest.",
+            ordinal=1,
+            title="Seabirds",
+            section="s2",
+            metadata={"year": 2020},
+        ),
         Record(tenant, _doc(), "Skuas steal fish."),
         Record(other, _doc(), "Another tenant's terns."),
     ]
+    return tenant, other, records
+
+
+@pytest.fixture
+def written(fresh_stores: None) -> tuple[str, str, list[Record]]:
+    """:func:`_written`'s chunks, written through the Postgres harness."""
+    tenant, other, records = _written()
     PgVectorHarness().write(records)
     return tenant, other, records
 
 
 class TestVectorSearchPort:
-    """The dense arm's reads (nearest and hydrate: test_stores.py)."""
+    """The dense arm's reads (nearest and hydrate: test_stores.py), in Postgres and in
+    memory."""
 
     PORTS: ClassVar[Claims] = {ports.VectorSearch: {"embeddings", "texts", "metadata_values"}}
 
+    @pytest.mark.parametrize("kind", ["postgres", "memory"])
     def test_embeddings_texts_and_metadata_values_are_read_within_the_tenant(
-        self, written: tuple[str, str, list[Record]]
+        self, kind: str, fresh_stores: None
     ) -> None:
-        tenant, other, (a, b, c, theirs) = written
+        tenant, other, records = _written()
+        a, b, c, theirs = records
+        memory = test_memory_stores.MemoryVectorHarness()
+        (PgVectorHarness() if kind == "postgres" else memory).write(records)
         with unit_of_work() as uow:
-            store = PgVectorStore(uow.session)
+            store = PgVectorStore(uow.session) if kind == "postgres" else memory.store
             vectors = store.embeddings(tenant, [a.id, c.id, theirs.id])
             assert set(vectors) == {a.id, c.id}
             assert np.allclose(vectors[a.id], _vector(a.text), atol=1e-6)
@@ -239,7 +265,7 @@ class TestVectorSearchPort:
             }  # fmt: skip
             assert store.metadata_values(other, [a.id], "year") == {}
             assert store.texts(tenant, [a.id, b.id, theirs.id]) == {
-                a.id: (a.text, "s1"), b.id: (b.text, "s2")
+                a.id: ChunkText(a.text, "s1", "Seabirds"), b.id: ChunkText(b.text, "s2", "Seabirds")
             }  # fmt: skip
 
 

@@ -89,7 +89,7 @@ def test_documents_keep_their_places_and_only_their_own_chunks_move() -> None:
         "a:1": question.match(OTHER_OPTION, "OPTIONS"),
         "a:2": question.match(NULL_OPTION, "OPTIONS"),
     }
-    assert competing(fused) == ["a:0", "a:1", "a:2"]
+    assert competing([cid for cid, _ in fused]) == ["a:0", "a:1", "a:2"]
     reordered = reorder_within_documents(fused, matches)
     assert [cid for cid, _ in reordered] == ["a:2", "b:0", "a:0", "c:0", "a:1"]
     # a chunk that was not read (gone since) keeps its place

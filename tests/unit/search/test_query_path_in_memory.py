@@ -157,3 +157,44 @@ def test_pages_follow_one_ranking_without_repeats(stores: Stores) -> None:
         position[r.chunk_id] for r in second.results
     )  # page 2 starts where page 1 ended in the one stored ranking
     assert first.next_cursor is not None  # the ranking was kept for the next pages
+
+
+# Notes on threads (from libtasn1's, libffi's and Valgrind's manuals): libffi's say more
+# about threads, libtasn1's title names what the question is about.
+THREAD_NOTES = {
+    "libtasn1": [
+        "Libtasn1 is a library for Abstract Syntax Notation One (ASN.1) and Distinguished "
+        "Encoding Rules (DER) manipulation.",
+        "Thread safety: the library is re-entrant. No global variables are used and multiple "
+        "library handles and session handles may be used in parallel.",
+    ],
+    "libffi-thread-safety": [
+        "libffi is not completely thread-safe. However, many parts are, and if you follow "
+        "some simple rules, you can use it safely in a multi-threaded program.",
+        "ffi_prep_cif may allocate memory; it is safe to call it from multiple threads as "
+        "long as each thread uses its own ffi_cif.",
+    ],
+    "valgrind-core": [
+        "Valgrind serialises execution so that only one thread runs at a time, which makes "
+        "multiple threads safe to debug.",
+    ],
+}
+
+
+# At 0.2 (the default 0.1 moves a document one place at most: tests/unit/search/test_titles.py).
+@pytest.mark.parametrize("title_lift", [0.0, 0.2])
+def test_the_document_whose_title_names_the_subject_is_lifted(title_lift: float) -> None:
+    stores = memory_stores()
+    for external_id, texts in THREAD_NOTES.items():  # _write titles each by its external id
+        _write(stores, TENANT, external_id, texts)
+    settings = get_settings().model_copy(update={"search_title_lift": title_lift})
+    request = SearchRequest(query="can i call libtasn1 from a bunch of threads at once")
+    query = Query(TENANT, request, settings)
+    timings, vectors = StageTimes(), stores.vectors(NO_TRANSACTION)
+    arms = retrieve(query, index=stores.index, vectors=vectors, timings=timings)
+    fused = fused_ranking(query, arms, vectors=vectors, timings=timings).fused
+    titles = vectors.texts(TENANT, [cid for cid, _ in fused])
+    first_two = [titles[cid].title for cid, _ in fused[:2]]
+    # Without the lift libffi's two chunks come first; with it, libtasn1's first chunk passes
+    # libffi's second.
+    assert ("libtasn1" in first_two) == (title_lift > 0), first_two
