@@ -327,11 +327,10 @@ class Settings(BaseSettings):
     # exactly they answer (shared/search/passages.py), each arm's first three hits with them;
     # 0 keeps the fused order.
     search_passage_window: int = Field(default=20, ge=0, le=200)
-    # How far a document whose title names the question's most specific term is lifted among
-    # those candidates (shared/search/titles.py): 0.1 is worth the first place over the
-    # second; 0 keeps the order. 0.2 serves corpora whose titles name their subject (man
-    # pages, manuals) better, and costs SciFact's claims, whose titles are sentences, 0.01.
-    search_title_lift: float = Field(default=0.1, ge=0.0, le=10.0)
+    # How far a document whose short title names the question's most specific term is lifted
+    # among those candidates (shared/search/titles.py): 0.2 is worth the first place over the
+    # third; 0 keeps the order.
+    search_title_lift: float = Field(default=0.2, ge=0.0, le=10.0)
     # A search's Postgres reads are cancelled past this, and it waits for either arm at most
     # this (plus a second): a stalled or locked store makes the other arm's results come back
     # marked degraded, or a 503, never a request that waits with nothing to say.

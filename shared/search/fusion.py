@@ -105,14 +105,19 @@ def fused_ranking(
     if window and len(fused) > 1:
         with timings.stage("passages"):
             candidates = [cid for cid, _ in passage_window(fused, arms, window)]
-            texts = vectors.texts(query.tenant_id, candidates)
-            question = Question.of(query.request.query, arms.counts)
-            matches = passage_matches(query, question, texts, candidates, arms=arms)
-            fused = reorder_within_documents(fused, matches)
-            # A request's boost has the last word on the order of documents.
-            if (lift := query.settings.search_title_lift) and boost is None:
-                shares = title_shares(question, arms.counts, texts)
-                fused = lift_titled_documents(fused, shares, window=window, lift=lift)
+            # A request's boost has the last word on the order of documents; without the
+            # corpus's counts no title is lifted (titles.title_shares).
+            lift = query.settings.search_title_lift if boost is None else 0.0
+            lifting = bool(lift) and arms.counts is not None and arms.counts.known
+            reordered = competing(candidates)
+            if reordered or lifting:
+                texts = vectors.texts(query.tenant_id, candidates if lifting else reordered)
+                question = Question.of(query.request.query, arms.counts)
+                matches = passage_matches(query, question, texts, reordered, arms=arms)
+                fused = reorder_within_documents(fused, matches)
+                if lifting:
+                    shares = title_shares(question, arms.counts, texts)
+                    fused = lift_titled_documents(fused, shares, window=window, lift=lift)
     if request.paginate and request.per_document_cap is not None:
         fused = within_cap(fused, request.per_document_cap, lambda hit: document_of_chunk(hit[0]))
     return Retrieved(arms.hits, arms.degraded, arms.vector, fused, arms.counts)
@@ -139,16 +144,16 @@ def passage_matches(
     query: Query,
     question: Question,
     texts: dict[str, ChunkText],
-    window: list[str],
+    competing_ids: list[str],
     *,
     arms: Arms,
 ) -> dict[str, PassageMatch]:
-    """How each of the ``window`` candidates that compete with another chunk of their
-    document answers ``question`` (a candidate ``texts`` lacks, no longer held, is left out
-    and keeps its place)."""
+    """How each of the candidates that compete with another chunk of their document
+    (:func:`passages.competing`) answers ``question`` (one ``texts`` lacks, no longer held,
+    is left out and keeps its place)."""
     arm_places = best_arm_places(arms.hits, arm_weights(query.request.fusion))
     return {
         cid: question.match(texts[cid].text, texts[cid].section).with_arm_place(arm_places.get(cid))
-        for cid in competing(window)
+        for cid in competing_ids
         if cid in texts
     }

@@ -10,19 +10,17 @@ field of three to BM25 and a few words of the text the encoder reads. So the fir
 document's own) are ordered by the term of their place (the passages' curve: 1 first, 0.5 at
 the tenth place) plus ``search_title_lift`` times their title's *share*: the weight (IDF in
 the tenant's corpus) of the heaviest question term the title holds, over that of the
-question's heaviest term the corpus holds. At the default 0.1 a title naming the question's
-rarest term is worth the first place over the second; one naming only a common word of the
-question ("file", "news"), a fraction of it.
+question's heaviest term the corpus holds, for titles of at most ``SUBJECT_TITLE_WORDS``
+words. At the default 0.2 a title naming the question's rarest term is worth the first place
+over the third; one naming only a common word of the question ("file", "news"), a fraction
+of it.
 
 Measured on the real-document dev set's tune half (the file holding the answer's MRR@10
-0.945 → 0.949 at 0.1, 0.958 at 0.2, 0.963 at 0.5) and on SciFact's train split (hybrid
-nDCG@10 0.7120 → 0.7107 at 0.1, 0.7113 at 0.2, far lower at 0.3 and above: a paper's title
-is a sentence, and holds the claim's rare words without being what the claim is about).
-0.2 was the choice on those; on SciFact's test split it cost lexical and hybrid search 0.01,
-past the 0.005 the search must keep, so the default is 0.1. Variants tried and left out
-(the title's share of the whole question's weight, a lift only where the chunk's own text
-lacks the title's term, only short titles, only long documents, times the share of the
-title's words the question holds) and both halves' figures are in
+0.945 → 0.958 at 0.2, 0.963 at 0.5) and on SciFact's train split, whose titles are a paper's
+sentence and hold a claim's rare words ("dorsal", "myosin") without being what it is about:
+lifting every title cost its hybrid nDCG@10 0.001 at 0.2 but 0.012 at 0.3 (and its test
+split 0.01 at 0.2); titles of at most 4 words, 0.7120 → 0.7123 at 0.2 (3 words 0.7118, 5
+words 0.7082). The variants tried and left out, and both halves' figures, are in
 docs/evaluation-and-benchmarks.md, "Real documents".
 """
 
@@ -33,35 +31,45 @@ from functools import lru_cache
 
 from shared.search.coverage import CorpusCounts
 from shared.search.passages import Question, place_weight
-from shared.stores.english_analysis import analyze_repeated
+from shared.stores.english_analysis import analyze_repeated, stemmed_words
 from shared.stores.schemas import ChunkText
+
+# A title of at most this many distinct words names its document's subject (a command, a
+# library, a manual: "man-ls", "libtasn1", "valgrind-quick-start"); a longer one is a
+# sentence (a paper's, a post's) whose words BM25 already scores in the title field, and
+# holds a question's rare words without being what the question is about.
+SUBJECT_TITLE_WORDS = 4
 
 
 def title_shares(
     question: Question, counts: CorpusCounts | None, texts: Mapping[str, ChunkText]
 ) -> dict[str, float]:
-    """Chunk id -> the share of the question's heaviest term that the chunk's title holds
-    (those whose title holds no question term are left out). A term the tenant's corpus
-    holds nowhere is in no title, and outweighs every other (the casual "a *bunch* of
-    threads"): the heaviest is of the terms the corpus holds."""
-    counts = counts or CorpusCounts.unknown()
-    heaviest = max(
-        (w for stem, w in question.weights.items() if not counts.known or counts.holding.get(stem)),
-        default=0.0,
-    )
+    """Chunk id -> the share of the question's heaviest term that the chunk's title holds,
+    for titles of at most ``SUBJECT_TITLE_WORDS`` words (the others, and those whose title
+    holds no question term, are left out). The weights are the corpus's: without its counts
+    (Elasticsearch could not count, or the request's decision does not read them) every term
+    weighs the same and any shared word would lift fully, so nothing is lifted. A term the
+    corpus holds nowhere (the casual "a *bunch* of threads") counts neither way."""
+    if counts is None or not counts.known:
+        return {}
+    held_terms = {s: w for s, w in question.weights.items() if counts.holding.get(s)}
+    heaviest = max(held_terms.values(), default=0.0)
     if heaviest <= 0:
         return {}
     shares = {}
     for chunk_id, text in texts.items():
-        terms = _title_terms(text.title)
-        held = max((w for stem, w in question.weights.items() if stem in terms), default=0.0)
+        terms = _subject_title_terms(text.title)
+        held = max((w for stem, w in held_terms.items() if stem in terms), default=0.0)
         if held > 0:
             shares[chunk_id] = held / heaviest
     return shares
 
 
 @lru_cache(maxsize=4096)
-def _title_terms(title: str) -> frozenset[str]:
+def _subject_title_terms(title: str) -> frozenset[str]:
+    """The terms of ``title`` as BM25 analyses it, if it is short enough to name a subject."""
+    if len(set(stemmed_words(title))) > SUBJECT_TITLE_WORDS:
+        return frozenset()
     return frozenset(analyze_repeated(title).split())
 
 

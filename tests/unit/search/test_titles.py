@@ -40,6 +40,15 @@ def test_a_title_shares_the_weight_of_the_heaviest_question_term_it_holds() -> N
     assert title_shares(casual, COUNTS, {"ls:0": _text("man-ls")}) == {"ls:0": 1.0}
 
 
+def test_a_sentence_for_a_title_or_unknown_weights_lift_nothing() -> None:
+    sentence = _text("Exit status of ls and of other commands, in the order of their return")
+    assert title_shares(QUESTION, COUNTS, {"ls:0": sentence}) == {}
+    # Without the corpus's counts every term would weigh the same, "file" as much as "ls".
+    unknown = CorpusCounts.unknown()
+    assert title_shares(QUESTION, unknown, {"files:0": _text("File handling")}) == {}
+    assert title_shares(QUESTION, None, {"ls:0": _text("man-ls")}) == {}
+
+
 def test_the_titled_document_is_lifted_and_its_chunks_keep_their_order() -> None:
     fused = [("xargs:0", 0.9), ("timeout:0", 0.8), ("ls:0", 0.7), ("xargs:1", 0.6), ("ls:1", 0.5)]
     shares = {"ls:0": 1.0, "ls:1": 1.0}
