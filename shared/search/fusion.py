@@ -22,7 +22,7 @@ from shared.search.passages import (
     reorder_within_documents,
 )
 from shared.search.schemas import Fusion
-from shared.search.titles import lift_titled_documents, title_shares
+from shared.search.titles import lift_titled_documents, liftable, title_shares
 from shared.search.values import Arms, Query, Retrieved
 from shared.stores.ports import VectorSearch
 from shared.stores.schemas import ArmHit, ChunkText, document_of_chunk
@@ -105,15 +105,18 @@ def fused_ranking(
     if window and len(fused) > 1:
         with timings.stage("passages"):
             candidates = [cid for cid, _ in passage_window(fused, arms, window)]
-            # A request's boost has the last word on the order of documents; without the
-            # corpus's counts no title is lifted (titles.title_shares).
+            # A request's boost has the last word on the order of documents. Titles weigh the
+            # question's terms by the corpus's counts (retrieve reads them for every search):
+            # where Elasticsearch could not count them, no title is lifted (titles.liftable).
             lift = query.settings.search_title_lift if boost is None else 0.0
-            lifting = bool(lift) and arms.counts is not None and arms.counts.known
-            reordered = competing(candidates)
-            if reordered or lifting:
-                texts = vectors.texts(query.tenant_id, candidates if lifting else reordered)
-                question = Question.of(query.request.query, arms.counts)
-                matches = passage_matches(query, question, texts, reordered, arms=arms)
+            lifting = bool(lift) and liftable(arms.counts)
+            competing_ids = competing(candidates)
+            if competing_ids or lifting:
+                # Lifting reads every candidate, the arms' leaders past the window too: the
+                # passages stage may move one of those into it.
+                texts = vectors.texts(query.tenant_id, candidates if lifting else competing_ids)
+                question = Question.of(request.query, arms.counts)
+                matches = passage_matches(query, question, texts, competing_ids, arms=arms)
                 fused = reorder_within_documents(fused, matches)
                 if lifting:
                     shares = title_shares(question, arms.counts, texts)

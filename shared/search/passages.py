@@ -47,9 +47,9 @@ from shared.stores.schemas import ArmHit, document_of_chunk
 # two of a man page's option description.
 PROXIMITY_WINDOW = 20
 # The weights of the ordering key: the fused place, and the best place in either arm, each
-# count as ``PLACE_K / (PLACE_K + i)`` (1 first, 0.5 at the tenth place), so a chunk holding
-# all the question's terms together (proximity 1) outranks one ten places before it that
-# holds them apart.
+# count as ``PLACE_K / (PLACE_K + i)`` (1 first, 0.5 eleventh), so a chunk holding all the
+# question's terms together (proximity 1) outranks one ten places before it that holds them
+# apart.
 PLACE_K = 10
 PROXIMITY_WEIGHT = 4.0
 EXACT_WEIGHT = 1.0
@@ -86,7 +86,7 @@ class PassageMatch:
 
 
 def place_weight(place: int) -> float:
-    """A place's term of the ordering key: 1 first, 0.5 at the tenth place."""
+    """A place's term of the ordering key (``place`` 0 first): 1 first, 0.5 eleventh."""
     return PLACE_K / (PLACE_K + place)
 
 

@@ -59,9 +59,11 @@ def retrieve(
             lexical = _lexical_pool.submit(
                 timings.timed, "lexical", lambda: lexical_arm(index, tenant_id, request)
             )
+        # The corpus's count of each question term: the weights of the passages' and titles'
+        # ordering, whatever decides, and the default decision's term coverage.
         terms = QueryTerms.of(request.query)
         counting: Future[CorpusCounts | None] | None = None
-        if terms.stems and coverage_decides(query):
+        if terms.stems:
             counting = _lexical_pool.submit(
                 timings.timed, "term_counts", lambda: corpus_counts(index, tenant_id, terms)
             )
@@ -100,13 +102,6 @@ def retrieve(
     if not hits:
         raise StoreUnavailable("neither Postgres nor Elasticsearch answered the search")
     return Arms(hits, degraded, vector, counts)
-
-
-def coverage_decides(query: Query) -> bool:
-    """Whether the decision reads term coverage: the default decision does (a score type
-    other than the learned answerability model, coverage not turned off)."""
-    request = query.request
-    return request.policy.score_type != "answerability" and query.settings.policy_coverage
 
 
 def corpus_counts(index: LexicalSearch, tenant_id: str, terms: QueryTerms) -> CorpusCounts | None:

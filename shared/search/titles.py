@@ -7,13 +7,13 @@ matches the rest of its words better: xargs' exit statuses, libffi's thread safe
 arms score a chunk by its own words, and the title every chunk of a document shares is one
 field of three to BM25 and a few words of the text the encoder reads. So the first
 ``search_passage_window`` fused candidates (after the passages stage has ordered each
-document's own) are ordered by the term of their place (the passages' curve: 1 first, 0.5 at
-the tenth place) plus ``search_title_lift`` times their title's *share*: the weight (IDF in
+document's own) are ordered by the term of their place (the passages' curve: 1 first, 0.5
+eleventh) plus ``search_title_lift`` times their title's *share*: the weight (IDF in
 the tenant's corpus) of the heaviest question term the title holds, over that of the
 question's heaviest term the corpus holds, for titles of at most ``SUBJECT_TITLE_WORDS``
-words. At the default 0.2 a title naming the question's rarest term is worth the first place
-over the third; one naming only a common word of the question ("file", "news"), a fraction
-of it.
+words. At the default 0.2 a title naming the question's rarest term is worth two places at
+the top of the window (the first over the third) and about ten at its end (the tenth over the
+twentieth); one naming only a common word of the question ("file", "news"), a fraction of it.
 
 Measured on the real-document dev set's tune half (the file holding the answer's MRR@10
 0.945 → 0.958 at 0.2, 0.963 at 0.5) and on SciFact's train split, whose titles are a paper's
@@ -34,11 +34,20 @@ from shared.search.passages import Question, place_weight
 from shared.stores.english_analysis import analyze_repeated, stemmed_words
 from shared.stores.schemas import ChunkText
 
-# A title of at most this many distinct words names its document's subject (a command, a
-# library, a manual: "man-ls", "libtasn1", "valgrind-quick-start"); a longer one is a
-# sentence (a paper's, a post's) whose words BM25 already scores in the title field, and
-# holds a question's rare words without being what the question is about.
+# A title of at most this many distinct words (stop words aside; "ssh_config" is two) names
+# its document's subject (a command, a library, a manual: "man-ls", "libtasn1",
+# "valgrind-quick-start"); a longer one is a sentence (a paper's, a post's) whose words BM25
+# already scores in the title field, and holds a question's rare words without being what the
+# question is about.
 SUBJECT_TITLE_WORDS = 4
+
+
+def liftable(counts: CorpusCounts | None) -> bool:
+    """Whether a search's titles can be weighed: without the corpus's counts (Elasticsearch
+    could not count them in time, or it analyses the text itself:
+    ``CONCORD_LEXICAL_ANALYSIS=elasticsearch``) every term weighs the same, and any shared
+    word ("file") would lift as fully as the question's subject."""
+    return counts is not None and counts.known
 
 
 def title_shares(
@@ -46,19 +55,17 @@ def title_shares(
 ) -> dict[str, float]:
     """Chunk id -> the share of the question's heaviest term that the chunk's title holds,
     for titles of at most ``SUBJECT_TITLE_WORDS`` words (the others, and those whose title
-    holds no question term, are left out). The weights are the corpus's: without its counts
-    (Elasticsearch could not count, or the request's decision does not read them) every term
-    weighs the same and any shared word would lift fully, so nothing is lifted. A term the
-    corpus holds nowhere (the casual "a *bunch* of threads") counts neither way."""
-    if counts is None or not counts.known:
+    holds no question term, are left out); none without the corpus's counts (:func:`liftable`).
+    A term the corpus holds nowhere (the casual "a *bunch* of threads") counts neither way."""
+    if counts is None or not liftable(counts):
         return {}
     held_terms = {s: w for s, w in question.weights.items() if counts.holding.get(s)}
     heaviest = max(held_terms.values(), default=0.0)
     if heaviest <= 0:
         return {}
     shares = {}
-    for chunk_id, text in texts.items():
-        terms = _subject_title_terms(text.title)
+    for chunk_id, chunk in texts.items():
+        terms = _subject_title_terms(chunk.title)
         held = max((w for stem, w in held_terms.items() if stem in terms), default=0.0)
         if held > 0:
             shares[chunk_id] = held / heaviest
@@ -68,7 +75,7 @@ def title_shares(
 @lru_cache(maxsize=4096)
 def _subject_title_terms(title: str) -> frozenset[str]:
     """The terms of ``title`` as BM25 analyses it, if it is short enough to name a subject."""
-    if len(set(stemmed_words(title))) > SUBJECT_TITLE_WORDS:
+    if len(set(stemmed_words(title.replace("_", " ")))) > SUBJECT_TITLE_WORDS:
         return frozenset()
     return frozenset(analyze_repeated(title).split())
 
@@ -77,8 +84,8 @@ def lift_titled_documents(
     fused: list[tuple[str, float]], shares: Mapping[str, float], *, window: int, lift: float
 ) -> list[tuple[str, float]]:
     """``fused`` with its first ``window`` candidates ordered by their place's term plus
-    ``lift`` x their title's share (ties keep the fused order, so each document's chunks keep
-    theirs); the rest as they were."""
+    ``lift`` x their title's share (ties keep the fused order); the rest as they were. A
+    document's chunks share a title, and so a share: they keep their order."""
     first = fused[:window]
     order = sorted(
         range(len(first)),

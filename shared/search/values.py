@@ -45,6 +45,12 @@ class Query:
     # The tenant's dense-score threshold set from its own corpus (calibration.py), if any.
     calibrated_min_score: float | None = None
 
+    @property
+    def coverage_decides(self) -> bool:
+        """Whether the decision reads term coverage: the default decision does (a score type
+        other than the learned answerability model, coverage not turned off)."""
+        return self.request.policy.score_type != "answerability" and self.settings.policy_coverage
+
 
 @dataclass(frozen=True)
 class Arms:

@@ -7,14 +7,15 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from shared.errors import StoreError
 
 
-class ChunkText(NamedTuple):
+@dataclass(frozen=True)
+class ChunkText:
     """What a search reads of its first candidates to order them: a chunk's text, its
     section's heading path and its document's title."""
 

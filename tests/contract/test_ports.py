@@ -252,21 +252,30 @@ class TestVectorSearchPort:
         self, kind: str, fresh_stores: None
     ) -> None:
         tenant, other, records = _written()
-        a, b, c, theirs = records
-        memory = test_memory_stores.MemoryVectorHarness()
-        (PgVectorHarness() if kind == "postgres" else memory).write(records)
+        if kind == "memory":
+            memory = test_memory_stores.MemoryVectorHarness()
+            memory.write(records)
+            self._reads_within_the_tenant(memory.store, tenant, other, records)
+            return
+        PgVectorHarness().write(records)
         with unit_of_work() as uow:
-            store = PgVectorStore(uow.session) if kind == "postgres" else memory.store
-            vectors = store.embeddings(tenant, [a.id, c.id, theirs.id])
-            assert set(vectors) == {a.id, c.id}
-            assert np.allclose(vectors[a.id], _vector(a.text), atol=1e-6)
-            assert store.metadata_values(tenant, [a.id, b.id, c.id], "year") == {
-                a.id: 2020, b.id: 2020
-            }  # fmt: skip
-            assert store.metadata_values(other, [a.id], "year") == {}
-            assert store.texts(tenant, [a.id, b.id, theirs.id]) == {
-                a.id: ChunkText(a.text, "s1", "Seabirds"), b.id: ChunkText(b.text, "s2", "Seabirds")
-            }  # fmt: skip
+            self._reads_within_the_tenant(PgVectorStore(uow.session), tenant, other, records)
+
+    @staticmethod
+    def _reads_within_the_tenant(
+        store: ports.VectorSearch, tenant: str, other: str, records: list[Record]
+    ) -> None:
+        a, b, c, theirs = records
+        vectors = store.embeddings(tenant, [a.id, c.id, theirs.id])
+        assert set(vectors) == {a.id, c.id}
+        assert np.allclose(vectors[a.id], _vector(a.text), atol=1e-6)
+        assert store.metadata_values(tenant, [a.id, b.id, c.id], "year") == {
+            a.id: 2020, b.id: 2020
+        }  # fmt: skip
+        assert store.metadata_values(other, [a.id], "year") == {}
+        assert store.texts(tenant, [a.id, b.id, theirs.id]) == {
+            a.id: ChunkText(a.text, "s1", "Seabirds"), b.id: ChunkText(b.text, "s2", "Seabirds")
+        }  # fmt: skip
 
 
 class TestVectorAuditPort:

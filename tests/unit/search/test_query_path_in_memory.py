@@ -192,8 +192,8 @@ def test_the_document_whose_title_names_the_subject_is_lifted(title_lift: float)
     timings, vectors = StageTimes(), stores.vectors(NO_TRANSACTION)
     arms = retrieve(query, index=stores.index, vectors=vectors, timings=timings)
     fused = fused_ranking(query, arms, vectors=vectors, timings=timings).fused
-    titles = vectors.texts(TENANT, [cid for cid, _ in fused])
-    first_two = [titles[cid].title for cid, _ in fused[:2]]
+    texts = vectors.texts(TENANT, [cid for cid, _ in fused])
+    first_two = [texts[cid].title for cid, _ in fused[:2]]
     # Without the lift libffi's two chunks come first; with the default, libtasn1's first
     # chunk passes libffi's second.
     assert ("libtasn1" in first_two) == (title_lift > 0), first_two
