@@ -51,7 +51,7 @@ def decide(
     results = [
         replace(c, answer_match=question.match(c.text, c.section).proximity) for c in results
     ]
-    if counts is not None and config.score_type != "answerability" and query.coverage_decides:
+    if counts is not None and query.coverage_decides:
         evidence = [f"{c.title}\n{c.section}\n{c.text}" for c in results[:EVIDENCE_RESULTS]]
         config = replace(
             config,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import lru_cache
+from typing import TypeGuard
 
 from shared.search.coverage import CorpusCounts
 from shared.search.passages import Question, place_weight
@@ -42,7 +43,7 @@ from shared.stores.schemas import ChunkText
 SUBJECT_TITLE_WORDS = 4
 
 
-def liftable(counts: CorpusCounts | None) -> bool:
+def liftable(counts: CorpusCounts | None) -> TypeGuard[CorpusCounts]:
     """Whether a search's titles can be weighed: without the corpus's counts (Elasticsearch
     could not count them in time, or it analyses the text itself:
     ``CONCORD_LEXICAL_ANALYSIS=elasticsearch``) every term weighs the same, and any shared
@@ -57,7 +58,7 @@ def title_shares(
     for titles of at most ``SUBJECT_TITLE_WORDS`` words (the others, and those whose title
     holds no question term, are left out); none without the corpus's counts (:func:`liftable`).
     A term the corpus holds nowhere (the casual "a *bunch* of threads") counts neither way."""
-    if counts is None or not liftable(counts):
+    if not liftable(counts):
         return {}
     held_terms = {s: w for s, w in question.weights.items() if counts.holding.get(s)}
     heaviest = max(held_terms.values(), default=0.0)
