@@ -147,8 +147,8 @@ def coverage(
     if not stems:
         return result
     absent = [s for s in stems if s in missing]
-    names = [s for s in absent if is_name(terms.words[s])]
-    weights = {s: counts.idf(s) * specificity(terms.words[s]) for s in stems}
+    names = [s for s in absent if is_name(terms.words[s], s)]
+    weights = {s: counts.idf(s) * specificity(terms.words[s], s) for s in stems}
     # An English word the corpus never uses is wording where it is not what the question
     # is about: it weighs nothing.
     for s in absent:
@@ -190,14 +190,19 @@ def common_word(word: str) -> bool:
     return zipf(word) >= COMMON_ZIPF
 
 
-def is_name(word: str) -> bool:
+def is_name(word: str, stem: str = "") -> bool:
     """A word no English word list knows, or written as an identifier (a digit, an
-    underscore, a capital after its first letter: "gpl3", "FC_DEBUG", "EINTEGRITY")."""
-    return bool(_NAME_SHAPE.search(word)) or zipf(word) < NAME_ZIPF
+    underscore, a capital after its first letter: "gpl3", "FC_DEBUG", "EINTEGRITY").
+    An inflection of an English word is that word ("nags" of "nag", "bike's" of "bike"):
+    the list counts each form apart, and a rare form of a common word is no name. ``stem``
+    is the word's term as the analyzer stems it ("nag")."""
+    if _NAME_SHAPE.search(word):
+        return True
+    return zipf(word) < NAME_ZIPF and (not stem or zipf(stem) < NAME_ZIPF)
 
 
-def specificity(word: str) -> float:
-    if is_name(word):
+def specificity(word: str, stem: str = "") -> float:
+    if is_name(word, stem):
         return 1.0
     z = zipf(word)
     if z <= COMMON_ZIPF:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from shared.search.coverage import CorpusCounts, QueryTerms, coverage
+from shared.search.coverage import CorpusCounts, QueryTerms, coverage, is_name
 from shared.search.policy import apply_policy
 from shared.search.values import PolicyConfig
 from tests.unit.search.test_diversify import _candidates
@@ -77,6 +77,23 @@ def test_everyday_words_weigh_little_and_names_the_corpus_lacks_decide() -> None
         QueryTerms.of("does ninja work with the make jobserver"), counts, ["ninja runs make"]
     )
     assert name.absent == ["work", "jobserver"] and name.absent_names_weight >= 0.25
+
+
+def test_a_rare_form_of_an_english_word_is_wording_not_a_name() -> None:
+    """wordfreq counts each form of a word apart: "nags" is rarer than names are (zipf 2.4),
+    "nag" is not (3.2). An inflected English word the corpus lacks is the asker's wording; a
+    word no form of which English uses ("bitfields") stays a name."""
+    assert not is_name("nags", "nag") and not is_name("bike's", "bike")
+    assert is_name("nags")  # the surface form alone reads as a name
+    assert is_name("bitfields", "bitfield") and is_name("gpl3", "gpl3")
+    counts = CorpusCounts(1000, {"npm": 80, "unknown": 9, "config": 40, "key": 30})
+    casual = coverage(
+        QueryTerms.of("npm suddenly nags about unknown config keys"),
+        counts,
+        ["npm warns when unknown configuration keys are defined"],
+    )
+    assert "nags" in casual.absent and "nags" in casual.wording
+    assert casual.absent_names_weight == 0.0
 
 
 def test_what_a_question_asks_for_must_be_stated() -> None:
