@@ -19,6 +19,17 @@ def test_identifiers_are_searchable_by_their_parts_and_as_a_whole() -> None:
     assert analyze("plain prose, nothing joined") == "plain prose noth join"
 
 
+def test_identifier_terms_start_where_a_name_starts() -> None:
+    """The patterns are anchored at a word's start (an ASCII run's, for camelCase and
+    snake_case) for speed; the terms are what the unanchored patterns found."""
+    from shared.stores.english_analysis import identifier_terms
+
+    assert identifier_terms("über_x") == ["ber", "x"]  # the ASCII run after "ü"
+    assert identifier_terms("a..b 1.2. -a.b- x.y.z") == ["1.2", "a.b", "x.y.z"]
+    assert identifier_terms("getHTTPResponse_code") == ["get", "http", "respons", "code"]
+    assert identifier_terms("see path.format.") == ["path.format"]
+
+
 def test_english_analysis_drops_possessives_and_stop_words_then_stems() -> None:
     """What Lucene's EnglishAnalyzer makes of text: the possessive 's (straight or curly) goes,
     other apostrophes stay, stop words go, the rest is Porter-stemmed; the cached variant for
