@@ -47,8 +47,7 @@ _PARTS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 def analyze(text: str) -> str:
     """Space-separated stemmed terms of ``text`` (stop words dropped), then the parts and
     wholes of its identifiers (``identifier_terms``)."""
-    words = (_without_possessive(t) for t in _TOKEN.findall(text.lower()))
-    kept = [w for w in words if w and w not in STOP_WORDS]
+    kept = [w for w in _words(text) if w and w not in STOP_WORDS]
     return " ".join([*_stemmer().stemWords(kept), *identifier_terms(text)])
 
 
@@ -70,6 +69,17 @@ def identifier_terms(text: str) -> list[str]:
     return extra
 
 
+def _words(text: str) -> list[str]:
+    """The lowercased words of ``text``, each without a trailing 's. Only a text holding an
+    apostrophe pays a call per word (most hold none: stemmed_words 1.03 -> 0.90 s, analyze
+    2.05 -> 1.89 s over the dev set's results and SciFact's abstracts, the same terms)."""
+    lowered = text.lower()
+    words: list[str] = _TOKEN.findall(lowered)
+    if "'" in lowered or "\u2019" in lowered:
+        return [_without_possessive(w) for w in words]
+    return words
+
+
 def _without_possessive(word: str) -> str:
     """The word without a trailing 's (straight or curly), without a regex call per word:
     the relay analyzes every chunk it sends, and this took a third less time."""
@@ -88,8 +98,8 @@ def analyze_repeated(text: str) -> str:
 def stemmed_words(text: str) -> list[str]:
     """The kept terms of ``text`` in order, as :func:`term_spans` gives them, without their
     offsets (two fifths faster, for a search that reads the order of its candidates' words)."""
-    words = (_without_possessive(w) for w in _TOKEN.findall(text.lower()))
-    return _stemmer().stemWords([w for w in words if w and w not in STOP_WORDS])  # type: ignore[no-any-return]
+    kept = [w for w in _words(text) if w and w not in STOP_WORDS]
+    return _stemmer().stemWords(kept)  # type: ignore[no-any-return]
 
 
 def term_spans(text: str) -> list[tuple[int, int, str]]:
