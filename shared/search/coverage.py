@@ -132,10 +132,11 @@ def coverage(
     use every day ("stuff", "box", "going") says less about what is asked than a rare one
     ("blocking", "jemalloc"), and is the first to be said another way in a casual question
     ("what level does gzip squash stuff at"). Of the terms the corpus holds nowhere,
-    *names* (no English word: "jobserver", "EINTEGRITY", "gpl3", or written as an identifier)
-    are what the corpus lacks; an English word the corpus never uses ("yeast" for a text that
-    says "sourdough starter", "nuke" for "delete") may be the asker's wording, so it counts as
-    evidence not found, weighed like any other term, and the rest of the question decides."""
+    *names* (no English word nor a rare form of one: "jobserver", "EINTEGRITY", "gpl3", or
+    written as an identifier) are what the corpus lacks; an English word the corpus never
+    uses ("yeast" for a text that says "sourdough starter", "nuke" for "delete") may be the
+    asker's wording, so it counts as evidence not found, weighed like any other term, and the
+    rest of the question decides."""
     held = set(analyze(" ".join(evidence[:EVIDENCE_RESULTS])).split())
     # A term of the evidence is in the corpus, whatever the counts say: Elasticsearch may
     # not hold a chunk Postgres has just committed (the relay's lag) and the dense arm found.
@@ -174,8 +175,12 @@ COMMON_ZIPF = 4.0
 EVERYDAY_ZIPF = 5.0
 EVERYDAY_SPECIFICITY = 0.2
 # Below this a word is no English word people write (wordfreq's English list: "jobserver"
-# 0, "emscripten" 0, "ppk" 1.1; against "zap" 2.96, "nuke" 3.3, "yeast" 3.6, "tungsten" 3.1).
+# 0, "emscripten" 0, "ppk" 1.1; against "zap" 2.96, "nuke" 3.3, "yeast" 3.6, "tungsten" 3.1),
+# unless it is a rare form of one ("nags" 2.41 of "nag" 3.18). A form rarer than
+# INFLECTED_FORM_ZIPF is not taken for one, whatever its stem: "polars" (1.39, the library)
+# stems to "polar" (3.96), "cgroups" (1.03) to "cgroup".
 NAME_ZIPF = 2.5
+INFLECTED_FORM_ZIPF = 2.0
 _NAME_SHAPE = re.compile(r"\d|_|.[A-Z]")
 
 
@@ -193,15 +198,20 @@ def common_word(word: str) -> bool:
 def is_name(word: str, stem: str = "") -> bool:
     """A word no English word list knows, or written as an identifier (a digit, an
     underscore, a capital after its first letter: "gpl3", "FC_DEBUG", "EINTEGRITY").
-    An inflection of an English word is that word ("nags" of "nag", "bike's" of "bike"):
-    the list counts each form apart, and a rare form of a common word is no name. ``stem``
-    is the word's term as the analyzer stems it ("nag")."""
+    A rare form of an English word is no name ("nags" of "nag", "bike's" of "bike"): the
+    list counts each form apart. ``stem`` is the word's term as the analyzer stems it."""
     if _NAME_SHAPE.search(word):
         return True
-    return zipf(word) < NAME_ZIPF and (not stem or zipf(stem) < NAME_ZIPF)
+    z = zipf(word)
+    if z >= NAME_ZIPF:
+        return False
+    return not stem or z < INFLECTED_FORM_ZIPF or zipf(stem) < NAME_ZIPF
 
 
 def specificity(word: str, stem: str = "") -> float:
+    """How much ``word`` says about what is asked (1 for a name or a rare word, down to
+    EVERYDAY_SPECIFICITY for an everyday one), by how often its written form occurs;
+    ``stem`` (its analyzed term) tells a rare form of a word from a name (``is_name``)."""
     if is_name(word, stem):
         return 1.0
     z = zipf(word)

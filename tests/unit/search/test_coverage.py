@@ -86,6 +86,8 @@ def test_a_rare_form_of_an_english_word_is_wording_not_a_name() -> None:
     assert not is_name("nags", "nag") and not is_name("bike's", "bike")
     assert is_name("nags")  # the surface form alone reads as a name
     assert is_name("bitfields", "bitfield") and is_name("gpl3", "gpl3")
+    # a form English does not write is no inflection, whatever its stem: the Polars library
+    assert is_name("polars", "polar") and is_name("cgroups", "cgroup")
     counts = CorpusCounts(1000, {"npm": 80, "unknown": 9, "config": 40, "key": 30})
     casual = coverage(
         QueryTerms.of("npm suddenly nags about unknown config keys"),
