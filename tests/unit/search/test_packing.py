@@ -54,6 +54,35 @@ def test_the_cap_yields_to_a_later_chunk_that_answers_better() -> None:
     assert [item.text for item in plain.evidence] == synopsis
 
 
+def test_only_a_document_past_the_cap_has_its_answers_measured_and_it_keeps_the_best() -> None:
+    """decide measures how well each result answers only where the cap can bite (a document
+    with more results than it keeps): there the question's option chunk displaces a synopsis
+    chunk; another document's results are left unmeasured (no match would be read)."""
+    from shared.search.decide import with_answer_matches
+
+    synopsis = [f"tar -{letter} [-f ARCHIVE] [OPTIONS] [FILE...]" for letter in "crtu"]
+    option = "--exclude-vcs  Exclude version control system directories."
+    texts = [*synopsis, option, "gzip -d decompresses."]
+    candidates = []
+    for i, (c, text) in enumerate(zip(_candidates(6, documents=1), texts, strict=True)):
+        document = "d0" if i < 5 else "d1"
+        c = replace(c, chunk_id=f"{document}:{i}", document_id=document, external_id=document,
+                    text=text, char_end=len(text), token_count=len(text.split()))  # fmt: skip
+        c.scores["dense_cosine"] = 0.8 - i / 100
+        candidates.append(c)
+    question = "Which tar option excludes version control directories?"
+    measured = with_answer_matches(candidates, question, None, cap=3)
+    assert [c.answer_match is not None for c in measured] == [True] * 5 + [False]
+    assert max(measured[:5], key=lambda c: c.answer_match or 0.0).text == option
+    result = apply_policy(measured, PolicyConfig("dense_cosine", 0.3, 1000, 3, 0.999), Words())
+    assert option in [item.text for item in result.evidence]
+    assert result.per_result[measured[5].chunk_id] == "included"
+    # no document past the cap: nothing is measured
+    assert all(
+        c.answer_match is None for c in with_answer_matches(candidates, question, None, cap=5)
+    )
+
+
 def test_whole_sentence_prefix_is_the_longest_that_fits() -> None:
     from shared.search.packing import _whole_sentences_within
 
