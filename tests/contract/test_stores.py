@@ -309,7 +309,9 @@ class TestPgVectorStore(ChunkStoreContract):
         tenant = _tenant()
         live, stale = Record(tenant, _doc(), "Live chunk."), Record(tenant, _doc(), "Stale one.")
         deleted = Record(tenant, _doc(), "A deleted document's chunk.")
-        store.write([live, stale, deleted])
+        first = Record(tenant, _doc(), "Part one.")
+        second = Record(tenant, first.document_id, "Part two.", ordinal=1)
+        store.write([live, stale, deleted, first, second])
         with unit_of_work() as uow:
             docs = documents_repo.documents_by_ids(
                 uow.session, [stale.document_id, deleted.document_id]
@@ -320,11 +322,13 @@ class TestPgVectorStore(ChunkStoreContract):
         with unit_of_work() as uow:
             vector = _vector(live.text).tolist()
             rows = PgVectorStore(uow.session).hydrate(
-                tenant, [live.id, stale.id, deleted.id], vector, embeddings_for=[live.id]
+                tenant, [live.id, stale.id, deleted.id, first.id], vector, [live.id]
             )
             elsewhere = PgVectorStore(uow.session).hydrate(_tenant(), [live.id], vector)
-        assert set(rows) == {live.id}
+        assert set(rows) == {live.id, first.id}
         assert rows[live.id].cosine == pytest.approx(1.0, abs=1e-5)
+        # a document's only chunk is the whole document; the first of two is not
+        assert rows[live.id].whole_document and not rows[first.id].whole_document
         assert rows[live.id].embedding is not None and rows[live.id].external_id == live.external_id
         assert elsewhere == {}  # another tenant's id hydrates to nothing
 
