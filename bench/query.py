@@ -11,6 +11,12 @@ keep the real model's geometry while the corpus grows to 100k chunks in minutes,
 
     .venv/bin/concord stack up --infra-only
     .venv/bin/python bench/query.py --sizes 10000,100000
+
+``--against DIR`` compares this checkout with another (an earlier build's worktree, run by
+this checkout's virtual environment) on the same stack and tenant: both APIs run at once and
+answer each query in turn, the first to be asked alternating, so both meet the same load of
+a shared, noisy machine. It prints each build's figures and their ratios (this build over
+the other), and the median of the per-query ratios.
 """
 
 from __future__ import annotations
@@ -264,12 +270,14 @@ def storage(tenant: str) -> dict[str, float]:
     }
 
 
-def start_api(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def start_api(port: int, env: dict[str, str], root: Path = ROOT) -> subprocess.Popen[bytes]:
+    """An API process of the checkout at ``root`` (this one's by default)."""
     log = open(ROOT / "bench/results/query-api.log", "ab")  # noqa: SIM115
+    checkout = {} if root == ROOT else {"PYTHONPATH": str(root)}
     proc = subprocess.Popen(
         api_command("127.0.0.1", port, "--log-level", "warning"),
-        cwd=ROOT,
-        env={**os.environ, **env},
+        cwd=root,
+        env={**os.environ, **env, **checkout},
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -289,26 +297,79 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-def run_mode(port: int, key: str, queries: list[str], options: dict[str, Any]) -> dict[str, Any]:
-    latencies: list[float] = []
-    stages: dict[str, float] = {}
-    degraded = 0
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
-        client = SearchClient(key, http)  # waits out the key's rate limit, untimed
+class Timed:
+    """One API's latencies and summed stage timings over a mode's queries."""
+
+    def __init__(self, key: str, port: int) -> None:
+        self.http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+        self.client = SearchClient(key, self.http)  # waits out the key's rate limit, untimed
+        self.latencies: list[float] = []
+        self.stages: dict[str, float] = {}
+        self.degraded = 0
+
+    def warm_up(self, queries: list[str], options: dict[str, Any]) -> None:
         for warm in queries[:5]:
-            client.search({"query": warm + " warm", **options})
+            self.client.search({"query": warm + " warm", **options})
+
+    def search(self, query: str, options: dict[str, Any]) -> None:
+        # Plain requests (no explain): the stage timings come in the Server-Timing header.
+        body, elapsed_ms, stage_ms = self.client.search_with_stages(
+            {"query": query, "top_k": 10, **options}
+        )
+        self.latencies.append(elapsed_ms)
+        self.degraded += bool(body["degraded"])
+        for stage, ms in stage_ms.items():
+            self.stages[stage] = self.stages.get(stage, 0.0) + ms
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def run_mode(port: int, key: str, queries: list[str], options: dict[str, Any]) -> dict[str, Any]:
+    timed = Timed(key, port)
+    try:
+        timed.warm_up(queries, options)
         for query in queries:
-            # Plain requests (no explain): the stage timings come in the Server-Timing header.
-            body, elapsed_ms, stage_ms = client.search_with_stages(
-                {"query": query, "top_k": 10, **options}
-            )
-            latencies.append(elapsed_ms)
-            degraded += bool(body["degraded"])
-            for stage, ms in stage_ms.items():
-                stages[stage] = stages.get(stage, 0.0) + ms
+            timed.search(query, options)
+    finally:
+        timed.close()
+    return summary(timed.latencies, timed.stages, timed.degraded)
+
+
+def run_mode_paired(
+    ports: tuple[int, int], key: str, queries: list[str], options: dict[str, Any]
+) -> dict[str, Any]:
+    """Each query to both APIs in turn (the first asked alternating): this build's figures,
+    the other's, and the ratios of this one's to the other's."""
+    this, other = Timed(key, ports[0]), Timed(key, ports[1])
+    try:
+        this.warm_up(queries, options)
+        other.warm_up(queries, options)
+        for i, query in enumerate(queries):
+            for timed in (this, other) if i % 2 == 0 else (other, this):
+                timed.search(query, options)
+    finally:
+        this.close()
+        other.close()
+    mine = summary(this.latencies, this.stages, this.degraded)
+    theirs = summary(other.latencies, other.stages, other.degraded)
+    per_query = [a / b for a, b in zip(this.latencies, other.latencies, strict=True)]
+    return {
+        "this": mine,
+        "other": theirs,
+        "ratios": {
+            figure: round(mine[figure] / theirs[figure], 3)
+            for figure in ("p50_ms", "p95_ms", "p99_ms", "mean_ms")
+        },
+        "median_per_query_ratio": round(statistics.median(per_query), 3),
+    }
+
+
+def summary(latencies: list[float], stages: dict[str, float], degraded: int) -> dict[str, Any]:
+    queries = len(latencies)
     total = sum(stages.values()) or 1.0
     return {
-        "queries": len(queries),
+        "queries": queries,
         "p50_ms": round(percentile(latencies, 50), 1),
         "p95_ms": round(percentile(latencies, 95), 1),
         "p99_ms": round(percentile(latencies, 99), 1),
@@ -321,7 +382,7 @@ def run_mode(port: int, key: str, queries: list[str], options: dict[str, Any]) -
             if s not in ("embed", "dense", "lexical")
         },
         "inside_retrieve_ms_mean": {
-            s: round(stages.get(s, 0.0) / len(queries), 2) for s in ("embed", "dense", "lexical")
+            s: round(stages.get(s, 0.0) / queries, 2) for s in ("embed", "dense", "lexical")
         },
     }
 
@@ -329,20 +390,28 @@ def run_mode(port: int, key: str, queries: list[str], options: dict[str, Any]) -
 def measure_modes(
     args: argparse.Namespace, env: dict[str, str], key: str, all_queries: list[str], size: int
 ) -> tuple[dict[str, Any], int]:
-    """Every mode's latencies through an API process of its own; and that process's RSS."""
+    """Every mode's latencies through an API process of its own (and, ``--against``, the
+    other checkout's beside it); and this build's process's RSS."""
     api = start_api(args.port, env)
+    other = start_api(args.port + 1, env, args.against) if args.against else None
     try:
         results = {}
         for i, (mode, options) in enumerate(MODES.items()):
             if mode == "hybrid+rerank" and not args.rerank_model:
                 continue
             queries = all_queries[i * args.queries : (i + 1) * args.queries]
-            results[mode] = run_mode(args.port, key, queries, options)
+            if other is None:
+                results[mode] = run_mode(args.port, key, queries, options)
+            else:
+                ports = (args.port, args.port + 1)
+                results[mode] = run_mode_paired(ports, key, queries, options)
             print(f"{size:>7} chunks {mode:<14} {json.dumps(results[mode])}", flush=True)
         api_rss_mb = round(psutil.Process(api.pid).memory_info().rss / 1024 / 1024)
     finally:
-        api.terminate()
-        api.wait(timeout=30)
+        for process in (api, other):
+            if process is not None:
+                process.terminate()
+                process.wait(timeout=30)
     return results, api_rss_mb
 
 
@@ -357,6 +426,11 @@ def main() -> None:
         "--rerank-model",
         default=os.environ.get("CONCORD_RERANK_MODEL", ""),
         help="bi-encoder for the hybrid+rerank mode (see scripts/fetch_mpnet.sh)",
+    )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="another checkout whose API answers the same queries in turn (see above)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/query.json")
     args = parser.parse_args()
@@ -374,7 +448,11 @@ def main() -> None:
         "CONCORD_RERANK_KIND": "bi-encoder" if args.rerank_model else "none",
         "CONCORD_RERANK_MODEL": args.rerank_model,
     }
-    report: dict[str, Any] = {"rerank_model": args.rerank_model or None, "sizes": {}}
+    report: dict[str, Any] = {
+        "rerank_model": args.rerank_model or None,
+        "against": str(args.against) if args.against else None,
+        "sizes": {},
+    }
     for size in sizes:
         tenant = f"benchq-{size}"
         existing = chunk_count(tenant)
