@@ -30,6 +30,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -271,9 +273,13 @@ def storage(tenant: str) -> dict[str, float]:
 
 
 def start_api(port: int, env: dict[str, str], root: Path = ROOT) -> subprocess.Popen[bytes]:
-    """An API process of the checkout at ``root`` (this one's by default)."""
+    """An API process of the checkout at ``root`` (this one's by default). Another checkout's
+    runs its own code with this one's state directory (the query encoder's ONNX export:
+    one it lacked would be exported, or torch used, within the measured run)."""
     log = open(ROOT / "bench/results/query-api.log", "ab")  # noqa: SIM115
-    checkout = {} if root == ROOT else {"PYTHONPATH": str(root)}
+    checkout = {}
+    if root != ROOT:
+        checkout = {"PYTHONPATH": str(root), "CONCORD_STATE_DIR": str(get_settings().state_path())}
     proc = subprocess.Popen(
         api_command("127.0.0.1", port, "--log-level", "warning"),
         cwd=root,
@@ -282,7 +288,8 @@ def start_api(port: int, env: dict[str, str], root: Path = ROOT) -> subprocess.P
         stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
+    # Its own answer, not that of a process left on the port by an earlier run.
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
                 return proc
@@ -302,7 +309,8 @@ class Timed:
 
     def __init__(self, key: str, port: int) -> None:
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
-        self.client = SearchClient(key, self.http)  # waits out the key's rate limit, untimed
+        # Its searches wait out the key's rate limit (a 429) untimed, and send again.
+        self.client = SearchClient(key, self.http)
         self.latencies: list[float] = []
         self.stages: dict[str, float] = {}
         self.degraded = 0
@@ -357,15 +365,26 @@ def run_mode_paired(
     return {
         "this": mine,
         "other": theirs,
+        # From the unrounded figures.
         "ratios": {
-            figure: round(mine[figure] / theirs[figure], 3)
-            for figure in ("p50_ms", "p95_ms", "p99_ms", "mean_ms")
+            f"{name}_ms": round(figure(this.latencies) / figure(other.latencies), 3)
+            for name, figure in RAW_FIGURES.items()
         },
         "median_per_query_ratio": round(statistics.median(per_query), 3),
     }
 
 
+RAW_FIGURES: dict[str, Callable[[list[float]], float]] = {
+    "p50": lambda latencies: percentile(latencies, 50),
+    "p95": lambda latencies: percentile(latencies, 95),
+    "p99": lambda latencies: percentile(latencies, 99),
+    "mean": statistics.fmean,
+}
+
+
 def summary(latencies: list[float], stages: dict[str, float], degraded: int) -> dict[str, Any]:
+    """A mode's figures from one API's latencies (ms), summed stage timings and degraded
+    responses."""
     queries = len(latencies)
     total = sum(stages.values()) or 1.0
     return {
@@ -392,9 +411,11 @@ def measure_modes(
 ) -> tuple[dict[str, Any], int]:
     """Every mode's latencies through an API process of its own (and, ``--against``, the
     other checkout's beside it); and this build's process's RSS."""
-    api = start_api(args.port, env)
-    other = start_api(args.port + 1, env, args.against) if args.against else None
-    try:
+    with ExitStack() as running:
+        api = running.enter_context(_running(start_api(args.port, env)))
+        other = None
+        if args.against:
+            other = running.enter_context(_running(start_api(args.port + 1, env, args.against)))
         results = {}
         for i, (mode, options) in enumerate(MODES.items()):
             if mode == "hybrid+rerank" and not args.rerank_model:
@@ -407,12 +428,21 @@ def measure_modes(
                 results[mode] = run_mode_paired(ports, key, queries, options)
             print(f"{size:>7} chunks {mode:<14} {json.dumps(results[mode])}", flush=True)
         api_rss_mb = round(psutil.Process(api.pid).memory_info().rss / 1024 / 1024)
-    finally:
-        for process in (api, other):
-            if process is not None:
-                process.terminate()
-                process.wait(timeout=30)
     return results, api_rss_mb
+
+
+@contextmanager
+def _running(process: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
+    """``process``, stopped on the way out (killed if it does not stop within 30 s)."""
+    try:
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def main() -> None:
@@ -434,6 +464,7 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/query.json")
     args = parser.parse_args()
+    args.against = args.against.resolve() if args.against else None
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
     all_queries = [

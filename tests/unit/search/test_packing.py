@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from shared.search.decide import with_answer_matches
 from shared.search.policy import apply_policy
 from shared.search.values import PolicyConfig
 from tests.unit.search.test_coverage import Words
@@ -58,8 +59,6 @@ def test_only_a_document_past_the_cap_has_its_answers_measured_and_it_keeps_the_
     """decide measures how well each result answers only where the cap can bite (a document
     with more results than it keeps): there the question's option chunk displaces a synopsis
     chunk; another document's results are left unmeasured (no match would be read)."""
-    from shared.search.decide import with_answer_matches
-
     synopsis = [f"tar -{letter} [-f ARCHIVE] [OPTIONS] [FILE...]" for letter in "crtu"]
     option = "--exclude-vcs  Exclude version control system directories."
     texts = [*synopsis, option, "gzip -d decompresses."]
@@ -77,6 +76,10 @@ def test_only_a_document_past_the_cap_has_its_answers_measured_and_it_keeps_the_
     result = apply_policy(measured, PolicyConfig("dense_cosine", 0.3, 1000, 3, 0.999), Words())
     assert option in [item.text for item in result.evidence]
     assert result.per_result[measured[5].chunk_id] == "included"
+    # the same pack as when every result is measured (as decide did before)
+    everything = with_answer_matches(candidates, question, None, cap=0)
+    full = apply_policy(everything, PolicyConfig("dense_cosine", 0.3, 1000, 3, 0.999), Words())
+    assert full.per_result == result.per_result
     # no document past the cap: nothing is measured
     assert all(
         c.answer_match is None for c in with_answer_matches(candidates, question, None, cap=5)
