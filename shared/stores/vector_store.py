@@ -60,6 +60,10 @@ class VectorStore(
     is. Consumers take the narrowest port they use."""
 
 
+# A search's time left for its dense arm this close to its whole limit is taken for all of it.
+SLOT_WAIT_SLACK_S = 0.05
+
+
 @raises_postgres_errors  # Concord's store errors, never SQLAlchemy's or psycopg's
 class PgVectorStore:
     def __init__(self, session: Session, settings: Settings | None = None) -> None:
@@ -104,7 +108,11 @@ class PgVectorStore:
             return self._nearest(tenant_id, vector, size, filters)
         savepoint = self.session.begin_nested()
         try:
-            db_repo.limit_statements(self.session, within_s)
+            # A search's read transaction ends its statements after search_store_timeout_s
+            # already (shared/search/service.py): a limit of its own only where a wait for a
+            # dense slot took part of that time (a round trip to Postgres a search fewer).
+            if within_s < self.settings.search_store_timeout_s - SLOT_WAIT_SLACK_S:
+                db_repo.limit_statements(self.session, within_s)
             return self._nearest(tenant_id, vector, size, filters)
         finally:
             savepoint.rollback()

@@ -21,6 +21,7 @@ tenants, so they are the store's own behaviour and nothing else's.
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,10 +30,12 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import event, text
 
 from shared.db import unit_of_work
-from shared.db.repository import now
+from shared.db.repository import limit_statements, now
 from shared.documents import repository as documents_repo
+from shared.errors import StoreUnavailable
 from shared.models import Chunk, Document
 from shared.stores import partitions, ports, vector_store
 from shared.stores import repository as stores_repo
@@ -331,6 +334,48 @@ class TestPgVectorStore(ChunkStoreContract):
         assert rows[live.id].whole_document and not rows[first.id].whole_document
         assert rows[live.id].embedding is not None and rows[live.id].external_id == live.external_id
         assert elsewhere == {}  # another tenant's id hydrates to nothing
+
+    def test_a_search_left_less_than_its_transactions_limit_is_cancelled_at_that(
+        self, store: PgVectorHarness, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A dense arm that waited for its slot has less than the search's whole limit left:
+        Postgres cancels it when that runs out, and the read transaction stays usable. With
+        all of it left, the transaction's own limit is the one: no second one is sent."""
+        tenant = _tenant()
+        record = Record(tenant, _doc(), "Kelp forests shelter otters.")
+        store.write([record])
+        original = stores_repo.nearest_chunks
+
+        def stalled(session: Any, *args: Any, **kwargs: Any) -> Any:
+            session.execute(text("SELECT pg_sleep(5)"))
+            return original(session, *args, **kwargs)
+
+        vector = _vector(record.text).tolist()
+        sent: list[str] = []
+
+        def record_statement(*call: Any) -> None:
+            sent.append(call[2])  # (connection, cursor, statement, ...)
+
+        with unit_of_work() as uow:
+            limit_statements(uow.session, 10)  # the search's own (shared/search/service.py)
+            connection = uow.session.connection()
+            event.listen(connection, "before_cursor_execute", record_statement)
+            try:
+                found = PgVectorStore(uow.session).nearest(tenant, vector, 1, within_s=10)
+                with_all_left = list(sent)
+                sent.clear()
+                monkeypatch.setattr(stores_repo, "nearest_chunks", stalled)
+                started = time.monotonic()
+                with pytest.raises(StoreUnavailable):
+                    PgVectorStore(uow.session).nearest(tenant, vector, 1, within_s=0.5)
+                assert time.monotonic() - started < 4  # not the 5 s sleep, nor the 10 s limit
+            finally:
+                event.remove(connection, "before_cursor_execute", record_statement)
+            timeout = uow.session.scalar(text("SELECT current_setting('statement_timeout')"))
+        assert [cid for cid, _ in found] == [record.id]
+        assert not any("statement_timeout" in statement for statement in with_all_left)
+        assert any("statement_timeout" in statement for statement in sent)
+        assert timeout == "10s"  # the transaction's own limit, back after the savepoint
 
     def test_the_hnsw_walk_keeps_the_contract_for_large_tenants(
         self, monkeypatch: pytest.MonkeyPatch
