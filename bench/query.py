@@ -276,6 +276,7 @@ def start_api(port: int, env: dict[str, str], root: Path = ROOT) -> subprocess.P
     """An API process of the checkout at ``root`` (this one's by default). Another checkout's
     runs its own code with this one's state directory (the query encoder's ONNX export:
     one it lacked would be exported, or torch used, within the measured run)."""
+    (ROOT / "bench/results").mkdir(parents=True, exist_ok=True)  # a fresh clone has none
     log = open(ROOT / "bench/results/query-api.log", "ab")  # noqa: SIM115
     checkout = {}
     if root != ROOT:

@@ -328,9 +328,14 @@ class Settings(BaseSettings):
     # 0 keeps the fused order.
     search_passage_window: int = Field(default=20, ge=0, le=200)
     # How far a document whose short title names the question's most specific term is lifted
-    # among those candidates (shared/search/titles.py): 0.2 is worth two places at the top
+    # among those candidates (shared/search/lifts.py): 0.2 is worth two places at the top
     # (the first over the third), about ten at the window's end; 0 keeps the order.
     search_title_lift: float = Field(default=0.2, ge=0.0, le=10.0)
+    # How far a document whose chunks there write the question's exact names (an option, a
+    # code, an identifier: shared/search/passages.exact_names) is lifted among them, times the
+    # share it writes (shared/search/lifts.py): 0.1 is worth a place at the top, about five
+    # at the window's end; 0 keeps the order.
+    search_name_lift: float = Field(default=0.1, ge=0.0, le=10.0)
     # A search's Postgres reads are cancelled past this, and it waits for either arm at most
     # this (plus a second): a stalled or locked store makes the other arm's results come back
     # marked degraded, or a 503, never a request that waits with nothing to say.

@@ -14,15 +14,16 @@ from datetime import UTC, datetime
 
 from shared.search.boost import boosted
 from shared.search.caps import within_cap
+from shared.search.lifts import document_lifts, lift_documents, liftable
 from shared.search.passages import (
     PassageMatch,
     Question,
     best_arm_places,
     competing,
+    exact_names,
     reorder_within_documents,
 )
 from shared.search.schemas import Fusion
-from shared.search.titles import lift_titled_documents, liftable, title_shares
 from shared.search.values import Arms, Query, Retrieved
 from shared.stores.ports import VectorSearch
 from shared.stores.schemas import ArmHit, ChunkText, document_of_chunk
@@ -89,9 +90,10 @@ def fused_ranking(
     """The arms' hits fused as the request asks, lifted by its boost (the values read from
     Postgres for every fused candidate, in one query), the first candidates' chunks ordered
     within their documents by how exactly they answer (passages.py), then, without a boost,
-    those whose title names the question's subject lifted (titles.py; both read the
-    candidates' texts in one query); for a paginated search, capped per document once, so
-    that the cap holds across pages. Every page of a cursor follows this one ranking."""
+    the documents whose title names the question's subject or whose chunks write its exact
+    names lifted (lifts.py; both read the candidates' texts in one query); for a paginated
+    search, capped per document once, so that the cap holds across pages. Every page of a
+    cursor follows this one ranking."""
     request = query.request
     fused = timings.timed("fuse", lambda: fuse(arms.hits, request.fusion))
     boost = request.boost
@@ -107,9 +109,11 @@ def fused_ranking(
             candidates = [cid for cid, _ in passage_window(fused, arms, window)]
             # A request's boost has the last word on the order of documents. Titles weigh the
             # question's terms by the corpus's counts (retrieve reads them for every search):
-            # where Elasticsearch could not count them, no title is lifted (titles.liftable).
-            lift = query.settings.search_title_lift if boost is None else 0.0
-            lifting = bool(lift) and liftable(arms.counts)
+            # where Elasticsearch could not count them, no title is lifted (lifts.liftable).
+            settings = query.settings
+            title_lift = settings.search_title_lift if liftable(arms.counts) else 0.0
+            name_lift = settings.search_name_lift if exact_names(request.query) else 0.0
+            lifting = boost is None and bool(title_lift or name_lift)
             competing_ids = competing(candidates)
             if competing_ids or lifting:
                 # Lifting reads every candidate, the arms' leaders past the window too: the
@@ -119,8 +123,10 @@ def fused_ranking(
                 matches = passage_matches(query, question, texts, competing_ids, arms=arms)
                 fused = reorder_within_documents(fused, matches)
                 if lifting:
-                    shares = title_shares(question, arms.counts, texts)
-                    fused = lift_titled_documents(fused, shares, window=window, lift=lift)
+                    lifts = document_lifts(
+                        question, arms.counts, texts, title_lift=title_lift, name_lift=name_lift
+                    )
+                    fused = lift_documents(fused, lifts, window=window)
     if request.paginate and request.per_document_cap is not None:
         fused = within_cap(fused, request.per_document_cap, lambda hit: document_of_chunk(hit[0]))
     return Retrieved(arms.hits, arms.degraded, arms.vector, fused, arms.counts)

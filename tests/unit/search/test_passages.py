@@ -9,6 +9,7 @@ import random
 from shared.search.coverage import CorpusCounts
 from shared.search.passages import (
     PROXIMITY_WINDOW,
+    ExactName,
     PassageMatch,
     Question,
     _best_window,
@@ -132,3 +133,25 @@ def test_the_best_window_is_the_best_of_every_window() -> None:
         stems = tuple(rng.choice("abcdefgh") for _ in range(rng.randint(0, 70)))
         weights = {s: rng.random() for s in rng.sample("abcdefgh", 3)}
         assert abs(_best_window(stems, weights) - naive(stems, weights)) < 1e-9
+
+
+def test_an_exact_name_is_found_as_its_pattern_finds_it() -> None:
+    texts = [
+        "-S, --buffer-size=SIZE  use SIZE",  # the option, followed by "="
+        "--buffer-sizes is another option",  # the name's start is no name
+        "see also: buffer size",  # the words, not the name
+        "EAGAIN: try again",
+        "eagain in lower case",  # a cased name: its case counts
+        "GETADDRINFO failed with ENOTFOUND",
+        "Temperatures in \u212a (kelvin) and \u017fs",  # letters that fold to ASCII ones
+        "url.port = 8080",
+        "",
+    ]
+    for name in ["--buffer-size", "EAGAIN", "getaddrinfo", "url.port", "k", "ss", "0x80"]:
+        exact = ExactName.of(name)
+        for text in texts:
+            assert exact.written_in(text) == bool(exact.pattern.search(text)), (name, text)
+    assert ExactName.of("--buffer-size").written_in(texts[0])
+    assert not ExactName.of("--buffer-size").written_in(texts[1])
+    assert not ExactName.of("EAGAIN").written_in(texts[4])
+    assert ExactName.of("getaddrinfo").written_in(texts[5])

@@ -186,7 +186,10 @@ def test_the_document_whose_title_names_the_subject_is_lifted(title_lift: float)
     stores = memory_stores()
     for external_id, texts in THREAD_NOTES.items():  # _write titles each by its external id
         _write(stores, TENANT, external_id, texts)
-    settings = get_settings().model_copy(update={"search_title_lift": title_lift})
+    # the name lift aside: "libtasn1", a name with a digit, is one the question writes
+    settings = get_settings().model_copy(
+        update={"search_title_lift": title_lift, "search_name_lift": 0.0}
+    )
     request = SearchRequest(query="can i call libtasn1 from a bunch of threads at once")
     query = Query(TENANT, request, settings)
     timings, vectors = StageTimes(), stores.vectors(NO_TRANSACTION)
@@ -197,3 +200,36 @@ def test_the_document_whose_title_names_the_subject_is_lifted(title_lift: float)
     # Without the lift libffi's two chunks come first; with the default, libtasn1's first
     # chunk passes libffi's second.
     assert ("libtasn1" in first_two) == (title_lift > 0), first_two
+
+
+# Two pages on sizes: one matches the question's words everywhere, the other writes its option.
+SIZE_NOTES = {
+    "disk-usage": [
+        "A bare size number with no suffix is read in units of 1024 bytes; a suffix such as "
+        "K, M or G gives another unit.",
+        "Sizes are printed in units of 1024 bytes unless a size suffix is given.",
+        "The block size is a number of bytes; a suffix gives it in another unit.",
+    ],
+    "ordering": [
+        "-S, --buffer-size=SIZE  use SIZE for the main memory buffer.",
+        "-r, --reverse  reverse the result of comparisons.",
+    ],
+}
+
+
+@pytest.mark.parametrize("name_lift", [0.0, get_settings().search_name_lift])
+def test_the_document_that_writes_the_questions_option_is_lifted(name_lift: float) -> None:
+    stores = memory_stores()
+    for external_id, texts in SIZE_NOTES.items():
+        _write(stores, TENANT, external_id, texts)
+    settings = get_settings().model_copy(update={"search_name_lift": name_lift})
+    request = SearchRequest(query="what unit is a bare number with no suffix in --buffer-size")
+    query = Query(TENANT, request, settings)
+    timings, vectors = StageTimes(), stores.vectors(NO_TRANSACTION)
+    arms = retrieve(query, index=stores.index, vectors=vectors, timings=timings)
+    fused = fused_ranking(query, arms, vectors=vectors, timings=timings).fused
+    texts = vectors.texts(TENANT, [cid for cid, _ in fused])
+    order = [texts[cid].title for cid, _ in fused]
+    # Without the lift the page on sizes, which holds the question's words, comes first; with
+    # the default, the page that writes --buffer-size does.
+    assert order[0] == ("ordering" if name_lift else "disk-usage"), order
