@@ -145,9 +145,11 @@ def test_an_exact_name_is_found_as_its_pattern_finds_it() -> None:
         "GETADDRINFO failed with ENOTFOUND",
         "Temperatures in \u212a (kelvin) and \u017fs",  # letters that fold to ASCII ones
         "url.port = 8080",
+        "F\u0130LE_S\u0130ZE and f\u0131le_s\u0131ze",  # Turkish dotted and dotless i
         "",
     ]
-    for name in ["--buffer-size", "EAGAIN", "getaddrinfo", "url.port", "k", "ss", "0x80"]:
+    names = ["--buffer-size", "EAGAIN", "getaddrinfo", "url.port", "k", "ss", "0x80", "file_size"]
+    for name in names:
         exact = ExactName.of(name)
         for text in texts:
             assert exact.written_in(text) == bool(exact.pattern.search(text)), (name, text)
@@ -155,3 +157,4 @@ def test_an_exact_name_is_found_as_its_pattern_finds_it() -> None:
     assert not ExactName.of("--buffer-size").written_in(texts[1])
     assert not ExactName.of("EAGAIN").written_in(texts[4])
     assert ExactName.of("getaddrinfo").written_in(texts[5])
+    assert ExactName.of("file_size").written_in(texts[8])

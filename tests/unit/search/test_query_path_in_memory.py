@@ -5,6 +5,7 @@ ranking. The same stages run on the real stores in tests/integration/search."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any, cast
 
@@ -13,12 +14,13 @@ from sqlalchemy.orm import Session
 
 from shared.errors import StoreUnavailable
 from shared.ingest.embedding import get_embedder
+from shared.search.coverage import CorpusCounts
 from shared.search.fusion import fused_ranking
 from shared.search.retrieve import retrieve
 from shared.search.schemas import SearchRequest
 from shared.search.service import page_of
 from shared.search.values import Query
-from shared.settings import get_settings
+from shared.settings import Settings, get_settings
 from shared.stores.compose import Stores
 from shared.stores.memory import memory_stores
 from shared.stores.schemas import ChunkRow, VersionChunks, chunk_id
@@ -217,19 +219,42 @@ SIZE_NOTES = {
 }
 
 
-@pytest.mark.parametrize("name_lift", [0.0, get_settings().search_name_lift])
-def test_the_document_that_writes_the_questions_option_is_lifted(name_lift: float) -> None:
+SIZE_QUESTION = "what unit is a bare number with no suffix in --buffer-size"
+
+
+def _size_notes_order(
+    settings: Settings, request: SearchRequest, counts_known: bool = True
+) -> list[str]:
+    """The titles of SIZE_NOTES' chunks in the fused ranking of ``request``."""
     stores = memory_stores()
     for external_id, texts in SIZE_NOTES.items():
         _write(stores, TENANT, external_id, texts)
-    settings = get_settings().model_copy(update={"search_name_lift": name_lift})
-    request = SearchRequest(query="what unit is a bare number with no suffix in --buffer-size")
     query = Query(TENANT, request, settings)
     timings, vectors = StageTimes(), stores.vectors(NO_TRANSACTION)
     arms = retrieve(query, index=stores.index, vectors=vectors, timings=timings)
+    if not counts_known:  # as when Elasticsearch could not count the terms in time
+        arms = dataclasses.replace(arms, counts=CorpusCounts.unknown())
     fused = fused_ranking(query, arms, vectors=vectors, timings=timings).fused
     texts = vectors.texts(TENANT, [cid for cid, _ in fused])
-    order = [texts[cid].title for cid, _ in fused]
+    return [texts[cid].title for cid, _ in fused]
+
+
+@pytest.mark.parametrize("name_lift", [0.0, get_settings().search_name_lift])
+def test_the_document_that_writes_the_questions_option_is_lifted(name_lift: float) -> None:
+    settings = get_settings().model_copy(update={"search_name_lift": name_lift})
+    order = _size_notes_order(settings, SearchRequest(query=SIZE_QUESTION))
     # Without the lift the page on sizes, which holds the question's words, comes first; with
     # the default, the page that writes --buffer-size does.
     assert order[0] == ("ordering" if name_lift else "disk-usage"), order
+
+
+def test_names_lift_without_the_corpus_counts_and_not_under_a_boost() -> None:
+    settings = get_settings()
+    # Exact names need no term weights: where Elasticsearch could not count, they still lift.
+    order = _size_notes_order(settings, SearchRequest(query=SIZE_QUESTION), counts_known=False)
+    assert order[0] == "ordering", order
+    # A request's boost has the last word on the order of documents (no chunk has the field:
+    # the boost moves nothing, and nor does the lift).
+    boosted = SearchRequest(query=SIZE_QUESTION, boost={"field": "year", "kind": "numeric"})
+    order = _size_notes_order(settings, boosted)
+    assert order[0] == "disk-usage", order
