@@ -24,7 +24,7 @@ from shared.search.passages import (
     reorder_within_documents,
 )
 from shared.search.schemas import Fusion
-from shared.search.values import Arms, Query, Retrieved
+from shared.search.values import NOTHING_READ_AHEAD, Arms, Query, ReadAhead, Retrieved
 from shared.stores.ports import VectorSearch
 from shared.stores.schemas import ArmHit, ChunkText, document_of_chunk
 from shared.timing import StageTimes
@@ -91,7 +91,8 @@ def fused_ranking(
     Postgres for every fused candidate, in one query), the first candidates' chunks ordered
     within their documents by how exactly they answer (passages.py), then, without a boost,
     the documents whose title names the question's subject or whose chunks write its exact
-    names lifted (lifts.py; both read the candidates' texts in one query); for a paginated
+    names lifted (lifts.py); the stage hydrates its candidates in one read, which the first
+    page's hydration takes over (hydrate.read_ahead). For a paginated
     search, capped per document once, so that the cap holds across pages. Every page of a
     cursor follows this one ranking."""
     request = query.request
@@ -104,6 +105,7 @@ def fused_ranking(
             )
             fused = boosted(fused, values, boost, datetime.now(UTC))
     window = query.settings.search_passage_window
+    ahead = NOTHING_READ_AHEAD
     if window and len(fused) > 1:
         with timings.stage("passages"):
             candidates = [cid for cid, _ in passage_window(fused, arms, window)]
@@ -116,9 +118,14 @@ def fused_ranking(
             lifting = boost is None and bool(title_lift or name_lift)
             competing_ids = competing(candidates)
             if competing_ids or lifting:
-                # Lifting reads every candidate, the arms' leaders past the window too: the
-                # passages stage may move one of those into it.
-                texts = vectors.texts(query.tenant_id, candidates if lifting else competing_ids)
+                # Every candidate is read, the arms' leaders past the window too (the stage
+                # may move one of those into it), and hydrated whole: the first page's
+                # results are among them, and its hydration reads none of them again.
+                ahead = read_ahead(query, arms, candidates, vectors=vectors)
+                texts = {
+                    cid: ChunkText(row.text, row.section, row.title)
+                    for cid, row in ahead.rows.items()
+                }
                 question = Question.of(request.query, arms.counts)
                 matches = passage_matches(query, question, texts, competing_ids, arms=arms)
                 fused = reorder_within_documents(fused, matches)
@@ -129,7 +136,7 @@ def fused_ranking(
                     fused = lift_documents(fused, lifts, window=window)
     if request.paginate and request.per_document_cap is not None:
         fused = within_cap(fused, request.per_document_cap, lambda hit: document_of_chunk(hit[0]))
-    return Retrieved(arms.hits, arms.degraded, arms.vector, fused, arms.counts)
+    return Retrieved(arms.hits, arms.degraded, arms.vector, fused, arms.counts, ahead)
 
 
 # Each arm's first hits join the passages' window wherever fusion put them: a chunk one arm
@@ -147,6 +154,16 @@ def passage_window(
     inside = {cid for cid, _ in first}
     leaders = {h.chunk_id for hits in arms.hits.values() for h in hits[:ARM_LEADERS]} - inside
     return first + [hit for hit in fused[window:] if hit[0] in leaders]
+
+
+def read_ahead(query: Query, arms: Arms, ids: list[str], *, vectors: VectorSearch) -> ReadAhead:
+    """The live chunks among ``ids`` hydrated in one read, with their embeddings (Postgres
+    computes a cosine only where some chunk lacks the dense arm's): the passages stage reads
+    its candidates' texts this way, and the first page's hydration reads none of them again
+    (a round trip to Postgres a search fewer)."""
+    dense = {hit.chunk_id for hit in arms.hits.get("dense", [])}
+    vector = None if all(cid in dense for cid in ids) else arms.vector
+    return ReadAhead(frozenset(ids), vectors.hydrate(query.tenant_id, ids, vector, ids))
 
 
 def passage_matches(

@@ -9,9 +9,17 @@ import functools
 import time
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from shared.search.caps import cap_per_document, within_cap
-from shared.search.values import Candidate, Candidates, Query, Retrieved
+from shared.search.values import (
+    NOTHING_READ_AHEAD,
+    Candidate,
+    Candidates,
+    Query,
+    ReadAhead,
+    Retrieved,
+)
 from shared.stores.ports import VectorSearch
 from shared.stores.schemas import document_of_chunk
 from shared.vector_type import vector_from_bytes
@@ -51,6 +59,7 @@ def hydrate_page(
         vector=retrieved.vector,
         embeddings_for=likely[:EMBEDDINGS_UP_FRONT],
         cosines=cosines,
+        read_ahead=retrieved.read_ahead,
     )
     page = Candidates([])
     hydrated: set[str] = set()
@@ -85,14 +94,20 @@ def hydrate(
     vector: list[float],
     embeddings_for: list[str],
     cosines: Mapping[str, float] = EMPTY_SCORES,
+    read_ahead: ReadAhead = NOTHING_READ_AHEAD,
 ) -> Candidates:
-    """The live chunks among one slice of the fused list, as candidates.
+    """The live chunks among one slice of the fused list, as candidates: those
+    ``read_ahead`` holds from its rows, the others read now.
 
-    ``cosines``: the dense arm's, by chunk id. Postgres computes the cosine again only when
-    some hit lacks one (a hit of the lexical arm alone)."""
+    ``cosines``: the dense arm's, by chunk id."""
     ids = [cid for cid, _ in fused]
-    known = all(cid in cosines for cid in ids)
-    live = vectors.hydrate(query.tenant_id, ids, None if known else vector, embeddings_for)
+    unread = [cid for cid in ids if cid not in read_ahead.ids]
+    live = {cid: read_ahead.rows[cid] for cid in ids if cid in read_ahead.rows}
+    if unread:
+        # Postgres computes a cosine only when some hit lacks one (a hit of the lexical arm
+        # alone).
+        known = all(cid in cosines for cid in unread)
+        live |= vectors.hydrate(query.tenant_id, unread, None if known else vector, embeddings_for)
     candidates = []
     for cid in ids:
         row = live.get(cid)
@@ -113,7 +128,7 @@ def hydrate(
                 token_count=row.token_count,
                 # The rest are loaded for the candidates that need them (with_embeddings).
                 embedding=(None if row.embedding is None else vector_from_bytes(row.embedding)),
-                scores={"dense_cosine": round(float(cosines[cid] if known else row.cosine), 6)},
+                scores={"dense_cosine": round(_cosine(cid, row, cosines), 6)},
                 flags=list(row.flags),
                 first_sentence_tokens=row.first_sentence_tokens,
                 whole_document=bool(row.whole_document),
@@ -121,6 +136,11 @@ def hydrate(
         )
     stale = [cid for cid in ids if cid not in live]
     return Candidates(candidates, len(stale), stale)
+
+
+def _cosine(chunk_id: str, row: Any, cosines: Mapping[str, float]) -> float:
+    """The dense arm's cosine of the chunk, else the one Postgres computed as it read it."""
+    return cosines[chunk_id] if chunk_id in cosines else float(row.cosine)
 
 
 def with_embeddings(

@@ -7,8 +7,9 @@ Each stage takes values and returns a new one; none reaches back into the servic
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -63,15 +64,31 @@ class Arms:
 
 
 @dataclass(frozen=True)
+class ReadAhead:
+    """Chunks a search hydrated before its hydrate stage (the passages stage's candidates,
+    which hold the likely results): ``rows`` has the row of every live one among ``ids``, so
+    an id of ``ids`` it lacks is not live. The first page's hydration takes these rows
+    instead of reading them again."""
+
+    ids: frozenset[str]
+    rows: Mapping[str, Any]
+
+
+NOTHING_READ_AHEAD = ReadAhead(frozenset(), {})
+
+
+@dataclass(frozen=True)
 class Retrieved:
-    """Everything a page of results is built from (a paginated search's cursor keeps it):
-    each arm's hits, the arms that could not answer, the query vector, the fused ranking."""
+    """Everything a page of results is built from (a paginated search's cursor keeps it,
+    all but ``read_ahead``: a later page reads its chunks when it is asked for): each arm's
+    hits, the arms that could not answer, the query vector, the fused ranking."""
 
     arms: dict[str, list[ArmHit]]
     degraded: list[str]
     vector: list[float]
     fused: list[tuple[str, float]]
     counts: CorpusCounts | None = None
+    read_ahead: ReadAhead = NOTHING_READ_AHEAD
 
 
 @dataclass

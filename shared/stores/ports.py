@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from shared.stores.filters import Filters
     from shared.stores.schemas import (
         BucketStats,
-        ChunkText,
         EsCopy,
         Fingerprints,
         IndexUnavailable,
@@ -159,7 +158,6 @@ class VectorSearch(Protocol):
         embeddings_for: Sequence[str] = (),
     ) -> dict[str, Any]: ...
     def embeddings(self, tenant_id: str, ids: Sequence[str]) -> dict[str, np.ndarray]: ...
-    def texts(self, tenant_id: str, ids: Sequence[str]) -> dict[str, ChunkText]: ...
     def metadata_values(self, tenant_id: str, ids: Sequence[str], key: str) -> dict[str, Any]: ...
 
 

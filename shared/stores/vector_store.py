@@ -45,7 +45,7 @@ from shared.stores.ports import (
     VectorSearch,
     VectorWriter,
 )
-from shared.stores.schemas import BucketStats, ChunkText, Fingerprints, VersionChunks
+from shared.stores.schemas import BucketStats, Fingerprints, VersionChunks
 
 # tenant -> (checked at, has a partition of its own with a valid graph). Only speed depends
 # on it: a search of either kind finds the tenant's rows wherever they are.
@@ -144,11 +144,6 @@ class PgVectorStore:
         with provenance and ``cosine`` to ``vector``; ``embedding`` bytes only for
         ``embeddings_for``. An id missing from the answer is not live: never serve it."""
         return repo.live_chunks(self.session, tenant_id, ids, vector, embeddings_for)
-
-    def texts(self, tenant_id: str, ids: Sequence[str]) -> dict[str, ChunkText]:
-        """Text, section and title of the tenant's chunks among ``ids``, whatever their
-        version."""
-        return repo.chunk_texts(self.session, tenant_id, ids)
 
     def embeddings(self, tenant_id: str, ids: Sequence[str]) -> dict[str, np.ndarray]:
         return repo.chunk_embeddings(self.session, tenant_id, ids)

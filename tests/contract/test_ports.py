@@ -26,7 +26,7 @@ from shared.stores.compose import connect
 from shared.stores.elastic import get_es
 from shared.stores.es_index import anchor_index, ensure_index, tenant_alias, tenant_index
 from shared.stores.memory import MemorySnapshots, memory_stores
-from shared.stores.schemas import ChunkText, ReindexStart
+from shared.stores.schemas import ReindexStart
 from shared.stores.vector_store import PgVectorStore
 from tests.contract import test_queue, test_stores
 from tests.contract.port_calls import ALL, Claims, claimed, declared_ports, methods
@@ -245,10 +245,10 @@ class TestVectorSearchPort:
     """The dense arm's reads (nearest and hydrate: test_stores.py), in Postgres and in
     memory."""
 
-    PORTS: ClassVar[Claims] = {ports.VectorSearch: {"embeddings", "texts", "metadata_values"}}
+    PORTS: ClassVar[Claims] = {ports.VectorSearch: {"embeddings", "hydrate", "metadata_values"}}
 
     @pytest.mark.parametrize("kind", ["postgres", "memory"])
-    def test_embeddings_texts_and_metadata_values_are_read_within_the_tenant(
+    def test_embeddings_rows_and_metadata_values_are_read_within_the_tenant(
         self, kind: str, fresh_stores: None
     ) -> None:
         tenant, other, records = _written()
@@ -273,8 +273,10 @@ class TestVectorSearchPort:
             a.id: 2020, b.id: 2020
         }  # fmt: skip
         assert store.metadata_values(other, [a.id], "year") == {}
-        assert store.texts(tenant, [a.id, b.id, theirs.id]) == {
-            a.id: ChunkText(a.text, "s1", "Seabirds"), b.id: ChunkText(b.text, "s2", "Seabirds")
+        # What the passages stage reads of its candidates (and the first page then serves).
+        rows = store.hydrate(tenant, [a.id, b.id, theirs.id], None)
+        assert {cid: (r.text, r.section, r.title) for cid, r in rows.items()} == {
+            a.id: (a.text, "s1", "Seabirds"), b.id: (b.text, "s2", "Seabirds")
         }  # fmt: skip
 
 

@@ -17,7 +17,6 @@ from shared.stores.buckets import bucket_of, bucket_sums, fingerprint
 from shared.stores.filters import Filters, passes
 from shared.stores.schemas import (
     BucketStats,
-    ChunkText,
     Fingerprints,
     VersionChunks,
 )
@@ -171,9 +170,6 @@ class MemoryVectorStore:
 
     def embeddings(self, tenant_id: str, ids: Sequence[str]) -> dict[str, np.ndarray]:
         return {r.id: r.embedding for r in self._among(tenant_id, ids)}
-
-    def texts(self, tenant_id: str, ids: Sequence[str]) -> dict[str, ChunkText]:
-        return {r.id: ChunkText(r.text, r.section, r.title) for r in self._among(tenant_id, ids)}
 
     def metadata_values(self, tenant_id: str, ids: Sequence[str], key: str) -> dict[str, Any]:
         return {r.id: r.metadata[key] for r in self._among(tenant_id, ids) if key in r.metadata}

@@ -26,7 +26,7 @@ def test_hydration_for_a_per_document_cap_stops_at_the_candidate_window(monkeypa
 
     hydrated: list[int] = []
 
-    def fake_hydrate(query, session, fused, *, vector, embeddings_for, cosines):
+    def fake_hydrate(query, session, fused, *, vector, embeddings_for, cosines, read_ahead):
         hydrated.append(len(fused))
         return Candidates(_candidates(len(fused), documents=1))
 

@@ -19,7 +19,7 @@ from shared.search.fusion import fused_ranking
 from shared.search.retrieve import retrieve
 from shared.search.schemas import SearchRequest
 from shared.search.service import page_of
-from shared.search.values import Query
+from shared.search.values import NOTHING_READ_AHEAD, Query
 from shared.settings import Settings, get_settings
 from shared.stores.compose import Stores
 from shared.stores.memory import memory_stores
@@ -124,8 +124,12 @@ def test_a_copy_the_vector_store_no_longer_holds_is_dropped_and_named_for_its_pu
     new_text = ["Bread notes moved to the bakery wiki."]
     document = uuid.UUID(_write(stores, TENANT, "bread", new_text, version=2, indexed=False))
     stores.vectors(NO_TRANSACTION).delete_superseded({document: 2}, chunk_counts={document: 1})
-    response, _, _ = _search(stores, "feed the starter with flour and water", mode="lexical")
+    response, retrieved, _ = _search(
+        stores, "feed the starter with flour and water", mode="lexical"
+    )
     assert f"{document}:1" in response._stale and response.dropped_stale >= 1
+    # Read ahead by the passages stage, whose rows lack it: dropped without a second read.
+    assert f"{document}:1" in retrieved.read_ahead.ids - set(retrieved.read_ahead.rows)
     assert not any("Feed the starter" in r.text for r in response.results)
 
 
@@ -159,6 +163,36 @@ def test_pages_follow_one_ranking_without_repeats(stores: Stores) -> None:
         position[r.chunk_id] for r in second.results
     )  # page 2 starts where page 1 ended in the one stored ranking
     assert first.next_cursor is not None  # the ranking was kept for the next pages
+
+
+def test_the_first_page_takes_the_passages_stages_read_and_reads_no_chunk_twice(
+    stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vectors = stores.vectors(NO_TRANSACTION)
+    reads: list[list[str]] = []
+    read = vectors.hydrate
+
+    def recorded(tenant_id: str, ids: Any, vector: Any, embeddings_for: Any = ()) -> Any:
+        reads.append(list(ids))
+        return read(tenant_id, ids, vector, embeddings_for)
+
+    monkeypatch.setattr(vectors, "hydrate", recorded)
+    question = "how often do I feed the starter flour and water"
+    response, retrieved, timings = _search(stores, question)
+    assert retrieved.read_ahead.ids == set(reads[0])  # the passages stage's read
+    assert len(reads) == 1  # every result was among its rows: hydration read nothing
+    assert all(r.chunk_id in retrieved.read_ahead.rows for r in response.results)
+    # The same page read afresh, without the rows read ahead: the same results and scores.
+    q = Query(TENANT, SearchRequest(query=question), get_settings())
+    afresh = page_of(
+        q,
+        dataclasses.replace(retrieved, read_ahead=NOTHING_READ_AHEAD),
+        timings,
+        vectors=vectors,
+        snapshots=stores.snapshots,
+    )
+    assert len(reads) == 2
+    assert [r.model_dump() for r in afresh.results] == [r.model_dump() for r in response.results]
 
 
 # Notes on threads (from libtasn1's, libffi's and Valgrind's manuals): libffi's say more
@@ -197,8 +231,8 @@ def test_the_document_whose_title_names_the_subject_is_lifted(title_lift: float)
     timings, vectors = StageTimes(), stores.vectors(NO_TRANSACTION)
     arms = retrieve(query, index=stores.index, vectors=vectors, timings=timings)
     fused = fused_ranking(query, arms, vectors=vectors, timings=timings).fused
-    texts = vectors.texts(TENANT, [cid for cid, _ in fused])
-    first_two = [texts[cid].title for cid, _ in fused[:2]]
+    rows = vectors.hydrate(TENANT, [cid for cid, _ in fused], None)
+    first_two = [rows[cid].title for cid, _ in fused[:2]]
     # Without the lift libffi's two chunks come first; with the default, libtasn1's first
     # chunk passes libffi's second.
     assert ("libtasn1" in first_two) == (title_lift > 0), first_two
@@ -235,8 +269,8 @@ def _size_notes_order(
     if not counts_known:  # as when Elasticsearch could not count the terms in time
         arms = dataclasses.replace(arms, counts=CorpusCounts.unknown())
     fused = fused_ranking(query, arms, vectors=vectors, timings=timings).fused
-    texts = vectors.texts(TENANT, [cid for cid, _ in fused])
-    return [texts[cid].title for cid, _ in fused]
+    rows = vectors.hydrate(TENANT, [cid for cid, _ in fused], None)
+    return [rows[cid].title for cid, _ in fused]
 
 
 @pytest.mark.parametrize("name_lift", [0.0, get_settings().search_name_lift])

@@ -108,7 +108,6 @@ PG_CALLS: dict[str, tuple[Any, ...]] = {
     "delete_superseded": ({DOCUMENT: 2},),
     "nearest": ("t-1", VECTOR, 5),
     "hydrate": ("t-1", ["d:0"], VECTOR),
-    "texts": ("t-1", ["d:0"]),
     "embeddings": ("t-1", ["d:0"]),
     "metadata_values": ("t-1", ["d:0"], "year"),
     "document_chunks": ("t-1", DOCUMENT),
