@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
@@ -74,7 +75,7 @@ class ReadAhead:
     rows: Mapping[str, Any]
 
 
-NOTHING_READ_AHEAD = ReadAhead(frozenset(), {})
+NOTHING_READ_AHEAD = ReadAhead(frozenset(), MappingProxyType({}))  # shared: read-only
 
 
 @dataclass(frozen=True)
