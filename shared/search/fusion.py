@@ -92,9 +92,9 @@ def fused_ranking(
     within their documents by how exactly they answer (passages.py), then, without a boost,
     the documents whose title names the question's subject or whose chunks write its exact
     names lifted (lifts.py); the stage hydrates its candidates in one read, which the first
-    page's hydration takes over (hydrate.read_ahead). For a paginated
-    search, capped per document once, so that the cap holds across pages. Every page of a
-    cursor follows this one ranking."""
+    page's hydration takes over (:func:`read_ahead`). For a paginated search, capped per
+    document once, so that the cap holds across pages. Every page of a cursor follows this
+    one ranking."""
     request = query.request
     fused = timings.timed("fuse", lambda: fuse(arms.hits, request.fusion))
     boost = request.boost
