@@ -123,10 +123,15 @@ class CorpusCounts:
 
 
 def coverage(
-    terms: QueryTerms, counts: CorpusCounts, evidence: list[str], question: str = ""
+    terms: QueryTerms,
+    counts: CorpusCounts,
+    evidence: list[str],
+    question: str = "",
+    documents: list[str] | None = None,
 ) -> TermCoverage:
-    """How far the corpus and ``evidence`` (the first results' texts) hold ``terms``, and
-    what ``question`` asks for that the evidence does not state.
+    """How far the corpus and ``evidence`` (the first results' texts, of ``documents``: each
+    text's document, where known) hold ``terms``, and what ``question`` asks for that the
+    evidence does not state.
 
     Each term weighs its IDF in the tenant's corpus times its *specificity*: a word people
     use every day ("stuff", "box", "going") says less about what is asked than a rare one
@@ -136,8 +141,15 @@ def coverage(
     written as an identifier) are what the corpus lacks; an English word the corpus never
     uses ("yeast" for a text that says "sourdough starter", "nuke" for "delete") may be the
     asker's wording, so it counts as evidence not found, weighed like any other term, and the
-    rest of the question decides."""
-    held = set(analyze(" ".join(evidence[:EVIDENCE_RESULTS])).split())
+    rest of the question decides.
+
+    Each document among the evidence is weighed on its own as well (``document_covered``):
+    evidence of three documents that each hold a word or two of the question ("kubectl logs
+    for a pod that already crashed" of an events page, wget's bug list and man-db's news)
+    covers it together, while none of them is about it."""
+    texts = evidence[:EVIDENCE_RESULTS]
+    held_by_text = [set(analyze(text).split()) for text in texts]
+    held = set().union(*held_by_text)
     # A term of the evidence is in the corpus, whatever the counts say: Elasticsearch may
     # not hold a chunk Postgres has just committed (the relay's lag) and the dense arm found.
     missing = [
@@ -162,7 +174,21 @@ def coverage(
     result.absent_names_weight = round(sum(weights[s] for s in names) / total, 4)
     result.uncovered = [terms.words[s] for s in stems if s not in held and s not in absent]
     result.covered = round(sum(w for s, w in weights.items() if s in held) / total, 4)
-    result.unstated = unstated(question, " ".join(evidence[:EVIDENCE_RESULTS]), held)
+    if documents:  # unknown, the evidence counts as one document's
+        by_document: dict[str, set[str]] = {}
+        for document, text_terms in zip(documents, held_by_text, strict=False):
+            by_document.setdefault(document, set()).update(text_terms)
+        result.documents = len(by_document)
+        result.document_covered = round(
+            max(
+                sum(w for s, w in weights.items() if s in one) / total
+                for one in by_document.values()
+            ),
+            4,
+        )
+    else:
+        result.documents, result.document_covered = min(len(texts), 1), result.covered
+    result.unstated = unstated(question, " ".join(texts), held)
     return result
 
 

@@ -51,11 +51,16 @@ def decide(
         results, query.request.query, counts, cap=config.max_chunks_per_document
     )
     if counts is not None and query.coverage_decides:
-        evidence = [f"{c.title}\n{c.section}\n{c.text}" for c in results[:EVIDENCE_RESULTS]]
+        first = results[:EVIDENCE_RESULTS]
+        evidence = [f"{c.title}\n{c.section}\n{c.text}" for c in first]
         config = replace(
             config,
             coverage=coverage(
-                QueryTerms.of(query.request.query), counts, evidence, query.request.query
+                QueryTerms.of(query.request.query),
+                counts,
+                evidence,
+                query.request.query,
+                documents=[c.document_id for c in first],
             ),
         )
     return apply_policy(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from shared.search.coverage import EVIDENCE_RESULTS
 from shared.search.packing import (
     LoadEmbeddings,
     pack,
@@ -118,11 +119,18 @@ def _above_threshold(
 def _decide_on_coverage(result: PolicyResult, coverage: TermCoverage, config: PolicyConfig) -> None:
     """Evidence that holds too little of what the question asks about is no answer (abstain,
     nothing packed), and so is evidence that shares one word with a question of several: a
-    word in common is not coverage. Evidence that holds part of it, or that does not state
-    what the question asks for (a default, a version), is one to check (verify)."""
+    word in common is not coverage; nor is evidence scattered over as many documents as it
+    has results, none of which holds what an answer needs (``coverage_answer``): each
+    shares a word or two with the question, and none is about it. Evidence that holds part
+    of it, or that does not state what the question asks for (a default, a version), is one
+    to check (verify)."""
     weighed = len(coverage.terms) - len(coverage.wording)
     held = len(coverage.terms) - len(coverage.uncovered) - len(coverage.absent)
-    if coverage.covered < config.coverage_abstain or (weighed >= 3 and held <= 1):
+    scattered = (
+        coverage.documents >= EVIDENCE_RESULTS
+        and coverage.document_covered < config.coverage_answer
+    )
+    if coverage.covered < config.coverage_abstain or (weighed >= 3 and held <= 1) or scattered:
         # Where the missing weight is mostly words the corpus never uses, say so.
         missing_elsewhere = 1.0 - coverage.covered - coverage.absent_weight
         reason: Literal["query_terms_absent", "evidence_does_not_cover_query"] = (

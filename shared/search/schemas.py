@@ -368,6 +368,11 @@ class TermCoverage(BaseModel):
         "asker's wording, which weighs nothing",
     )
     covered: float = Field(default=1.0, description="the first results' share of the weight")
+    documents: int = Field(default=1, description="the documents the first results are of")
+    document_covered: float = Field(
+        default=1.0,
+        description="the largest share of the weight that one document's first results hold",
+    )
     unstated: list[str] = Field(
         default_factory=list,
         description="what the question asks for that the first results do not state: "

@@ -996,6 +996,17 @@ class TermCoverage(BaseModel):
         float | None,
         Field(description="the first results' share of the weight", title='Covered'),
     ] = 1.0
+    document_covered: Annotated[
+        float | None,
+        Field(
+            description="the largest share of the weight that one document's first results hold",
+            title='Document Covered',
+        ),
+    ] = 1.0
+    documents: Annotated[
+        int | None,
+        Field(description='the documents the first results are of', title='Documents'),
+    ] = 1
     terms: Annotated[
         list[str] | None, Field(description='the informative words', title='Terms')
     ] = None

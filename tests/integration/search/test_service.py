@@ -207,6 +207,38 @@ def test_a_question_about_what_the_corpus_never_mentions_abstains_naming_the_ter
     assert alone["decision"]["status"] == "answerable" and "coverage" not in alone["decision"]
 
 
+def test_evidence_scattered_over_documents_none_of_which_is_about_the_question_abstains(
+    client, auth, tenant, worker
+):
+    """Four documents each share one word with a question about none of them: together the
+    first results hold most of its words, but no one document holds what an answer needs.
+    The default decision abstains; once a document about the question is there, it answers."""
+    scattered = {
+        "cri-setup": "Configure kubectl to reach the cluster through the CRI plugin.",
+        "events": "The emitter writes every error event to the log file.",
+        "wget-bugs": "If the downloader crashed, report the bug with the debug output.",
+        "garden": "Pick each pea pod once it is plump and bright green.",
+    }
+    for external_id, text in scattered.items():
+        wait_job(client, auth, upload_text(client, auth, external_id, text)["job_id"])
+    wait_converged(tenant)
+    question = "kubectl logs for a pod that already crashed"
+    off = search(client, auth, question)
+    decision = off["decision"]
+    assert (decision["status"], decision["reason"]) == ("abstain", "evidence_does_not_cover_query")
+    coverage = decision["coverage"]
+    # the rules before this one would have answered: most of the words are held
+    assert coverage["covered"] >= 0.4 and len(coverage["uncovered"]) + len(coverage["absent"]) <= 1
+    assert coverage["documents"] == 3 and coverage["document_covered"] < 0.4
+    assert off["evidence"]["items"] == []
+    about = "kubectl logs --previous shows the logs of a pod's container that crashed."
+    wait_job(client, auth, upload_text(client, auth, "kubectl-logs", about)["job_id"])
+    wait_converged(tenant)
+    on = search(client, auth, question)
+    assert on["decision"]["status"] == "answerable", on["decision"]
+    assert on["evidence"]["items"][0]["provenance"]["external_id"] == "kubectl-logs"
+
+
 def test_a_single_arm_mode_scores_results_by_that_arms_own_score(client, auth, corpus):
     dense = search(client, auth, "honey bee dance", mode="dense", explain=True)["results"]
     assert dense and all(r["score"] == round(r["trace"]["dense"]["score"], 6) for r in dense)

@@ -47,6 +47,24 @@ def test_absent_terms_and_coverage_are_weighed_by_the_corpus_rarity() -> None:
     assert tungsten.absent_names_weight == 0.0 and tungsten.covered < 0.5
 
 
+def test_each_document_of_the_evidence_is_weighed_on_its_own() -> None:
+    """Three results of three documents, each holding one word of the question, cover most
+    of it together; no one of them holds more than its own word's share."""
+    counts = CorpusCounts(1000, {"kubectl": 2, "log": 30, "pod": 5, "crash": 20})
+    question = QueryTerms.of("kubectl logs for a pod that already crashed")
+    texts = ["Use kubectl to list them.", "Errors go to the log.", "If it crashes, report it."]
+    scattered = coverage(question, counts, texts, documents=["hosts", "events", "wget"])
+    assert scattered.covered > 0.6 and scattered.documents == 3
+    assert 0 < scattered.document_covered < 0.4
+    one = coverage(question, counts, texts, documents=["manual", "manual", "manual"])
+    assert one.documents == 1 and one.document_covered == one.covered
+    two = coverage(question, counts, texts, documents=["hosts", "other", "hosts"])
+    assert two.documents == 2 and scattered.document_covered < two.document_covered < one.covered
+    # without documents the evidence counts as one document's
+    unknown = coverage(question, counts, texts)
+    assert unknown.documents == 1 and unknown.document_covered == unknown.covered
+
+
 def test_unknown_counts_weigh_every_term_alike_and_name_none_absent() -> None:
     """Elasticsearch could not count (a new index's shard still starting): the evidence's
     share of the question still decides; no word is called absent."""
@@ -123,6 +141,8 @@ def _policy_result(
     terms: tuple[str, ...] = ("x",),
     uncovered: tuple[str, ...] = (),
     unstated: tuple[str, ...] = (),
+    documents: int = 1,
+    document_covered: float | None = None,
 ) -> Any:
     from shared.search.schemas import TermCoverage
 
@@ -145,6 +165,8 @@ def _policy_result(
             absent_weight=absent_weight,
             absent_names_weight=absent_weight,
             unstated=list(unstated),
+            documents=documents,
+            document_covered=covered if document_covered is None else document_covered,
         ),
     )
     return apply_policy(candidates, config, Words())
@@ -176,3 +198,17 @@ def test_one_word_in_common_is_no_coverage_and_an_unstated_default_asks_to_verif
     unstated = _policy_result(covered=0.9, unstated=("default",))
     assert (unstated.status, unstated.reason) == ("verify", "answer_not_stated")
     assert unstated.evidence
+
+
+def test_evidence_scattered_over_documents_none_of_which_answers_abstains() -> None:
+    """Each first result of another document, none holding what an answer needs
+    (``coverage_answer``): no document is about the question, though together they hold all
+    of it. The same coverage from one document, or from three of which one holds enough,
+    answers."""
+    scattered = _policy_result(covered=0.9, documents=3, document_covered=0.3)
+    assert (scattered.status, scattered.reason) == ("abstain", "evidence_does_not_cover_query")
+    assert scattered.evidence == []
+    one_answers = _policy_result(covered=0.9, documents=3, document_covered=0.6)
+    assert one_answers.status == "answerable"
+    two_documents = _policy_result(covered=0.9, documents=2, document_covered=0.3)
+    assert two_documents.status == "answerable"
