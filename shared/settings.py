@@ -304,8 +304,10 @@ class Settings(BaseSettings):
     # The default decision's term coverage (shared/search/coverage.py), besides the score:
     # abstain when the names the corpus holds nowhere weigh policy_absent_weight_abstain of
     # the question or more, or the first results hold less than policy_coverage_abstain of
-    # the terms' weight; verify below policy_coverage_answer. Set on the real-document
-    # development set's tune half (0.15 / 0.3 / 0.6 before casual questions were in it).
+    # the terms' weight, or they are of three documents none of which holds
+    # policy_coverage_answer of it; verify below policy_coverage_answer. Set on the
+    # real-document development set's tune half (0.15 / 0.3 / 0.6 before casual questions
+    # were in it).
     # False: the score threshold alone decides.
     policy_coverage: bool = True
     # Each tenant's dense-score threshold set from its own corpus (shared/search/calibration.py,

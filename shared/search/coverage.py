@@ -4,13 +4,15 @@ question asks about? The default decision's signal that needs no training data.
 A question's *informative terms* are its words as BM25 matches them (lowercased, stemmed,
 stop words dropped), without the words every question is made of ("what", "how", "does").
 Each weighs its inverse document frequency in the tenant's own corpus, so a rare word counts
-for more than a common one. Two figures come of them:
+for more than a common one. Three figures come of them:
 
 - the terms the tenant's corpus does not hold at all (``absent``): a question about
   "tungsten" over a corpus that never says it cannot be answered from it, however close its
   nearest chunk is in embedding space;
 - ``covered``: the weight share of the informative terms that the first results (title,
-  section and text) hold: evidence that speaks of every rare word of the question covers it.
+  section and text) hold: evidence that speaks of every rare word of the question covers it;
+- ``document_covered``: the largest share that one document's first results hold: evidence
+  of three documents each holding a word or two of the question covers none of it.
 
 Counting the corpus's documents per term is one Elasticsearch request (a ``filters``
 aggregation within the tenant), made beside the query's encoding.
@@ -150,13 +152,18 @@ def coverage(
     texts = evidence[:EVIDENCE_RESULTS]
     held_by_text = [set(analyze(text).split()) for text in texts]
     held = set().union(*held_by_text)
+    # Documents unknown, the evidence counts as one document's.
+    of_texts = documents[: len(texts)] if documents else [""] * len(texts)
+    held_by_document: dict[str, set[str]] = {}
+    for document, text_terms in zip(of_texts, held_by_text, strict=True):
+        held_by_document.setdefault(document, set()).update(text_terms)
     # A term of the evidence is in the corpus, whatever the counts say: Elasticsearch may
     # not hold a chunk Postgres has just committed (the relay's lag) and the dense arm found.
     missing = [
         s for s in terms.stems if counts.known and counts.holding.get(s, 0) == 0 and s not in held
     ]
     stems = list(terms.stems)
-    result = TermCoverage(terms=[terms.words[s] for s in stems])
+    result = TermCoverage(terms=[terms.words[s] for s in stems], documents=len(held_by_document))
     if not stems:
         return result
     absent = [s for s in stems if s in missing]
@@ -174,20 +181,15 @@ def coverage(
     result.absent_names_weight = round(sum(weights[s] for s in names) / total, 4)
     result.uncovered = [terms.words[s] for s in stems if s not in held and s not in absent]
     result.covered = round(sum(w for s, w in weights.items() if s in held) / total, 4)
-    if documents:  # unknown, the evidence counts as one document's
-        by_document: dict[str, set[str]] = {}
-        for document, text_terms in zip(documents, held_by_text, strict=False):
-            by_document.setdefault(document, set()).update(text_terms)
-        result.documents = len(by_document)
-        result.document_covered = round(
-            max(
-                sum(w for s, w in weights.items() if s in one) / total
-                for one in by_document.values()
-            ),
-            4,
+    result.document_covered = round(
+        max(
+            (sum(w for s, w in weights.items() if s in one) / total)
+            for one in held_by_document.values()
         )
-    else:
-        result.documents, result.document_covered = min(len(texts), 1), result.covered
+        if held_by_document
+        else 0.0,
+        4,
+    )
     result.unstated = unstated(question, " ".join(texts), held)
     return result
 

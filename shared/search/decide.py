@@ -125,6 +125,8 @@ def policy_config(
         absent_weight_abstain=settings.policy_absent_weight_abstain,
         coverage_abstain=settings.policy_coverage_abstain,
         coverage_answer=settings.policy_coverage_answer,
+        results_spread=request.mmr is not None
+        or (request.per_document_cap or EVIDENCE_RESULTS) < EVIDENCE_RESULTS,
     )
 
 

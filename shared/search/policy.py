@@ -126,16 +126,18 @@ def _decide_on_coverage(result: PolicyResult, coverage: TermCoverage, config: Po
     to check (verify)."""
     weighed = len(coverage.terms) - len(coverage.wording)
     held = len(coverage.terms) - len(coverage.uncovered) - len(coverage.absent)
+    thin = coverage.covered < config.coverage_abstain or (weighed >= 3 and held <= 1)
     scattered = (
-        coverage.documents >= EVIDENCE_RESULTS
+        not config.results_spread
+        and coverage.documents >= EVIDENCE_RESULTS
         and coverage.document_covered < config.coverage_answer
     )
-    if coverage.covered < config.coverage_abstain or (weighed >= 3 and held <= 1) or scattered:
+    if thin or scattered:
         # Where the missing weight is mostly words the corpus never uses, say so.
         missing_elsewhere = 1.0 - coverage.covered - coverage.absent_weight
         reason: Literal["query_terms_absent", "evidence_does_not_cover_query"] = (
             "query_terms_absent"
-            if coverage.absent and coverage.absent_weight >= missing_elsewhere
+            if thin and coverage.absent and coverage.absent_weight >= missing_elsewhere
             else "evidence_does_not_cover_query"
         )
         for item in result.evidence:

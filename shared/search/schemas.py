@@ -368,7 +368,9 @@ class TermCoverage(BaseModel):
         "asker's wording, which weighs nothing",
     )
     covered: float = Field(default=1.0, description="the first results' share of the weight")
-    documents: int = Field(default=1, description="the documents the first results are of")
+    documents: int = Field(
+        default=1, description="how many documents the first three results come from"
+    )
     document_covered: float = Field(
         default=1.0,
         description="the largest share of the weight that one document's first results hold",

@@ -177,6 +177,9 @@ class PolicyConfig:
     absent_weight_abstain: float = 0.15
     coverage_abstain: float = 0.3
     coverage_answer: float = 0.6
+    # The request spreads its results over documents (a per-document cap under the evidence
+    # results, or MMR): first results of as many documents say nothing of the corpus then.
+    results_spread: bool = False
     threshold_source: ThresholdSource = "default"
 
 

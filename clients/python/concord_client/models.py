@@ -1005,7 +1005,10 @@ class TermCoverage(BaseModel):
     ] = 1.0
     documents: Annotated[
         int | None,
-        Field(description='the documents the first results are of', title='Documents'),
+        Field(
+            description='how many documents the first three results come from',
+            title='Documents',
+        ),
     ] = 1
     terms: Annotated[
         list[str] | None, Field(description='the informative words', title='Terms')

@@ -231,6 +231,10 @@ def test_evidence_scattered_over_documents_none_of_which_is_about_the_question_a
     assert coverage["covered"] >= 0.4 and len(coverage["uncovered"]) + len(coverage["absent"]) <= 1
     assert coverage["documents"] == 3 and coverage["document_covered"] < 0.4
     assert off["evidence"]["items"] == []
+    # a request that spreads its results over documents itself reads nothing from the spread
+    capped = search(client, auth, question, per_document_cap=1)
+    assert capped["decision"]["coverage"]["documents"] == 3
+    assert capped["decision"]["status"] == "answerable", capped["decision"]
     about = "kubectl logs --previous shows the logs of a pod's container that crashed."
     wait_job(client, auth, upload_text(client, auth, "kubectl-logs", about)["job_id"])
     wait_converged(tenant)

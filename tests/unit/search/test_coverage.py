@@ -143,6 +143,7 @@ def _policy_result(
     unstated: tuple[str, ...] = (),
     documents: int = 1,
     document_covered: float | None = None,
+    results_spread: bool = False,
 ) -> Any:
     from shared.search.schemas import TermCoverage
 
@@ -168,6 +169,7 @@ def _policy_result(
             documents=documents,
             document_covered=covered if document_covered is None else document_covered,
         ),
+        results_spread=results_spread,
     )
     return apply_policy(candidates, config, Words())
 
@@ -202,13 +204,18 @@ def test_one_word_in_common_is_no_coverage_and_an_unstated_default_asks_to_verif
 
 def test_evidence_scattered_over_documents_none_of_which_answers_abstains() -> None:
     """Each first result of another document, none holding what an answer needs
-    (``coverage_answer``): no document is about the question, though together they hold all
-    of it. The same coverage from one document, or from three of which one holds enough,
-    answers."""
+    (``coverage_answer``, 0.6 in this config): no document is about the question, though
+    together they hold most of it. The same coverage from one document, or from three of
+    which one holds enough, answers; so does a request that spreads its results itself."""
     scattered = _policy_result(covered=0.9, documents=3, document_covered=0.3)
     assert (scattered.status, scattered.reason) == ("abstain", "evidence_does_not_cover_query")
     assert scattered.evidence == []
-    one_answers = _policy_result(covered=0.9, documents=3, document_covered=0.6)
+    # an absent word among what is missing does not make it a question of absent terms
+    absent = _policy_result(covered=0.8, absent_weight=0.1, documents=3, document_covered=0.3)
+    assert (absent.status, absent.reason) == ("abstain", "evidence_does_not_cover_query")
+    one_answers = _policy_result(covered=0.9, documents=3, document_covered=0.7)
     assert one_answers.status == "answerable"
     two_documents = _policy_result(covered=0.9, documents=2, document_covered=0.3)
     assert two_documents.status == "answerable"
+    spread = _policy_result(covered=0.9, documents=3, document_covered=0.3, results_spread=True)
+    assert spread.status == "answerable"
