@@ -180,16 +180,12 @@ def coverage(
     result.absent_weight = round(sum(weights[s] for s in absent) / total, 4)
     result.absent_names_weight = round(sum(weights[s] for s in names) / total, 4)
     result.uncovered = [terms.words[s] for s in stems if s not in held and s not in absent]
-    result.covered = round(sum(w for s, w in weights.items() if s in held) / total, 4)
-    result.document_covered = round(
-        max(
-            (sum(w for s, w in weights.items() if s in one) / total)
-            for one in held_by_document.values()
-        )
-        if held_by_document
-        else 0.0,
-        4,
-    )
+
+    def share(held_terms: set[str]) -> float:
+        return round(sum(w for s, w in weights.items() if s in held_terms) / total, 4)
+
+    result.covered = share(held)
+    result.document_covered = max(map(share, held_by_document.values()), default=0.0)
     result.unstated = unstated(question, " ".join(texts), held)
     return result
 
