@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import random
 import re
 import statistics
 import time
@@ -52,6 +53,23 @@ CRUMB_WORDS = 8  # fewer words than this is a crumb: no passage answers in so fe
 KINDS = ("answerable", "near_topic", "off_topic")
 SPLITS = ("tune", "test")
 STYLES = ("formal", "casual")
+# The figures whose difference between the halves the set reports (``split_gaps``): the
+# targets of the decision and the ranking. A near-topic question is caught when it is
+# abstained or sent to verify.
+GAP_FIGURES = (
+    "answer_chunk_at_5",
+    "answer_chunk_at_1",
+    "file_mrr_at_10",
+    "answerable_answered",
+    "answerable_verify",
+    "casual_answer_chunk_at_5",
+    "casual_answered",
+    "casual_verify",
+    "casual_abstained",
+    "near_topic_caught",
+    "off_topic_abstained",
+)
+GAP_RESAMPLES = 1000
 
 
 class DevSetError(ValueError):
@@ -213,6 +231,7 @@ def score_question(
     if question.kind == "answerable":
         assert question.file is not None and question.evidence is not None
         wanted = canonical.get(question.file, question.file)
+        row["file"] = question.file
         row["format"] = Path(question.file).suffix.lstrip(".") or "text"
         row["file_hit"] = any(wanted in f for f in files)
         row["file_rank"] = next((i for i, f in enumerate(ranked, start=1) if wanted in f), None)
@@ -280,7 +299,59 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         summary[f"{kind}_abstained"] = share(items, lambda r: r["status"] == "abstain")
         summary[f"{kind}_verify"] = share(items, lambda r: r["status"] == "verify")
         summary[f"{kind}_answered"] = share(items, lambda r: r["status"] == "answerable")
+    summary["near_topic_caught"] = round(
+        summary["near_topic_abstained"] + summary["near_topic_verify"], 3
+    )
     return summary
+
+
+def split_gaps(
+    rows: list[dict[str, Any]], resamples: int = GAP_RESAMPLES, seed: int = 47
+) -> dict[str, dict[str, Any]]:
+    """For each of GAP_FIGURES, ``tune`` minus ``test`` and the 95 % interval of that
+    difference over ``resamples`` bootstrap draws of each half.
+
+    A half is drawn by its files: the questions of one file (its ``file``) share its
+    chunking and its vocabulary and succeed or fail together, so the draw takes a file with
+    all its questions of a kind and style; near-topic and off-topic questions, of no file,
+    are drawn one by one. Each kind and style is drawn apart, so a draw asks about as many
+    of each as the half does. The halves are a few hundred questions on a few dozen files
+    each: a difference whose interval spans zero is one the sampling of the halves alone may
+    give, not a sign that what was tuned on ``tune`` fails to carry over to ``test``."""
+    draw = random.Random(seed)
+    Cluster = list[dict[str, Any]]
+
+    def strata(split: str) -> list[list[Cluster]]:
+        groups: dict[tuple[str, str], dict[str, Cluster]] = {}
+        for r in rows:
+            if r["split"] == split:
+                stratum = groups.setdefault((r["kind"], r.get("style", "formal")), {})
+                stratum.setdefault(r.get("file") or r["id"], []).append(r)
+        return [list(clusters.values()) for clusters in groups.values()]
+
+    def resampled(half: list[list[Cluster]]) -> list[dict[str, Any]]:
+        return [r for s in half for cluster in draw.choices(s, k=len(s)) for r in cluster]
+
+    def every(half: list[list[Cluster]]) -> list[dict[str, Any]]:
+        return [r for s in half for cluster in s for r in cluster]
+
+    tune, test = strata("tune"), strata("test")
+    observed_tune, observed_test = summarize(every(tune)), summarize(every(test))
+    differences: dict[str, list[float]] = {f: [] for f in GAP_FIGURES}
+    for _ in range(resamples):
+        a, b = summarize(resampled(tune)), summarize(resampled(test))
+        for f in GAP_FIGURES:
+            differences[f].append(a[f] - b[f])
+    gaps = {}
+    for f in GAP_FIGURES:
+        ordered = sorted(differences[f])
+        low = ordered[int(0.025 * (resamples - 1))]
+        high = ordered[int(0.975 * (resamples - 1))]
+        gaps[f] = {
+            "tune_minus_test": round(observed_tune[f] - observed_test[f], 3),
+            "interval_95": [round(low, 3), round(high, 3)],
+        }
+    return gaps
 
 
 def run_devset(
@@ -323,6 +394,7 @@ def run_devset(
     summary["splits"] = {
         split: summarize([r for r in rows if r["split"] == split]) for split in SPLITS
     }
+    summary["split_gaps"] = split_gaps(rows)
     summary["documents"] = {"files": len(uploads), "failed": synced.failed or {}}
     summary["search_ms_p50"] = round(statistics.median(latencies), 1)
     summary["calibration"] = dataclasses.asdict(calibrated) if calibrated else None

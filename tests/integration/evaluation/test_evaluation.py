@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from evaluation.harness import EvalOptions, run_eval
+from evaluation.real_docs import GAP_FIGURES
 from tests.helpers import TINY, poster, progress_log
 
 
@@ -115,6 +116,9 @@ def test_eval_docs_measures_answers_decisions_and_noise_on_real_files(
     assert set(summary["per_format"]) == {"md", "html"}
     assert summary["off_topic_abstained"] == 1.0
     assert summary["repeat_share_of_top_5"] == 0.0  # the copy is shown once
+    # Every question is in `tune` (no split given): the gaps are tune's figures against none.
+    assert set(summary["split_gaps"]) == set(GAP_FIGURES)
+    assert summary["split_gaps"]["answer_chunk_at_5"]["tune_minus_test"] == 1.0
     rows = {r["id"]: r for r in map(json.loads, (out / "questions.jsonl").read_text().splitlines())}
     assert rows["a2"]["answer_rank"] == 1 and rows["o1"]["status"] == "abstain"
     # The navigation bar is not a result.

@@ -151,3 +151,42 @@ def test_eval_docs_tells_noise_from_short_answers() -> None:
     assert holds_evidence(html, quote)
     assert holds_evidence("always returns `path` without *any* change", "returns path without any")
     assert not holds_evidence(html, "path delimiter: , for Windows")
+
+
+def _devset_row(
+    number: int, split: str, kind: str, answer_rank: int | None, status: str
+) -> dict[str, Any]:
+    found = answer_rank is not None
+    return {
+        "id": f"{split}-{kind}-{number}", "split": split, "kind": kind, "style": "formal",
+        "format": "txt", "status": status,
+        "answer_rank": answer_rank, "file_rank": answer_rank, "file_hit": found,
+        "answer_packed": found, "results": 5, "noise": 0, "stubs": 0, "crumbs": 0, "repeats": 0,
+    }  # fmt: skip
+
+
+def test_eval_docs_gives_each_split_gap_with_its_bootstrap_interval() -> None:
+    from evaluation.real_docs import split_gaps
+
+    # Each half: 60 answerable questions on 20 files, 40 near-topic questions (of no file).
+    def half(split: str, first: int, caught: int) -> list[dict[str, Any]]:
+        answerable = [
+            _devset_row(i, split, "answerable", 1 if i < first else 7, "answerable")
+            | {"file": f"{split}-{i % 20}.txt"}
+            for i in range(60)
+        ]
+        near = [
+            _devset_row(i, split, "near_topic", None, "verify" if i < caught else "answerable")
+            for i in range(40)
+        ]
+        return answerable + near
+
+    # Answer chunk first 30 of 60 in both halves; near-topic caught 36 of 40 against 8 of 40.
+    gaps = split_gaps(half("tune", 30, 36) + half("test", 30, 8), resamples=300)
+    same, apart = gaps["answer_chunk_at_1"], gaps["near_topic_caught"]
+    assert same["tune_minus_test"] == 0.0
+    low, high = same["interval_95"]
+    assert low < 0 < high  # equal halves: sampling alone spreads the difference both ways
+    assert apart["tune_minus_test"] == pytest.approx(0.9 - 0.2)
+    low, high = apart["interval_95"]
+    assert 0.4 < low <= 0.7 <= high < 0.9  # a difference no resampling closes
