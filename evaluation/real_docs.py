@@ -299,8 +299,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         summary[f"{kind}_abstained"] = share(items, lambda r: r["status"] == "abstain")
         summary[f"{kind}_verify"] = share(items, lambda r: r["status"] == "verify")
         summary[f"{kind}_answered"] = share(items, lambda r: r["status"] == "answerable")
-    summary["near_topic_caught"] = round(
-        summary["near_topic_abstained"] + summary["near_topic_verify"], 3
+    summary["near_topic_caught"] = share(
+        by_kind["near_topic"], lambda r: r["status"] != "answerable"
     )
     return summary
 
