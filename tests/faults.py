@@ -85,6 +85,11 @@ class TcpFaultProxy:
             except OSError:
                 _close(client)
                 continue
+            # The 5 s bound is for connecting only. Left on the socket, it cut every
+            # connection whose server side was quiet for 5 s (a Celery worker's broker link
+            # while its task runs), so "pass" was no pass and the worker redelivered its task
+            # again and again on a loaded machine.
+            upstream.settimeout(None)
             with self._lock:
                 self._open |= {client, upstream}
             budget = [self.reset_after] if self.mode == "reset" else None
