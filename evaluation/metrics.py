@@ -77,18 +77,20 @@ def evaluate(rankings: Mapping[str, list[str]], qrels: Qrels) -> dict[str, float
     }
 
 
+def nearest_rank(ordered: list[float], p: float) -> float:
+    """The ``p``-th percentile of the sorted, non-empty ``ordered`` by the nearest-rank
+    method (no interpolation between samples)."""
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
 def percentiles(latencies_ms: list[float]) -> dict[str, float]:
     """p50/p95/p99 by the nearest-rank method (no interpolation between samples)."""
     if not latencies_ms:
         return {"p50": 0.0, "p95": 0.0, "p99": 0.0, "mean": 0.0}
     ordered = sorted(latencies_ms)
-
-    def rank(p: float) -> float:
-        return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
-
     return {
-        "p50": round(rank(50), 1),
-        "p95": round(rank(95), 1),
-        "p99": round(rank(99), 1),
+        "p50": round(nearest_rank(ordered, 50), 1),
+        "p95": round(nearest_rank(ordered, 95), 1),
+        "p99": round(nearest_rank(ordered, 99), 1),
         "mean": round(statistics.fmean(ordered), 1),
     }

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.corpus import Progress, sync_uploads
+from evaluation.metrics import nearest_rank
 from shared.db import unit_of_work
 from shared.documents.schemas import Upload
 from shared.documents.sync import file_upload
@@ -345,8 +346,7 @@ def split_gaps(
     gaps = {}
     for f in GAP_FIGURES:
         ordered = sorted(differences[f])
-        low = ordered[int(0.025 * (resamples - 1))]
-        high = ordered[int(0.975 * (resamples - 1))]
+        low, high = nearest_rank(ordered, 2.5), nearest_rank(ordered, 97.5)
         gaps[f] = {
             "tune_minus_test": round(observed_tune[f] - observed_test[f], 3),
             "interval_95": [round(low, 3), round(high, 3)],
